@@ -1,0 +1,49 @@
+# rlstack: `make install` sets up .venv from nothing; `make test` installs if
+# needed, then lints, type-checks and runs the test suite.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+CONSTRAINTS := requirements/constraints.txt
+EXTRAS := dev,jax,bench
+STAMP := $(VENV)/.installed
+# Tests use every core; hypothesis uses the fast CI profile unless told otherwise.
+PYTEST_ARGS ?= -n 2
+export HYPOTHESIS_PROFILE ?= ci
+export RAY_AUTH_MODE ?= disabled
+
+.PHONY: install test lint typecheck pytest bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	@# torch first, from the CPU wheel, held by the constraints file for everything after it.
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) 'torch==2.13.0+cpu'
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
+	$(PY) -c "import torch; assert torch.__version__ == '2.13.0+cpu', torch.__version__"
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks configs docs/examples
+	$(VENV)/bin/ruff format --check src tests benchmarks configs docs/examples
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy src
+
+pytest: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+bench: $(STAMP)
+	@for script in benchmarks/*.py; do \
+		echo "== $$script" >&2; \
+		$(PY) $$script; \
+	done
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

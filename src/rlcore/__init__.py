@@ -1,0 +1,33 @@
+"""rlcore: the pure, typed maths of reinforcement-learning post-training.
+
+Advantage estimators, losses, KL estimators, masked reductions, log-prob
+helpers and rollout transforms as pure functions over jaxtyping-annotated
+torch tensors. No I/O, no global state, no model code; the only imports are
+torch, numpy, attrs, beartype and jaxtyping (and jax inside `rlcore.jax`).
+
+Every public function is wrapped by `typecheck`, which checks shapes and
+dtypes at call time; set ``RLCORE_TYPECHECK=0`` before import to skip it.
+"""
+
+from rlcore import advantages, logprobs, losses, masked, normalize, registry, rollout
+from rlcore._checking import TypeCheckError, typecheck, typecheck_enabled
+from rlcore.types import Advantages, LossOutput, Mask, as_bool_mask
+
+__all__ = [
+    "Advantages",
+    "LossOutput",
+    "Mask",
+    "TypeCheckError",
+    "advantages",
+    "as_bool_mask",
+    "logprobs",
+    "losses",
+    "masked",
+    "normalize",
+    "registry",
+    "rollout",
+    "typecheck",
+    "typecheck_enabled",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,360 @@
+"""Advantage and return estimators.
+
+Every estimator computes constants for the loss: its inputs are detached and
+its outputs carry no gradient. Recursions run through one fast reverse linear
+recurrence solver (`rlcore._scan`), not a Python loop over time.
+
+Two layouts appear here:
+
+- per-step trajectories ``[*batch, time]`` (embodied RL) with separate
+  ``terminated`` and ``truncated`` flags, for `gae` and `discounted_returns`;
+- token batches ``[batch, time]`` with a validity ``mask`` (reasoning RL):
+  `token_gae`, `reinforce_pp`, `on_policy_distillation`; and outcome scores
+  grouped by prompt, ``[groups, group_size]``, for `group_normalized` and
+  `rloo`. Rows ``g·n … g·n + n − 1`` of a token batch form prompt group g.
+
+The registry adapters at the end give every estimator one signature,
+``(AdvantageBatch, AdvantageConfig) -> Advantages``, under the names the shell
+and configs use (`rlcore.registry.ADVANTAGES`).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import attrs
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from rlcore import _scan
+from rlcore._checking import typecheck
+from rlcore.masked import masked_sum, masked_whiten
+from rlcore.registry import ADVANTAGES
+from rlcore.rollout import broadcast_to_tokens
+from rlcore.types import Advantages, Mask, as_bool_mask
+
+__all__ = [
+    "AdvantageBatch",
+    "AdvantageConfig",
+    "AdvantageEstimator",
+    "discounted_returns",
+    "gae",
+    "group_normalized",
+    "on_policy_distillation",
+    "reinforce_pp",
+    "rloo",
+    "token_gae",
+]
+
+
+@torch.no_grad()
+@typecheck
+def gae(
+    rewards: Float[Tensor, "*batch time"],
+    values: Float[Tensor, "*batch time"],
+    next_values: Float[Tensor, "*batch time"],
+    terminated: Mask[Tensor, "*batch time"],
+    truncated: Mask[Tensor, "*batch time"],
+    gamma: float,
+    lam: float,
+) -> Advantages:
+    """Generalized advantage estimation (Schulman et al. 2016, arXiv:1506.02438).
+
+    δₜ = rₜ + γ (1 − termₜ) V'ₜ − Vₜ
+    Aₜ = δₜ + γ λ (1 − termₜ)(1 − truncₜ) Aₜ₊₁,   A after the last step = 0
+    returns Gₜ = Aₜ + Vₜ
+
+    ``next_values[t]`` is V(sₜ₊₁), the value of the observation that followed
+    step t: the final observation when the episode ended there (gymnasium's
+    ``final_obs``), the next step's first observation otherwise. A terminated
+    step does not bootstrap; a truncated step bootstraps from V'ₜ and cuts the
+    λ-trace (the next step belongs to a new episode). The last step of the
+    window bootstraps from V'ₜ as a truncation would.
+    """
+    _check_discount(gamma, lam)
+    terminated = as_bool_mask(terminated, "terminated")
+    truncated = as_bool_mask(truncated, "truncated")
+    advantages = torch.where(terminated, 0.0, next_values)
+    advantages.mul_(gamma).add_(rewards).sub_(values)  # δₜ, solved in place below
+    decay = torch.where(terminated | truncated, 0.0, gamma * lam).to(advantages.dtype)
+    _scan.solve_(advantages, decay)
+    return Advantages(advantages=advantages, returns=advantages + values)
+
+
+@torch.no_grad()
+@typecheck
+def token_gae(
+    token_rewards: Float[Tensor, "batch time"],
+    values: Float[Tensor, "batch time"],
+    mask: Mask[Tensor, "batch time"],
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> Advantages:
+    """GAE over the valid tokens of each row, skipping masked positions.
+
+    With t' the next valid position after t (none: Vₜ' = 0, Aₜ' = 0):
+
+    δₜ = rₜ + γ Vₜ' − Vₜ,   Aₜ = δₜ + γ λ Aₜ',   Gₜ = Aₜ + Vₜ   for valid t.
+
+    Masked positions (padding, or observation/tool tokens inside a multi-turn
+    response) are passed over: the value and advantage carried from the next
+    valid token reach the previous valid one unchanged, and rewards placed on
+    masked positions are ignored. This is verl's ``compute_gae_advantage_return``
+    with a response mask, without its whitening (compose `masked_whiten`);
+    outputs are 0 at masked positions.
+    """
+    _check_discount(gamma, lam)
+    valid = as_bool_mask(mask)
+    # Vₜ' for every t: the value at the first valid position after t.
+    first_valid_value = _scan.reverse_linear_recurrence(
+        torch.where(valid, values, 0.0), (~valid).to(values.dtype)
+    )
+    next_values = torch.nn.functional.pad(first_valid_value[:, 1:], (0, 1))
+    advantages = torch.where(valid, token_rewards - values, 0.0)
+    advantages.add_(torch.where(valid, next_values, 0.0), alpha=gamma)
+    decay = torch.where(valid, gamma * lam, 1.0).to(advantages.dtype)
+    _scan.solve_(advantages, decay)
+    advantages = torch.where(valid, advantages, 0.0)
+    return Advantages(advantages=advantages, returns=torch.where(valid, advantages + values, 0.0))
+
+
+@torch.no_grad()
+@typecheck
+def discounted_returns(
+    rewards: Float[Tensor, "*batch time"],
+    terminated: Mask[Tensor, "*batch time"],
+    truncated: Mask[Tensor, "*batch time"],
+    gamma: float,
+    next_values: Float[Tensor, "*batch time"] | None = None,
+) -> Float[Tensor, "*batch time"]:
+    """Discounted returns with bootstrapping at truncation.
+
+    Gₜ = rₜ + γ (1 − termₜ) · (V'ₜ if truncₜ or t is the last step, else Gₜ₊₁)
+
+    Without ``next_values`` the bootstrap value is 0 (a Monte-Carlo return cut
+    off at the window). With consistent values (V'ₜ = Vₜ₊₁ inside an episode),
+    `gae` with λ = 1 gives advantages Gₜ − Vₜ.
+    """
+    _check_discount(gamma, 1.0)
+    terminated = as_bool_mask(terminated, "terminated")
+    truncated = as_bool_mask(truncated, "truncated")
+    last = torch.zeros_like(truncated)
+    last[..., -1] = True
+    bootstrap = (truncated | last) & ~terminated
+    if next_values is None:
+        x = rewards.clone()
+    else:
+        x = torch.addcmul(rewards, bootstrap.to(rewards.dtype), next_values, value=gamma)
+    decay = torch.where(terminated | bootstrap, 0.0, gamma).to(rewards.dtype)
+    _scan.solve_(x, decay)
+    return x
+
+
+@torch.no_grad()
+@typecheck
+def group_normalized(
+    scores: Float[Tensor, "groups group_size"],
+    std_normalize: bool = True,
+    eps: float = 1e-6,
+    unbiased: bool = True,
+) -> Float[Tensor, "groups group_size"]:
+    """GRPO's group-relative advantage (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300).
+
+    Âᵢ = (sᵢ − mean(s)) / (std(s) + ε)   over the n responses of one prompt;
+    Âᵢ = sᵢ − mean(s)                      with ``std_normalize=False``
+                                           (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783).
+
+    std is Bessel-corrected (``unbiased=True``) and ε = 1e-6, as in verl; TRL
+    uses ε = 1e-4. A group of equal scores has advantage 0 everywhere.
+    """
+    _check_group_size(scores)
+    centred = scores - scores.mean(dim=-1, keepdim=True)
+    if not std_normalize:
+        return centred
+    std = scores.std(dim=-1, keepdim=True, unbiased=unbiased)
+    return centred / (std + eps)
+
+
+@torch.no_grad()
+@typecheck
+def rloo(scores: Float[Tensor, "groups group_size"]) -> Float[Tensor, "groups group_size"]:
+    """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740).
+
+    Âᵢ = sᵢ − 1/(n−1) Σⱼ≠ᵢ sⱼ  =  n/(n−1) · (sᵢ − mean(s))
+    """
+    n = _check_group_size(scores)
+    others = scores.sum(dim=-1, keepdim=True) - scores
+    return scores - others / (n - 1)
+
+
+@torch.no_grad()
+@typecheck
+def reinforce_pp(
+    token_rewards: Float[Tensor, "batch time"],
+    mask: Mask[Tensor, "batch time"],
+    gamma: float = 1.0,
+    baseline: Float[Tensor, "batch"] | None = None,
+    eps: float = 1e-8,
+) -> Advantages:
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262): discounted token returns, whitened over the batch.
+
+    Gₜ = Σₖ≥ₜ γ^(k−t) rₖ   (over valid tokens; masked ones are passed over)
+    Âₜ = whiten(Gₜ − bᵢ)   over all valid tokens of the batch
+
+    ``baseline`` bᵢ is a per-sequence baseline; REINFORCE++-baseline uses the
+    mean outcome score of the sequence's prompt group (registry name
+    ``reinforce_pp_baseline``). Returns are the undiscounted-by-baseline Gₜ.
+    """
+    _check_discount(gamma, 1.0)
+    valid = as_bool_mask(mask)
+    returns = torch.where(valid, token_rewards, 0.0)
+    _scan.solve_(returns, torch.where(valid, gamma, 1.0).to(returns.dtype))
+    returns = torch.where(valid, returns, 0.0)
+    centred = returns if baseline is None else returns - baseline.unsqueeze(-1)
+    return Advantages(advantages=masked_whiten(centred, valid, eps=eps), returns=returns)
+
+
+@torch.no_grad()
+@typecheck
+def on_policy_distillation(
+    student_logprobs: Float[Tensor, "batch time"],
+    teacher_logprobs: Float[Tensor, "batch time"],
+    mask: Mask[Tensor, "batch time"] | None = None,
+) -> Float[Tensor, "batch time"]:
+    """On-policy distillation: the per-token negative reverse KL as the advantage.
+
+    Âₜ = log π_teacher(yₜ) − log π_student(yₜ),   yₜ sampled from the student
+
+    Maximising E[Âₜ] minimises the sampled reverse KL(π_student ‖ π_teacher)
+    token by token (Agarwal et al. 2024, GKD, arXiv:2306.13649; Thinking
+    Machines 2025, "On-Policy Distillation"). Masked positions are 0.
+    """
+    advantages = teacher_logprobs - student_logprobs
+    if mask is None:
+        return advantages
+    return torch.where(as_bool_mask(mask), advantages, 0.0)
+
+
+def _check_discount(gamma: float, lam: float) -> None:
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must lie in [0, 1], got {gamma}")
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"lam must lie in [0, 1], got {lam}")
+
+
+def _check_group_size(scores: Tensor) -> int:
+    size = scores.shape[-1]
+    if size < 2:
+        raise ValueError(
+            f"scores has shape {tuple(scores.shape)}: a group needs at least 2 responses "
+            "to form a baseline (group_size >= 2)"
+        )
+    return size
+
+
+# ---------------------------------------------------------------------------
+# Registry adapters: one signature for every estimator.
+
+
+@attrs.frozen(eq=False)
+class AdvantageBatch:
+    """What an advantage estimator may read from a token batch.
+
+    ``token_rewards`` holds the reward of each token (the outcome score placed
+    on the last valid token, per-token penalties added); rows
+    ``g·group_size … (g+1)·group_size − 1`` answer the same prompt.
+    """
+
+    token_rewards: Float[Tensor, "batch time"]
+    mask: Bool[Tensor, "batch time"]
+    group_size: int = 1
+    values: Float[Tensor, "batch time"] | None = None
+    logprobs: Float[Tensor, "batch time"] | None = None
+    teacher_logprobs: Float[Tensor, "batch time"] | None = None
+
+    def require(self, estimator: str, field: str) -> Tensor:
+        value = getattr(self, field)
+        if value is None:
+            raise ValueError(f"advantage estimator '{estimator}' needs AdvantageBatch.{field}")
+        return value  # type: ignore[no-any-return]
+
+    def grouped_scores(self, estimator: str) -> Tensor:
+        """Outcome scores Σₜ mₜ rₜ as ``[groups, group_size]``."""
+        rows = self.token_rewards.shape[0]
+        if self.group_size < 2 or rows % self.group_size:
+            raise ValueError(
+                f"advantage estimator '{estimator}' needs group_size >= 2 dividing the "
+                f"batch of {rows} rows, got group_size={self.group_size}"
+            )
+        scores = masked_sum(self.token_rewards, self.mask, axis=-1)
+        return scores.view(-1, self.group_size)
+
+
+@attrs.frozen
+class AdvantageConfig:
+    """Hyperparameters an estimator may use; each ignores those it does not need."""
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    eps: float = 1e-6
+    whiten: bool = True
+
+
+class AdvantageEstimator(Protocol):
+    """What `rlcore.registry.ADVANTAGES` holds: a token batch in, token advantages out."""
+
+    def __call__(self, batch: AdvantageBatch, config: AdvantageConfig) -> Advantages: ...
+
+
+def _outcome(batch: AdvantageBatch, per_sequence: Tensor) -> Advantages:
+    advantages = broadcast_to_tokens(per_sequence.reshape(-1), batch.mask)
+    return Advantages(advantages=advantages, returns=advantages)
+
+
+def _gae_estimator(batch: AdvantageBatch, config: AdvantageConfig) -> Advantages:
+    result = token_gae(
+        batch.token_rewards, batch.require("gae", "values"), batch.mask, config.gamma, config.lam
+    )
+    if not config.whiten:
+        return result
+    return Advantages(masked_whiten(result.advantages, batch.mask), result.returns)
+
+
+def _grpo_estimator(batch: AdvantageBatch, config: AdvantageConfig) -> Advantages:
+    return _outcome(batch, group_normalized(batch.grouped_scores("grpo"), eps=config.eps))
+
+
+def _dr_grpo_estimator(batch: AdvantageBatch, config: AdvantageConfig) -> Advantages:
+    scores = batch.grouped_scores("dr_grpo")
+    return _outcome(batch, group_normalized(scores, std_normalize=False))
+
+
+def _rloo_estimator(batch: AdvantageBatch, config: AdvantageConfig) -> Advantages:
+    return _outcome(batch, rloo(batch.grouped_scores("rloo")))
+
+
+def _reinforce_pp_estimator(batch: AdvantageBatch, config: AdvantageConfig) -> Advantages:
+    return reinforce_pp(batch.token_rewards, batch.mask, config.gamma)
+
+
+def _reinforce_pp_baseline_estimator(batch: AdvantageBatch, config: AdvantageConfig) -> Advantages:
+    scores = batch.grouped_scores("reinforce_pp_baseline")
+    baseline = scores.mean(dim=-1, keepdim=True).expand_as(scores).reshape(-1)
+    return reinforce_pp(batch.token_rewards, batch.mask, config.gamma, baseline=baseline)
+
+
+def _opd_estimator(batch: AdvantageBatch, config: AdvantageConfig) -> Advantages:
+    advantages = on_policy_distillation(
+        batch.require("opd", "logprobs"), batch.require("opd", "teacher_logprobs"), batch.mask
+    )
+    return Advantages(advantages=advantages, returns=advantages)
+
+
+ADVANTAGES.register("gae", _gae_estimator)
+ADVANTAGES.register("grpo", _grpo_estimator)
+ADVANTAGES.register("dr_grpo", _dr_grpo_estimator)
+ADVANTAGES.register("rloo", _rloo_estimator)
+ADVANTAGES.register("reinforce_pp", _reinforce_pp_estimator)
+ADVANTAGES.register("reinforce_pp_baseline", _reinforce_pp_baseline_estimator)
+ADVANTAGES.register("opd", _opd_estimator)

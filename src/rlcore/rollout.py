@@ -1,0 +1,237 @@
+"""Pure transforms between generated token batches and the tensors training needs.
+
+Masks, positions, reward placement, DAPO's overlong penalty and dynamic-sampling
+filter, variable-length packing (``cu_seqlens``, as flash-attention and
+padding-free HF models take it) and token-budget micro-batching.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import attrs
+import torch
+from jaxtyping import Bool, Float, Int, Shaped
+from torch import Tensor
+
+from rlcore._checking import typecheck
+from rlcore.types import Mask, as_bool_mask
+
+__all__ = [
+    "PackedSequences",
+    "balanced_micro_batches",
+    "broadcast_to_tokens",
+    "filter_informative_groups",
+    "overlong_penalty",
+    "pack_sequences",
+    "place_on_last_token",
+    "position_ids",
+    "response_mask",
+    "unpack_sequences",
+]
+
+
+@typecheck
+def response_mask(
+    tokens: Int[Tensor, "batch time"], eos_id: int | Sequence[int]
+) -> Bool[Tensor, "batch time"]:
+    """Valid response positions: every token up to and including the first EOS.
+
+    mₜ = [no EOS among y₀ … yₜ₋₁]. ``eos_id`` may list several end tokens
+    (chat templates often have two). Rows without EOS are valid throughout.
+    """
+    eos = torch.as_tensor(
+        [eos_id] if isinstance(eos_id, int) else list(eos_id), device=tokens.device
+    )
+    is_eos = torch.isin(tokens, eos).to(torch.int32)
+    return (is_eos.cumsum(dim=-1) - is_eos) == 0
+
+
+@typecheck
+def position_ids(mask: Mask[Tensor, "batch time"]) -> Int[Tensor, "batch time"]:
+    """Positions counted over valid tokens only: pₜ = Σₛ≤ₜ mₛ − 1, clamped at 0.
+
+    With left padding the first real token gets position 0, as a model saw it
+    during generation; padded positions get 0 (they are masked out anyway).
+    """
+    valid = as_bool_mask(mask)
+    return (valid.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
+@typecheck
+def broadcast_to_tokens(
+    sequence_values: Float[Tensor, "batch"], mask: Mask[Tensor, "batch time"]
+) -> Float[Tensor, "batch time"]:
+    """Copy each sequence's value onto its valid tokens: xᵢₜ = mᵢₜ · vᵢ."""
+    return torch.where(as_bool_mask(mask), sequence_values.unsqueeze(-1), 0.0)
+
+
+@typecheck
+def place_on_last_token(
+    scores: Float[Tensor, "batch"], mask: Mask[Tensor, "batch time"]
+) -> Float[Tensor, "batch time"]:
+    """Token rewards with each sequence's score on its last valid token, 0 elsewhere.
+
+    rᵢₜ = sᵢ · [t = max{t : mᵢₜ}]. A row with no valid token cannot carry its
+    score and is an error (it would silently drop a reward).
+    """
+    valid = as_bool_mask(mask)
+    has_token = valid.any(dim=-1)
+    if not bool(has_token.all()):
+        rows = torch.nonzero(~has_token).flatten()[:5].tolist()
+        raise ValueError(
+            f"mask has rows with no valid token {rows}: their scores have nowhere to go"
+        )
+    steps = valid.shape[-1]
+    # Index of the last valid position: the largest t with mₜ, found on the flipped mask.
+    last = steps - 1 - valid.flip(-1).to(torch.int8).argmax(dim=-1)
+    rewards = torch.zeros(valid.shape, dtype=scores.dtype, device=scores.device)
+    rewards.scatter_(-1, last.unsqueeze(-1), scores.unsqueeze(-1))
+    return rewards
+
+
+@typecheck
+def overlong_penalty(
+    lengths: Int[Tensor, "batch"],
+    max_length: int,
+    buffer_length: int,
+    penalty_factor: float = 1.0,
+) -> Float[Tensor, "batch"]:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13).
+
+    With L_max = ``max_length`` and L_cache = ``buffer_length``:
+
+    R(L) = 0                                  if L ≤ L_max − L_cache
+         = ((L_max − L_cache) − L) / L_cache  if L_max − L_cache < L ≤ L_max
+         = −1                                 if L > L_max
+
+    times ``penalty_factor``; added to the task reward.
+    """
+    if not 0 < buffer_length <= max_length:
+        raise ValueError(
+            f"buffer_length must lie in (0, max_length={max_length}], got {buffer_length}"
+        )
+    expected = max_length - buffer_length
+    ramp = (expected - lengths).to(torch.get_default_dtype()) / buffer_length
+    penalty = ramp.clamp(min=-1.0, max=0.0)
+    return penalty * penalty_factor
+
+
+@typecheck
+def filter_informative_groups(
+    scores: Float[Tensor, "groups group_size"], tolerance: float = 0.0
+) -> Bool[Tensor, "groups"]:
+    """DAPO dynamic sampling: keep groups whose scores are not all equal.
+
+    keepᵍ = max(sᵍ) − min(sᵍ) > tolerance. A group where every response is
+    right (or every one wrong) has zero group-relative advantage and only
+    dilutes the batch.
+    """
+    spread = scores.amax(dim=-1) - scores.amin(dim=-1)
+    return spread > tolerance
+
+
+@attrs.frozen(eq=False)
+class PackedSequences:
+    """Valid tokens of a batch laid end to end.
+
+    ``cu_seqlens`` (int32, ``[batch + 1]``) are the cumulative lengths:
+    sequence i is ``values[cu_seqlens[i]:cu_seqlens[i+1]]``. ``position_ids``
+    restart at 0 for each sequence.
+    """
+
+    values: Shaped[Tensor, "total *feature"]
+    cu_seqlens: Int[Tensor, "batch_plus_one"]
+    position_ids: Int[Tensor, "total"]
+    max_seqlen: int
+
+
+@typecheck
+def pack_sequences(
+    values: Shaped[Tensor, "batch time *feature"], mask: Mask[Tensor, "batch time"]
+) -> PackedSequences:
+    """Drop the padding: concatenate the valid positions of every row, in order."""
+    valid = as_bool_mask(mask)
+    lengths = valid.sum(dim=-1)
+    cu_seqlens = torch.nn.functional.pad(lengths.cumsum(dim=0), (1, 0)).to(torch.int32)
+    positions = position_ids(valid)[valid]
+    max_seqlen = int(lengths.max()) if lengths.numel() else 0
+    return PackedSequences(values[valid], cu_seqlens, positions, max_seqlen)
+
+
+@typecheck
+def unpack_sequences(
+    packed: Shaped[Tensor, "total *feature"], mask: Mask[Tensor, "batch time"]
+) -> Shaped[Tensor, "batch time *feature"]:
+    """Inverse of `pack_sequences`: scatter back to ``[batch, time, ...]``, 0 at padding."""
+    valid = as_bool_mask(mask)
+    count = int(valid.sum())
+    if packed.shape[0] != count:
+        raise ValueError(
+            f"packed has {packed.shape[0]} tokens but mask has {count} valid positions"
+        )
+    out = packed.new_zeros((*valid.shape, *packed.shape[1:]))
+    out[valid] = packed
+    return out
+
+
+@typecheck
+def balanced_micro_batches(
+    lengths: Int[Tensor, "batch"] | Sequence[int],
+    max_tokens: int,
+    min_micro_batches: int = 1,
+) -> list[list[int]]:
+    """Split sequence indices into micro-batches of at most ``max_tokens`` tokens each.
+
+    Uses the fewest micro-batches k ≥ ⌈Σ L / max_tokens⌉ (and ≥
+    ``min_micro_batches``, e.g. to give every data-parallel rank the same
+    count) for which longest-first greedy assignment to the lightest
+    micro-batch fits the budget; the loads of that assignment are within
+    max(L) of each other. Each micro-batch lists its indices in increasing
+    order; micro-batches are ordered by their first index.
+    """
+    sizes = [int(x) for x in (lengths.tolist() if isinstance(lengths, Tensor) else lengths)]
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    if min_micro_batches < 1:
+        raise ValueError(f"min_micro_batches must be at least 1, got {min_micro_batches}")
+    for index, size in enumerate(sizes):
+        if size < 0:
+            raise ValueError(f"lengths[{index}] is negative ({size})")
+        if size > max_tokens:
+            raise ValueError(
+                f"sequence {index} has {size} tokens, more than max_tokens={max_tokens}: "
+                "raise the token budget or truncate the sequence"
+            )
+    if len(sizes) < min_micro_batches:
+        raise ValueError(
+            f"cannot make {min_micro_batches} non-empty micro-batches from {len(sizes)} sequences"
+        )
+    if not sizes:
+        return []
+    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+    count = max(min_micro_batches, -(-sum(sizes) // max_tokens))
+    while True:
+        bins = _longest_first(order, sizes, count, max_tokens)
+        if bins is not None:
+            return sorted((sorted(b) for b in bins), key=lambda b: b[0])
+        count += 1
+
+
+def _longest_first(
+    order: list[int], sizes: list[int], count: int, max_tokens: int
+) -> list[list[int]] | None:
+    if count > len(order):
+        count = len(order)
+    heap = [(0, k) for k in range(count)]
+    bins: list[list[int]] = [[] for _ in range(count)]
+    for index in order:
+        load, k = heapq.heappop(heap)
+        if load + sizes[index] > max_tokens:
+            return None
+        bins[k].append(index)
+        heapq.heappush(heap, (load + sizes[index], k))
+    if any(not b for b in bins):
+        return None
+    return bins
