@@ -1,0 +1,26 @@
+"""Hypothesis strategies and property checks for rlcore and for users' own maths.
+
+Needs the ``hypothesis`` package (the ``testing`` or ``dev`` extra); `import
+rlcore` never imports this subpackage.
+"""
+
+from rlcore.testing.properties import check_advantage_estimator, check_policy_loss
+from rlcore.testing.strategies import (
+    TokenBatch,
+    Trajectory,
+    group_scores,
+    masks,
+    token_batches,
+    trajectories,
+)
+
+__all__ = [
+    "TokenBatch",
+    "Trajectory",
+    "check_advantage_estimator",
+    "check_policy_loss",
+    "group_scores",
+    "masks",
+    "token_batches",
+    "trajectories",
+]

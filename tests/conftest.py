@@ -1,0 +1,23 @@
+"""Test-wide settings: hypothesis profiles and Ray's environment.
+
+``HYPOTHESIS_PROFILE=ci`` (what ``make test`` uses) keeps the suite fast and
+deterministic; ``dev`` runs more examples; ``thorough`` many more.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+_COMMON = {
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
+}
+settings.register_profile("ci", max_examples=40, derandomize=True, print_blob=True, **_COMMON)
+settings.register_profile("dev", max_examples=100, **_COMMON)
+settings.register_profile("thorough", max_examples=2000, **_COMMON)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+# Ray writes an auth token under ~/.ray unless told not to (shared/ENVIRONMENT.md).
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
