@@ -25,6 +25,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import jaxtyping._decorator as _jaxtyping_decorator
 import torch
 from beartype import BeartypeConf, beartype
 from jaxtyping import TypeCheckError, jaxtyped
@@ -32,6 +33,12 @@ from jaxtyping import TypeCheckError, jaxtyped
 __all__ = ["TypeCheckError", "typecheck", "typecheck_enabled"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# jaxtyping's first `jaxtyped` call imports jax, when installed, only to hide its
+# own frames from jax tracebacks. rlcore must not import jax (the dependency
+# rule, and 1.5 s of start-up), so that registration is skipped.
+if hasattr(_jaxtyping_decorator, "_tb_flag"):
+    _jaxtyping_decorator._tb_flag = False
 
 # int is accepted where float is annotated (gamma=1 is a float to a reader).
 _BEARTYPE = beartype(conf=BeartypeConf(is_pep484_tower=True))
@@ -85,7 +92,9 @@ def _explain(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         choices = _literal_choices(hint)
         if choices and value not in choices:
             shown = ", ".join(repr(c) for c in choices)
-            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            close = difflib.get_close_matches(
+                str(value), [str(c) for c in choices], n=1, cutoff=0.5
+            )
             hint_text = f" (did you mean '{close[0]}'?)" if close else ""
             return f"{where}: argument '{name}' is {value!r}{hint_text}; expected one of {shown}"
         candidates = [h for h in _flatten_union(hint) if hasattr(h, "dim_str")]

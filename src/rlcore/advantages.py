@@ -77,7 +77,7 @@ def gae(
     truncated = as_bool_mask(truncated, "truncated")
     advantages = torch.where(terminated, 0.0, next_values)
     advantages.mul_(gamma).add_(rewards).sub_(values)  # δₜ, solved in place below
-    decay = torch.where(terminated | truncated, 0.0, gamma * lam).to(advantages.dtype)
+    decay = _where_scalar(terminated | truncated, 0.0, gamma * lam, like=advantages)
     _scan.solve_(advantages, decay)
     return Advantages(advantages=advantages, returns=advantages + values)
 
@@ -106,17 +106,17 @@ def token_gae(
     """
     _check_discount(gamma, lam)
     valid = as_bool_mask(mask)
-    # Vₜ' for every t: the value at the first valid position after t.
-    first_valid_value = _scan.reverse_linear_recurrence(
-        torch.where(valid, values, 0.0), (~valid).to(values.dtype)
-    )
-    next_values = torch.nn.functional.pad(first_valid_value[:, 1:], (0, 1))
-    advantages = torch.where(valid, token_rewards - values, 0.0)
-    advantages.add_(torch.where(valid, next_values, 0.0), alpha=gamma)
-    decay = torch.where(valid, gamma * lam, 1.0).to(advantages.dtype)
-    _scan.solve_(advantages, decay)
-    advantages = torch.where(valid, advantages, 0.0)
-    return Advantages(advantages=advantages, returns=torch.where(valid, advantages + values, 0.0))
+    masked = ~valid
+    # One recurrence instead of two: with Uₜ = Vₜ + λ Aₜ at valid t,
+    #   Uₜ = (1 − λ) Vₜ + λ rₜ + γ λ Uₜ',   Aₜ = rₜ − Vₜ + γ Uₜ',
+    # and U passed through unchanged at masked positions (x = 0, decay = 1).
+    carried = torch.lerp(values, token_rewards, lam).masked_fill_(masked, 0.0)
+    _scan.solve_(carried, _where_scalar(valid, gamma * lam, 1.0, like=carried))
+    advantages = token_rewards - values
+    advantages[..., :-1].add_(carried[..., 1:], alpha=gamma)
+    advantages.masked_fill_(masked, 0.0)
+    returns = (advantages + values).masked_fill_(masked, 0.0)
+    return Advantages(advantages=advantages, returns=returns)
 
 
 @torch.no_grad()
@@ -146,7 +146,7 @@ def discounted_returns(
         x = rewards.clone()
     else:
         x = torch.addcmul(rewards, bootstrap.to(rewards.dtype), next_values, value=gamma)
-    decay = torch.where(terminated | bootstrap, 0.0, gamma).to(rewards.dtype)
+    decay = _where_scalar(terminated | bootstrap, 0.0, gamma, like=rewards)
     _scan.solve_(x, decay)
     return x
 
@@ -209,7 +209,7 @@ def reinforce_pp(
     _check_discount(gamma, 1.0)
     valid = as_bool_mask(mask)
     returns = torch.where(valid, token_rewards, 0.0)
-    _scan.solve_(returns, torch.where(valid, gamma, 1.0).to(returns.dtype))
+    _scan.solve_(returns, _where_scalar(valid, gamma, 1.0, like=returns))
     returns = torch.where(valid, returns, 0.0)
     centred = returns if baseline is None else returns - baseline.unsqueeze(-1)
     return Advantages(advantages=masked_whiten(centred, valid, eps=eps), returns=returns)
@@ -234,6 +234,14 @@ def on_policy_distillation(
     if mask is None:
         return advantages
     return torch.where(as_bool_mask(mask), advantages, 0.0)
+
+
+def _where_scalar(condition: Tensor, if_true: float, if_false: float, like: Tensor) -> Tensor:
+    """``torch.where`` of two Python scalars, built in ``like``'s dtype.
+
+    ``torch.where(c, 0.99, 1.0)`` would round 0.99 to float32 before any cast.
+    """
+    return torch.full_like(like, if_false).masked_fill_(condition, if_true)
 
 
 def _check_discount(gamma: float, lam: float) -> None:

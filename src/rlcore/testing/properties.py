@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import attrs
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from rlcore.advantages import AdvantageBatch, AdvantageConfig, AdvantageEstimator
@@ -27,12 +27,13 @@ from rlcore.testing.strategies import TokenBatch, token_batches
 __all__ = ["check_advantage_estimator", "check_policy_loss"]
 
 
-def _settings(max_examples: int) -> settings:
+def _settings(max_examples: int, shrink: bool) -> settings:
+    phases = tuple(Phase) if shrink else tuple(p for p in Phase if p is not Phase.shrink)
     return settings(
         max_examples=max_examples,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-        derandomize=False,
+        phases=phases,
     )
 
 
@@ -53,6 +54,7 @@ def check_policy_loss(
     loss_fn: PolicyLoss,
     config: PolicyLossConfig | None = None,
     max_examples: int = 50,
+    shrink: bool = True,
 ) -> None:
     """Check the properties every policy loss must have.
 
@@ -62,10 +64,12 @@ def check_policy_loss(
     3. A zero advantage everywhere gives a zero gradient.
     4. Micro-batch invariance: with the whole batch's normaliser, the losses
        of any split of the rows add up to the loss of the whole batch.
+
+    ``shrink=False`` skips hypothesis's search for a minimal failing example.
     """
     cfg = PolicyLossConfig() if config is None else config
 
-    @_settings(max_examples)
+    @_settings(max_examples, shrink)
     @given(batch=token_batches(), cut=st.integers(0, 64), noise=st.floats(-5.0, 5.0))
     def run(batch: TokenBatch, cut: int, noise: float) -> None:
         logprobs = batch.logprobs.clone().requires_grad_(True)
@@ -121,6 +125,7 @@ def check_advantage_estimator(
     config: AdvantageConfig | None = None,
     group_size: int = 2,
     max_examples: int = 50,
+    shrink: bool = True,
 ) -> None:
     """Check the properties every token-level advantage estimator must have.
 
@@ -128,6 +133,8 @@ def check_advantage_estimator(
        gradient (they are constants for the loss).
     2. Masked positions hold 0.
     3. Rewards, values and log-probabilities at masked positions change nothing.
+
+    ``shrink=False`` skips hypothesis's search for a minimal failing example.
     """
     cfg = AdvantageConfig() if config is None else config
 
@@ -142,7 +149,7 @@ def check_advantage_estimator(
             teacher_logprobs=torch.where(hidden, batch.ref_logprobs - noise, batch.ref_logprobs),
         )
 
-    @_settings(max_examples)
+    @_settings(max_examples, shrink)
     @given(
         batch=token_batches(batch_multiple_of=group_size, allow_empty_rows=False),
         noise=st.floats(-5.0, 5.0),

@@ -1,0 +1,205 @@
+"""Rollout transforms: masks, positions, reward placement, DAPO tricks, packing, micro-batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from jaxtyping import TypeCheckError
+
+from rlcore.rollout import (
+    balanced_micro_batches,
+    broadcast_to_tokens,
+    filter_informative_groups,
+    overlong_penalty,
+    pack_sequences,
+    place_on_last_token,
+    position_ids,
+    response_mask,
+    unpack_sequences,
+)
+from rlcore.testing import group_scores, masks
+
+# --- response_mask --------------------------------------------------------------------------
+
+
+@given(
+    tokens=st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=10), min_size=1, max_size=4)
+    .filter(lambda rows: len({len(r) for r in rows}) == 1)
+    .map(torch.tensor),
+    eos=st.integers(0, 5),
+)
+def test_response_mask_is_valid_up_to_and_including_the_first_eos(
+    tokens: torch.Tensor, eos: int
+) -> None:
+    mask = response_mask(tokens, eos)
+    for row, row_mask in zip(tokens.tolist(), mask.tolist(), strict=True):
+        end = row.index(eos) + 1 if eos in row else len(row)
+        assert row_mask == [True] * end + [False] * (len(row) - end)
+
+
+def test_response_mask_hand_example_with_two_end_tokens() -> None:
+    tokens = torch.tensor([[5, 6, 2, 9, 9], [5, 3, 6, 6, 3], [1, 1, 1, 1, 1]])
+    expected = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(response_mask(tokens, [2, 3]), expected)
+
+
+# --- position_ids ---------------------------------------------------------------------------
+
+
+@given(mask=st.integers(1, 4).flatmap(lambda b: masks((b, 7))))
+def test_position_ids_count_valid_tokens_before(mask: torch.Tensor) -> None:
+    positions = position_ids(mask)
+    for row, row_mask in zip(positions.tolist(), mask.tolist(), strict=True):
+        seen = 0
+        for position, valid in zip(row, row_mask, strict=True):
+            if valid:
+                assert position == seen
+                seen += 1
+
+
+def test_position_ids_with_left_padding_start_at_zero() -> None:
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0]])
+    assert position_ids(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 3]]
+
+
+# --- reward placement ------------------------------------------------------------------------
+
+
+@given(mask=st.integers(1, 4).flatmap(lambda b: masks((b, 6), allow_empty_rows=False)))
+def test_place_on_last_token_puts_each_score_on_the_last_valid_token(mask: torch.Tensor) -> None:
+    scores = torch.arange(1, mask.shape[0] + 1, dtype=torch.float64)
+    rewards = place_on_last_token(scores, mask)
+    torch.testing.assert_close(rewards.sum(-1), scores)
+    for row, row_mask, score in zip(rewards, mask, scores, strict=True):
+        last = int(torch.nonzero(row_mask).max())
+        assert row[last] == score
+        assert torch.count_nonzero(row) == 1
+
+
+def test_place_on_last_token_refuses_rows_without_tokens() -> None:
+    with pytest.raises(ValueError, match=r"no valid token \[1\]"):
+        place_on_last_token(torch.ones(2), torch.tensor([[1, 0], [0, 0]], dtype=torch.bool))
+
+
+def test_broadcast_to_tokens_hand_example() -> None:
+    mask = torch.tensor([[1, 1, 0], [0, 1, 1]], dtype=torch.bool)
+    out = broadcast_to_tokens(torch.tensor([2.0, -1.0]), mask)
+    assert out.tolist() == [[2.0, 2.0, 0.0], [0.0, -1.0, -1.0]]
+
+
+# --- DAPO: overlong penalty and dynamic sampling ----------------------------------------------
+
+
+def test_overlong_penalty_follows_dapo_piecewise_definition() -> None:
+    lengths = torch.tensor([0, 12, 16, 17, 18, 20, 21, 100])
+    penalty = overlong_penalty(lengths, max_length=20, buffer_length=4)
+    expected = torch.tensor([0.0, 0.0, 0.0, -0.25, -0.5, -1.0, -1.0, -1.0])
+    torch.testing.assert_close(penalty, expected)
+    torch.testing.assert_close(overlong_penalty(lengths, 20, 4, penalty_factor=0.5), expected * 0.5)
+
+
+@given(st.lists(st.integers(0, 64), min_size=1, max_size=20), st.integers(1, 32))
+def test_overlong_penalty_is_monotone_and_bounded(lengths: list[int], buffer: int) -> None:
+    ordered = torch.tensor(sorted(lengths))
+    penalty = overlong_penalty(ordered, max_length=32, buffer_length=buffer)
+    assert torch.all(penalty <= 0)
+    assert torch.all(penalty >= -1)
+    assert torch.all(penalty[1:] <= penalty[:-1])
+
+
+def test_overlong_penalty_rejects_a_buffer_longer_than_the_limit() -> None:
+    with pytest.raises(ValueError, match="buffer_length"):
+        overlong_penalty(torch.tensor([1]), max_length=4, buffer_length=5)
+
+
+@given(scores=group_scores())
+def test_informative_groups_are_exactly_those_with_spread(scores: torch.Tensor) -> None:
+    keep = filter_informative_groups(scores)
+    for group, kept in zip(scores, keep, strict=True):
+        assert bool(kept) == (len(set(group.tolist())) > 1)
+
+
+# --- packing --------------------------------------------------------------------------------
+
+
+@given(
+    mask=st.integers(1, 4).flatmap(lambda b: masks((b, 6))),
+    features=st.sampled_from([(), (3,)]),
+)
+def test_pack_then_unpack_round_trips(mask: torch.Tensor, features: tuple[int, ...]) -> None:
+    values = torch.randn(*mask.shape, *features, dtype=torch.float64)
+    packed = pack_sequences(values, mask)
+    lengths = mask.sum(-1)
+    assert packed.cu_seqlens.dtype == torch.int32
+    assert packed.cu_seqlens.tolist() == [0, *torch.cumsum(lengths, 0).tolist()]
+    assert packed.max_seqlen == int(lengths.max())
+    for i in range(mask.shape[0]):
+        start, end = packed.cu_seqlens[i], packed.cu_seqlens[i + 1]
+        torch.testing.assert_close(packed.values[start:end], values[i][mask[i]])
+        assert packed.position_ids[start:end].tolist() == list(range(int(end - start)))
+    restored = unpack_sequences(packed.values, mask)
+    expected = torch.where(mask.reshape(*mask.shape, *[1] * len(features)), values, 0.0)
+    torch.testing.assert_close(restored, expected)
+
+
+def test_pack_keeps_integer_tokens_and_unpack_checks_the_count() -> None:
+    tokens = torch.tensor([[7, 8, 0], [9, 0, 0]])
+    mask = tokens != 0
+    packed = pack_sequences(tokens, mask)
+    assert packed.values.tolist() == [7, 8, 9]
+    assert torch.equal(unpack_sequences(packed.values, mask), tokens)
+    with pytest.raises(ValueError, match="packed has 2 tokens but mask has 3"):
+        unpack_sequences(packed.values[:2], mask)
+
+
+# --- balanced micro-batches ---------------------------------------------------------------------
+
+
+@given(
+    lengths=st.lists(st.integers(0, 50), min_size=1, max_size=40),
+    budget=st.integers(50, 200),
+    minimum=st.integers(1, 4),
+)
+def test_micro_batches_partition_the_batch_within_budget(
+    lengths: list[int], budget: int, minimum: int
+) -> None:
+    if len(lengths) < minimum:
+        with pytest.raises(ValueError, match="non-empty micro-batches"):
+            balanced_micro_batches(lengths, budget, minimum)
+        return
+    batches = balanced_micro_batches(lengths, budget, minimum)
+    flat = sorted(i for batch in batches for i in batch)
+    assert flat == list(range(len(lengths)))
+    loads = [sum(lengths[i] for i in batch) for batch in batches]
+    assert all(load <= budget for load in loads)
+    assert all(batch == sorted(batch) and batch for batch in batches)
+    assert len(batches) >= max(minimum, -(-sum(lengths) // budget))
+    # Longest-first greedy balance: loads differ by at most the longest sequence.
+    assert max(loads) - min(loads) <= max(lengths)
+
+
+def test_micro_batches_use_the_fewest_that_fit_on_an_easy_case() -> None:
+    batches = balanced_micro_batches(torch.tensor([4, 4, 4, 4, 3, 3, 3, 3]), max_tokens=14)
+    assert len(batches) == 2
+    assert [sum([4, 4, 4, 4, 3, 3, 3, 3][i] for i in b) for b in batches] == [14, 14]
+
+
+def test_micro_batches_reject_a_sequence_over_budget() -> None:
+    with pytest.raises(ValueError, match="sequence 1 has 9 tokens, more than max_tokens=8"):
+        balanced_micro_batches([3, 9], max_tokens=8)
+    with pytest.raises(ValueError, match="max_tokens must be positive"):
+        balanced_micro_batches([3], max_tokens=0)
+
+
+# --- shapes ---------------------------------------------------------------------------------------
+
+
+def test_wrong_shapes_name_the_argument_and_dimension() -> None:
+    with pytest.raises(TypeCheckError, match=r"argument 'mask' has shape \(2, 4\).*'batch' is 2"):
+        place_on_last_token(torch.ones(3), torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(TypeCheckError, match=r"argument 'mask'.*dimension 'batch' is 3"):
+        broadcast_to_tokens(torch.ones(2), torch.ones(3, 4, dtype=torch.bool))
+    with pytest.raises(TypeCheckError, match=r"argument 'tokens'.*dtype float32"):
+        response_mask(torch.ones(2, 3), eos_id=1)
