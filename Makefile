@@ -34,8 +34,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy src
 
+# pytest exits 5 when it collected nothing: that is a broken suite, never a pass.
 pytest: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	status=0; $(PY) -m pytest $(PYTEST_ARGS) || status=$$?; \
+	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
+	exit $$status
 
 test: lint typecheck pytest
 
