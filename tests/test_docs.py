@@ -1,0 +1,314 @@
+"""The docs run: the example script, every Python snippet and every shell command in them.
+
+Conventions every page under docs/ follows (docs/index.md repeats them for writers):
+
+- Every ```python block is executed, in document order, in one namespace per
+  page, in a fresh interpreter (snippets register estimators; the registries
+  of this test process stay untouched). A block that shows an error catches
+  it and prints it.
+- A ```text block that directly follows a ```python or ```bash block (blank
+  lines between are allowed) is that block's exact standard output.
+- Every command in a ```bash block is either run here (`RUN_HERE`) or listed
+  in `COVERED_ELSEWHERE` with the place that runs it. A command in neither
+  list, or a list entry no page shows any more, fails the test.
+
+docs/core.md must also show every public function of rlcore with the
+signature it has in the source (names in order, defaults), so a changed
+signature fails here until the reference is updated.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.rglob("*.md"))
+EXAMPLE = DOCS / "examples" / "custom_estimator.py"
+BIN = Path(sys.executable).parent
+EXAMPLE_COMMAND = ".venv/bin/python docs/examples/custom_estimator.py"
+
+RUN_HERE = {
+    'RLCORE_TYPECHECK=0 .venv/bin/python -c "import rlcore; print(rlcore.typecheck_enabled())"',
+    ".venv/bin/mypy --strict docs/examples/custom_estimator.py",
+    ".venv/bin/ruff check docs/examples && .venv/bin/ruff format --check docs/examples",
+}
+COVERED_ELSEWHERE = {
+    EXAMPLE_COMMAND: "test_custom_estimator_example_runs_and_prints_what_core_md_shows",
+    "make test": "the CI entry point .ci/run; this test is part of it",
+}
+
+
+class Block(NamedTuple):
+    language: str
+    code: str
+    line: int  # 1-based line of the opening fence
+    output: str | None  # the ```text block that follows, if any
+
+
+def read_blocks(page: Path) -> list[Block]:
+    lines = page.read_text(encoding="utf-8").splitlines()
+    fenced: list[tuple[str, str, int, int]] = []  # language, body, open line, close line
+    index = 0
+    while index < len(lines):
+        match = re.fullmatch(r"```(\w*)\s*", lines[index])
+        if match is None:
+            index += 1
+            continue
+        start = index
+        index += 1
+        while index < len(lines) and lines[index].rstrip() != "```":
+            index += 1
+        if index == len(lines):
+            raise AssertionError(f"{page.name}:{start + 1}: code block is never closed")
+        fenced.append((match[1], "\n".join(lines[start + 1 : index]) + "\n", start, index))
+        index += 1
+    blocks: list[Block] = []
+    for position, (language, body, start, end) in enumerate(fenced):
+        if language == "text":
+            continue
+        output = None
+        if position + 1 < len(fenced):
+            next_language, next_body, next_start, _ = fenced[position + 1]
+            between = lines[end + 1 : next_start]
+            if next_language == "text" and all(not line.strip() for line in between):
+                output = next_body
+        blocks.append(Block(language, body, start + 1, output))
+    return blocks
+
+
+def shell_commands(block: Block) -> list[str]:
+    """The commands of a bash block: continuation lines joined, comments dropped."""
+    commands: list[str] = []
+    pending = ""
+    for raw in block.code.splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1].strip() + " "
+            continue
+        commands.append(pending + line)
+        pending = ""
+    return commands
+
+
+def normalise(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
+
+
+def with_this_venv(command: str) -> str:
+    """Point `.venv/bin/` at the interpreter running the tests (same thing under `make test`)."""
+    return command.replace(".venv/bin/", f"{BIN}/")
+
+
+def test_custom_estimator_example_runs_and_prints_what_core_md_shows() -> None:
+    shown = [
+        block.output
+        for block in read_blocks(DOCS / "core.md")
+        if block.language == "bash" and shell_commands(block) == [EXAMPLE_COMMAND]
+    ]
+    assert len(shown) == 1, "core.md must show the example's command once"
+    assert shown[0] is not None, "core.md must show the example's output after its command"
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert normalise(result.stdout) == normalise(shown[0])
+
+
+# Runs in a child interpreter: executes each block, records its stdout or its traceback.
+_RUNNER = textwrap.dedent(
+    """
+    import contextlib, io, json, sys, traceback
+    blocks = json.load(sys.stdin)
+    namespace = {"__name__": "__main__"}
+    results = []
+    for block in blocks:
+        buffer = io.StringIO()
+        error = None
+        try:
+            with contextlib.redirect_stdout(buffer):
+                exec(compile(block["code"], block["where"], "exec"), namespace)
+        except BaseException:
+            error = traceback.format_exc()
+        results.append({"stdout": buffer.getvalue(), "error": error})
+        if error is not None:
+            break
+    sys.__stdout__.write(json.dumps(results))
+    """
+)
+
+
+def test_the_reference_pages_exist_and_have_examples() -> None:
+    assert DOCS / "index.md" in PAGES
+    assert any(block.language == "python" for block in read_blocks(DOCS / "core.md"))
+
+
+@pytest.mark.parametrize(
+    "page",
+    [page for page in PAGES if any(block.language == "python" for block in read_blocks(page))],
+    ids=lambda page: str(page.relative_to(DOCS)),
+)
+def test_python_snippets_run_and_print_what_the_page_shows(page: Path) -> None:
+    blocks = [block for block in read_blocks(page) if block.language == "python"]
+    payload = [
+        {"code": block.code, "where": f"{page.relative_to(ROOT)}:{block.line}"} for block in blocks
+    ]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    env.pop("RLCORE_TYPECHECK", None)
+    result = subprocess.run(
+        [sys.executable, "-c", _RUNNER],
+        input=json.dumps(payload),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
+    results = json.loads(result.stdout)
+    for block, outcome in zip(blocks, results, strict=False):
+        where = f"{page.relative_to(ROOT)}:{block.line}"
+        assert outcome["error"] is None, f"the python block at {where} failed:\n{outcome['error']}"
+        if block.output is not None:
+            assert normalise(outcome["stdout"]) == normalise(block.output), (
+                f"the python block at {where} printed\n{outcome['stdout']}\n"
+                f"but the page shows\n{block.output}"
+            )
+    assert len(results) == len(blocks)
+
+
+def test_every_shell_command_is_run_or_covered_elsewhere() -> None:
+    shown = {
+        command
+        for page in PAGES
+        for block in read_blocks(page)
+        if block.language in ("bash", "sh", "shell", "console")
+        for command in shell_commands(block)
+    }
+    unaccounted = shown - RUN_HERE - set(COVERED_ELSEWHERE)
+    assert not unaccounted, f"shell commands in the docs that no test runs: {sorted(unaccounted)}"
+    stale = (RUN_HERE | set(COVERED_ELSEWHERE)) - shown
+    assert not stale, f"commands listed here that no page shows any more: {sorted(stale)}"
+
+
+def _shell_blocks_to_run() -> list[tuple[str, str | None]]:
+    runs: list[tuple[str, str | None]] = []
+    for page in PAGES:
+        for block in read_blocks(page):
+            if block.language not in ("bash", "sh", "shell", "console"):
+                continue
+            commands = [c for c in shell_commands(block) if c in RUN_HERE]
+            for command in commands:
+                runs.append((command, block.output if len(commands) == 1 else None))
+    return runs
+
+
+@pytest.mark.parametrize(("command", "output"), _shell_blocks_to_run())
+def test_shell_commands_shown_in_the_docs_succeed(command: str, output: str | None) -> None:
+    result = subprocess.run(
+        ["bash", "-c", with_this_venv(command)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
+    if output is not None:
+        assert normalise(result.stdout) == normalise(output), result.stdout
+
+
+# Every public function of these modules must appear in docs/core.md with its
+# current signature: parameter names in order, and the defaults it shows.
+DOCUMENTED_MODULES = [
+    "rlcore.masked",
+    "rlcore.advantages",
+    "rlcore.losses",
+    "rlcore.logprobs",
+    "rlcore.rollout",
+    "rlcore.normalize",
+    "rlcore.testing",
+]
+
+
+def _public_functions() -> list[tuple[str, Any]]:
+    found = []
+    for module_name in DOCUMENTED_MODULES:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            item = getattr(module, name)
+            if inspect.isfunction(item):
+                found.append((f"{module_name}.{name}", item))
+    return found
+
+
+def _shown_calls(text: str, name: str) -> list[ast.Call]:
+    calls = []
+    for match in re.finditer(rf"(?<!\w){re.escape(name)}\(", text):
+        depth, end = 0, match.end() - 1
+        for end in range(match.end() - 1, len(text)):
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            if depth == 0:
+                break
+        source = re.sub(r"\s+", " ", text[match.start() : end + 1])
+        try:
+            node = ast.parse(source, mode="eval").body
+        except SyntaxError:
+            continue
+        if isinstance(node, ast.Call):
+            calls.append(node)
+    return calls
+
+
+def _default_matches(shown: ast.expr, default: Any) -> bool:
+    try:
+        return bool(ast.literal_eval(shown) == default)
+    except ValueError:
+        return ast.unparse(shown) in {repr(default), str(default).removeprefix("torch.")}
+
+
+def _is_signature_of(call: ast.Call, parameters: list[inspect.Parameter]) -> bool:
+    if not all(isinstance(arg, ast.Name) for arg in call.args):
+        return False
+    shown = [arg.id for arg in call.args if isinstance(arg, ast.Name)]
+    shown += [keyword.arg for keyword in call.keywords if keyword.arg is not None]
+    if shown != [parameter.name for parameter in parameters]:
+        return False
+    by_name = {parameter.name: parameter for parameter in parameters}
+    for arg in call.args:
+        if isinstance(arg, ast.Name) and by_name[arg.id].default is not inspect.Parameter.empty:
+            return False
+    return all(
+        keyword.arg is not None and _default_matches(keyword.value, by_name[keyword.arg].default)
+        for keyword in call.keywords
+    )
+
+
+@pytest.mark.parametrize(
+    ("qualified", "function"), _public_functions(), ids=[q for q, _ in _public_functions()]
+)
+def test_core_md_shows_the_current_signature_of_every_public_function(
+    qualified: str, function: Any
+) -> None:
+    text = (DOCS / "core.md").read_text(encoding="utf-8")
+    parameters = list(inspect.signature(function).parameters.values())
+    name = qualified.rsplit(".", 1)[1]
+    calls = _shown_calls(text, name)
+    assert calls, f"docs/core.md never mentions {qualified}"
+    expected = ", ".join(str(parameter) for parameter in parameters)
+    assert any(_is_signature_of(call, parameters) for call in calls), (
+        f"docs/core.md shows no signature of {qualified} matching the source: {name}({expected})"
+    )
