@@ -10,7 +10,12 @@ holds a float32 ``[tokens, vocab]`` copy, 2.5 GB for 4,096 tokens of a
 151,936-word vocabulary. With ``chunk_size`` the rows are processed
 ``chunk_size`` at a time by a custom autograd function that keeps only the
 input and recomputes each chunk's softmax in the backward pass, so the extra
-memory is ``chunk_size × vocab`` floats, forward and backward.
+memory is one or two ``chunk_size × vocab`` float buffers, forward and
+backward (plus, backward, the gradient of the logits itself, which any path
+must return). The buffers are allocated once and reused by every chunk: fresh
+memory costs a page fault per page on first touch, which is most of the plain
+path's time on a CPU. A shifted slice such as ``logits[:, :-1]`` is read in
+place, one sequence at a time, never flattened into a copy.
 
 The ``*_from_hidden`` functions go one step further: they take the final
 hidden states and the LM-head weight and never materialise the logits at all
@@ -21,6 +26,7 @@ reasoning rollouts, where ``[tokens, vocab]`` logits dominate the memory.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -68,44 +74,127 @@ def _validate(tokens: Tensor, vocab: int, temperature: float, chunk_size: int | 
             )
 
 
-def _chunk_stats(z: Tensor, tokens: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """Log-softmax of one chunk of scaled logits; returns (logsoftmax, logprobs, entropy)."""
-    log_softmax = torch.log_softmax(z, dim=-1)
-    logprobs = log_softmax.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    entropy = -(log_softmax.exp() * log_softmax).sum(dim=-1) if with_entropy else z.new_zeros(0)
-    return log_softmax, logprobs, entropy
-
-
-def _chunk_grad(
-    log_softmax: Tensor,
-    tokens: Tensor,
-    grad_logprobs: Tensor | None,
-    grad_entropy: Tensor | None,
-    temperature: float,
-) -> Tensor:
-    """∂/∂z of gₗ·log π(y) + gₕ·H for one chunk, z the unscaled logits.
-
-    ∂ log π(y)/∂zᵥ = (𝟙[v=y] − πᵥ)/τ,   ∂H/∂zᵥ = −πᵥ (log πᵥ + H)/τ.
-    """
-    probs = log_softmax.exp()
-    grad = torch.zeros_like(log_softmax)
-    if grad_logprobs is not None:
-        grad = grad - probs * grad_logprobs.unsqueeze(-1)
-        grad.scatter_add_(-1, tokens.unsqueeze(-1), grad_logprobs.unsqueeze(-1))
-    if grad_entropy is not None:
-        entropy = -(probs * log_softmax).sum(dim=-1, keepdim=True)
-        grad = grad - probs * (log_softmax + entropy) * grad_entropy.unsqueeze(-1)
-    if temperature != 1.0:
-        grad = grad / temperature
-    return grad
-
-
 def _scaled(logits: Tensor, temperature: float) -> Tensor:
     z = logits.to(_compute_dtype(logits.dtype))
     return z / temperature if temperature != 1.0 else z
 
 
+def _plain_stats(z: Tensor, tokens: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor]:
+    """The reference: log_softmax(z).gather(y) and −Σ π log π, differentiated by autograd."""
+    log_softmax = torch.log_softmax(z, dim=-1)
+    logprobs = log_softmax.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_softmax.exp() * log_softmax).sum(dim=-1) if with_entropy else z.new_zeros(0)
+    return logprobs, entropy
+
+
+class _Scratch:
+    """``[chunk, vocab]`` buffers allocated once and reused by every chunk.
+
+    Fresh memory is paid for when first touched (a page fault per page), so a
+    new buffer per chunk would cost as much time as the full-size copy that
+    chunking avoids; a few reused buffers are touched once.
+    """
+
+    def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
+        self._rows, self._vocab, self._device = rows, vocab, device
+        self._buffers: dict[tuple[str, torch.dtype], Tensor] = {}
+
+    def get(self, name: str, rows: int, dtype: torch.dtype) -> Tensor:
+        buffer = self._buffers.get((name, dtype))
+        if buffer is None:
+            buffer = torch.empty(self._rows, self._vocab, dtype=dtype, device=self._device)
+            self._buffers[(name, dtype)] = buffer
+        return buffer[:rows]
+
+
+def _scaled_chunk(logits: Tensor, temperature: float, scratch: _Scratch) -> tuple[Tensor, bool]:
+    """z = x/τ in the compute dtype; returns (z, whether z is scratch that may be overwritten)."""
+    dtype = _compute_dtype(logits.dtype)
+    if logits.dtype == dtype and temperature == 1.0:
+        return logits, False
+    z = scratch.get("z", logits.shape[0], dtype)
+    if logits.dtype == dtype:
+        torch.div(logits, temperature, out=z)
+    else:
+        z.copy_(logits)
+        if temperature != 1.0:
+            z.div_(temperature)
+    return z, True
+
+
+def _chunk_logits(hidden: Tensor, weight: Tensor, temperature: float, scratch: _Scratch) -> Tensor:
+    """z = h Wᵀ/τ for one chunk of rows, in the compute dtype, written into scratch."""
+    dtype = _compute_dtype(weight.dtype)
+    rows = hidden.shape[0]
+    z = scratch.get("z", rows, dtype)
+    if weight.dtype == dtype:
+        torch.mm(hidden, weight.T, out=z)
+    else:
+        z.copy_(torch.mm(hidden, weight.T, out=scratch.get("matmul", rows, weight.dtype)))
+    if temperature != 1.0:
+        z.div_(temperature)
+    return z
+
+
+def _forward_chunk(
+    z: Tensor, tokens: Tensor, log_softmax_out: Tensor, probs_out: Tensor | None
+) -> tuple[Tensor, Tensor | None]:
+    """(log π(y), H) of one chunk; the entropy only when ``probs_out`` is given (it may alias z)."""
+    log_softmax = torch.log_softmax(z, dim=-1, out=log_softmax_out)
+    logprobs = log_softmax.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    if probs_out is None:
+        return logprobs, None
+    probs = torch.exp(log_softmax, out=probs_out)
+    return logprobs, probs.mul_(log_softmax).sum(dim=-1).neg_()
+
+
+def _grad_chunk(
+    z: Tensor,
+    tokens: Tensor,
+    entropy: Tensor,
+    grad_logprobs: Tensor | None,
+    grad_entropy: Tensor | None,
+    temperature: float,
+    out: Tensor,
+    spare: Tensor | None,
+) -> Tensor:
+    """Writes into ``out`` ∂/∂x of Σₜ gₗ log πₜ(yₜ) + gₕ Hₜ, x = τz the unscaled logits.
+
+    ∂ log π(y)/∂xᵥ = (𝟙[v=y] − πᵥ)/τ,   ∂H/∂xᵥ = −πᵥ (log πᵥ + H)/τ.
+
+    ``spare`` is scratch for π when the entropy has a gradient (it may alias z).
+    """
+    if grad_entropy is None:
+        grad = torch.softmax(z, dim=-1, out=out)
+        if grad_logprobs is None:
+            return grad.zero_()
+        grad.mul_(grad_logprobs.neg().unsqueeze(-1))
+    else:
+        assert spare is not None
+        log_softmax = torch.log_softmax(z, dim=-1, out=out)
+        probs = torch.exp(log_softmax, out=spare)
+        # −π ⊙ (gₕ log π + gₕ H + gₗ), the gₗ term only when log π(y) has a gradient.
+        offset = grad_entropy * entropy
+        if grad_logprobs is not None:
+            offset = offset + grad_logprobs
+        grad = log_softmax.mul_(grad_entropy.neg().unsqueeze(-1))
+        grad.sub_(offset.unsqueeze(-1)).mul_(probs)
+    if grad_logprobs is not None:
+        grad.scatter_add_(-1, tokens.unsqueeze(-1), grad_logprobs.unsqueeze(-1))
+    if temperature != 1.0:
+        grad.div_(temperature)
+    return grad
+
+
+def _row_chunks(sequences: int, length: int, chunk_size: int) -> Iterator[tuple[int, int, int]]:
+    for sequence in range(sequences):
+        for start in range(0, length, chunk_size):
+            yield sequence, start, min(start + chunk_size, length)
+
+
 class _ChunkedLogitStats(torch.autograd.Function):
+    """(log π(y), H) of ``[sequences, time, vocab]`` logits, ``chunk_size`` rows at a time."""
+
     @staticmethod
     def forward(
         ctx: FunctionCtx,
@@ -115,17 +204,27 @@ class _ChunkedLogitStats(torch.autograd.Function):
         chunk_size: int,
         with_entropy: bool,
     ) -> tuple[Tensor, Tensor]:
-        rows = logits.shape[0]
+        ctx.set_materialize_grads(False)
+        sequences, length, vocab = logits.shape
         dtype = _compute_dtype(logits.dtype)
-        logprobs = logits.new_empty(rows, dtype=dtype)
-        entropy = logits.new_empty(rows if with_entropy else 0, dtype=dtype)
-        for start in range(0, rows, chunk_size):
-            end = min(start + chunk_size, rows)
-            z = _scaled(logits[start:end], temperature)
-            _, logprobs[start:end], chunk_entropy = _chunk_stats(z, tokens[start:end], with_entropy)
+        logprobs = logits.new_empty((sequences, length), dtype=dtype)
+        entropy = logits.new_empty((sequences, length) if with_entropy else (0,), dtype=dtype)
+        scratch = _Scratch(min(chunk_size, length), vocab, logits.device)
+        for sequence, start, end in _row_chunks(sequences, length, chunk_size):
+            z, z_is_scratch = _scaled_chunk(logits[sequence, start:end], temperature, scratch)
+            probs_out = None
             if with_entropy:
-                entropy[start:end] = chunk_entropy
-        ctx.save_for_backward(logits, tokens)
+                probs_out = z if z_is_scratch else scratch.get("probs", end - start, dtype)
+            chunk_logprobs, chunk_entropy = _forward_chunk(
+                z,
+                tokens[sequence, start:end],
+                scratch.get("log_softmax", end - start, dtype),
+                probs_out,
+            )
+            logprobs[sequence, start:end] = chunk_logprobs
+            if chunk_entropy is not None:
+                entropy[sequence, start:end] = chunk_entropy
+        ctx.save_for_backward(logits, tokens, entropy)
         ctx.temperature = temperature  # type: ignore[attr-defined]
         ctx.chunk_size = chunk_size  # type: ignore[attr-defined]
         ctx.with_entropy = with_entropy  # type: ignore[attr-defined]
@@ -134,26 +233,40 @@ class _ChunkedLogitStats(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_logprobs: Tensor | None, grad_entropy: Tensor | None) -> Any:
-        logits, tokens = ctx.saved_tensors
+        logits, tokens, entropy = ctx.saved_tensors
         if not ctx.with_entropy:
             grad_entropy = None
+        if grad_logprobs is None and grad_entropy is None:
+            return None, None, None, None, None
+        sequences, length, vocab = logits.shape
+        dtype = _compute_dtype(logits.dtype)
         grad_logits = torch.empty_like(logits)
-        for start in range(0, logits.shape[0], ctx.chunk_size):
-            end = min(start + ctx.chunk_size, logits.shape[0])
-            z = _scaled(logits[start:end], ctx.temperature)
-            log_softmax = torch.log_softmax(z, dim=-1)
-            grad = _chunk_grad(
-                log_softmax,
-                tokens[start:end],
-                None if grad_logprobs is None else grad_logprobs[start:end],
-                None if grad_entropy is None else grad_entropy[start:end],
+        in_place = grad_logits.dtype == dtype
+        scratch = _Scratch(min(ctx.chunk_size, length), vocab, logits.device)
+        for sequence, start, end in _row_chunks(sequences, length, ctx.chunk_size):
+            rows = (sequence, slice(start, end))
+            z, z_is_scratch = _scaled_chunk(logits[rows], ctx.temperature, scratch)
+            spare = None
+            if grad_entropy is not None:
+                spare = z if z_is_scratch else scratch.get("probs", end - start, dtype)
+            grad = _grad_chunk(
+                z,
+                tokens[rows],
+                entropy[rows] if grad_entropy is not None else entropy,
+                None if grad_logprobs is None else grad_logprobs[rows],
+                None if grad_entropy is None else grad_entropy[rows],
                 ctx.temperature,
+                grad_logits[rows] if in_place else scratch.get("grad", end - start, dtype),
+                spare,
             )
-            grad_logits[start:end] = grad
+            if not in_place:
+                grad_logits[rows] = grad
         return grad_logits, None, None, None, None
 
 
 class _ChunkedHiddenStats(torch.autograd.Function):
+    """(log π(y), H) of softmax(h Wᵀ/τ), ``chunk_size`` rows of logits at a time."""
+
     @staticmethod
     def forward(
         ctx: FunctionCtx,
@@ -164,17 +277,24 @@ class _ChunkedHiddenStats(torch.autograd.Function):
         chunk_size: int,
         with_entropy: bool,
     ) -> tuple[Tensor, Tensor]:
+        ctx.set_materialize_grads(False)
         rows = hidden.shape[0]
         dtype = _compute_dtype(hidden.dtype)
         logprobs = hidden.new_empty(rows, dtype=dtype)
         entropy = hidden.new_empty(rows if with_entropy else 0, dtype=dtype)
-        for start in range(0, rows, chunk_size):
-            end = min(start + chunk_size, rows)
-            z = _scaled(hidden[start:end] @ weight.T, temperature)
-            _, logprobs[start:end], chunk_entropy = _chunk_stats(z, tokens[start:end], with_entropy)
-            if with_entropy:
+        scratch = _Scratch(min(chunk_size, rows), weight.shape[0], hidden.device)
+        for _, start, end in _row_chunks(1, rows, chunk_size):
+            z = _chunk_logits(hidden[start:end], weight, temperature, scratch)
+            chunk_logprobs, chunk_entropy = _forward_chunk(
+                z,
+                tokens[start:end],
+                scratch.get("log_softmax", end - start, dtype),
+                z if with_entropy else None,
+            )
+            logprobs[start:end] = chunk_logprobs
+            if chunk_entropy is not None:
                 entropy[start:end] = chunk_entropy
-        ctx.save_for_backward(hidden, weight, tokens)
+        ctx.save_for_backward(hidden, weight, tokens, entropy)
         ctx.temperature = temperature  # type: ignore[attr-defined]
         ctx.chunk_size = chunk_size  # type: ignore[attr-defined]
         ctx.with_entropy = with_entropy  # type: ignore[attr-defined]
@@ -183,34 +303,60 @@ class _ChunkedHiddenStats(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_logprobs: Tensor | None, grad_entropy: Tensor | None) -> Any:
-        hidden, weight, tokens = ctx.saved_tensors
-        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        hidden, weight, tokens, entropy = ctx.saved_tensors
         if not ctx.with_entropy:
             grad_entropy = None
+        if grad_logprobs is None and grad_entropy is None:
+            return None, None, None, None, None, None
+        rows = hidden.shape[0]
+        dtype = _compute_dtype(weight.dtype)
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        # Accumulated over chunks in at least float32, rounded to the weight's dtype once.
         grad_weight = (
-            torch.zeros(weight.shape, dtype=_compute_dtype(weight.dtype), device=weight.device)
-            if need_weight
-            else None
+            torch.zeros(weight.shape, dtype=dtype, device=weight.device) if need_weight else None
         )
-        for start in range(0, hidden.shape[0], ctx.chunk_size):
-            end = min(start + ctx.chunk_size, hidden.shape[0])
+        scratch = _Scratch(min(ctx.chunk_size, rows), weight.shape[0], hidden.device)
+        for _, start, end in _row_chunks(1, rows, ctx.chunk_size):
             hidden_chunk = hidden[start:end]
-            z = _scaled(hidden_chunk @ weight.T, ctx.temperature)
-            grad_z = _chunk_grad(
-                torch.log_softmax(z, dim=-1),
+            z = _chunk_logits(hidden_chunk, weight, ctx.temperature, scratch)
+            grad_z = _grad_chunk(
+                z,
                 tokens[start:end],
+                entropy[start:end] if grad_entropy is not None else entropy,
                 None if grad_logprobs is None else grad_logprobs[start:end],
                 None if grad_entropy is None else grad_entropy[start:end],
                 ctx.temperature,
+                scratch.get("grad", end - start, dtype),
+                z,
             )
             if grad_hidden is not None:
-                grad_hidden[start:end] = grad_z.to(weight.dtype) @ weight
+                if weight.dtype == dtype:
+                    torch.mm(grad_z, weight, out=grad_hidden[start:end])
+                else:
+                    low = scratch.get("matmul", end - start, weight.dtype).copy_(grad_z)
+                    torch.mm(low, weight, out=grad_hidden[start:end])
             if grad_weight is not None:
-                grad_weight.addmm_(grad_z.T, hidden_chunk.to(grad_weight.dtype))
+                grad_weight.addmm_(grad_z.T, hidden_chunk.to(dtype))
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None
+
+
+def _as_sequences(logits: Tensor) -> Tensor:
+    """``[*batch, time, vocab]`` as ``[sequences, time, vocab]``, without copying when possible.
+
+    A contiguous tensor becomes one long sequence; a shifted slice such as
+    ``logits[:, :-1]`` cannot be flattened into rows without a full copy, but
+    its sequences can be stacked as a view.
+    """
+    vocab = logits.shape[-1]
+    for shape in ((1, -1, vocab), (-1, logits.shape[-2], vocab)):
+        try:
+            return logits.view(shape)
+        except RuntimeError:
+            continue
+    return logits.reshape(1, -1, vocab)
 
 
 def _logit_stats(
@@ -219,15 +365,12 @@ def _logit_stats(
     vocab = logits.shape[-1]
     _validate(tokens, vocab, temperature, chunk_size)
     batch_shape = tokens.shape
-    flat_logits = logits.reshape(-1, vocab)
-    flat_tokens = tokens.reshape(-1)
     if chunk_size is None:
-        _, logprobs, entropy = _chunk_stats(
-            _scaled(flat_logits, temperature), flat_tokens, with_entropy
-        )
+        logprobs, entropy = _plain_stats(_scaled(logits, temperature), tokens, with_entropy)
     else:
+        sequences = _as_sequences(logits)
         logprobs, entropy = _ChunkedLogitStats.apply(  # type: ignore[no-untyped-call]
-            flat_logits, flat_tokens, temperature, chunk_size, with_entropy
+            sequences, tokens.reshape(sequences.shape[:2]), temperature, chunk_size, with_entropy
         )
     return logprobs.reshape(batch_shape), entropy.reshape(batch_shape if with_entropy else (0,))
 

@@ -1,0 +1,46 @@
+"""Benchmark scripts run end to end in their ``--quick`` mode and print the JSON they promise.
+
+Only the keys are checked: timings and memory figures from tiny sizes mean nothing, and
+the full runs belong to ``make bench``. Scripts run by path (torchrl installs a
+top-level ``benchmarks`` package, so ``import benchmarks`` would find the wrong one).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def quick_run(script: str) -> dict[str, Any]:
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--quick"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    report: dict[str, Any] = json.loads(completed.stdout)
+    return report
+
+
+def test_core_logprobs_quick_run_prints_the_expected_json() -> None:
+    report = quick_run("core_logprobs.py")
+    assert report["benchmark"] == "core_logprobs"
+    assert report["quick"] is True
+    assert isinstance(report["met"], bool)
+    logits = report["token_logprobs"]
+    for key in ("memory_ratio", "memory_target", "memory_met", "time_target", "time_met"):
+        assert key in logits
+    assert set(logits["extra_peak_mib"]) == {"naive", "chunked"}
+    for threads in ("1_thread", "2_threads"):
+        assert {"naive", "chunked", "ratio", "met"} <= set(logits["time_s"][threads])
+    hidden = report["token_logprobs_from_hidden"]
+    for key in ("hidden_size", "total_memory_ratio", "memory_target", "memory_met"):
+        assert key in hidden
+    assert set(hidden["max_abs_diff"]) == {"logprobs", "hidden", "weight"}
+    assert isinstance(hidden["grads_equal"], bool)
