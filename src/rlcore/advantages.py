@@ -75,7 +75,9 @@ def gae(
     _check_discount(gamma, lam)
     terminated = as_bool_mask(terminated, "terminated")
     truncated = as_bool_mask(truncated, "truncated")
-    advantages = torch.where(terminated, 0.0, next_values)
+    # Buffers handed to the in-place solver are made contiguous: inputs are often transposed
+    # views of time-major [time, batch] storage.
+    advantages = torch.where(terminated, 0.0, next_values).contiguous()
     advantages.mul_(gamma).add_(rewards).sub_(values)  # δₜ, solved in place below
     decay = _where_scalar(terminated | truncated, 0.0, gamma * lam, like=advantages)
     _scan.solve_(advantages, decay)
@@ -110,7 +112,7 @@ def token_gae(
     # One recurrence instead of two: with Uₜ = Vₜ + λ Aₜ at valid t,
     #   Uₜ = (1 − λ) Vₜ + λ rₜ + γ λ Uₜ',   Aₜ = rₜ − Vₜ + γ Uₜ',
     # and U passed through unchanged at masked positions (x = 0, decay = 1).
-    carried = torch.lerp(values, token_rewards, lam).masked_fill_(masked, 0.0)
+    carried = torch.lerp(values, token_rewards, lam).contiguous().masked_fill_(masked, 0.0)
     _scan.solve_(carried, _where_scalar(valid, gamma * lam, 1.0, like=carried))
     advantages = token_rewards - values
     advantages[..., :-1].add_(carried[..., 1:], alpha=gamma)
@@ -140,12 +142,13 @@ def discounted_returns(
     terminated = as_bool_mask(terminated, "terminated")
     truncated = as_bool_mask(truncated, "truncated")
     last = torch.zeros_like(truncated)
-    last[..., -1] = True
+    last[..., -1:] = True  # a slice, so that an empty window is no error
     bootstrap = (truncated | last) & ~terminated
     if next_values is None:
-        x = rewards.clone()
+        x = rewards.clone(memory_format=torch.contiguous_format)
     else:
         x = torch.addcmul(rewards, bootstrap.to(rewards.dtype), next_values, value=gamma)
+        x = x.contiguous()
     decay = _where_scalar(terminated | bootstrap, 0.0, gamma, like=rewards)
     _scan.solve_(x, decay)
     return x
@@ -166,14 +169,15 @@ def group_normalized(
                                            (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783).
 
     std is Bessel-corrected (``unbiased=True``) and ε = 1e-6, as in verl; TRL
-    uses ε = 1e-4. A group of equal scores has advantage 0 everywhere.
+    uses ε = 1e-4. A group of equal scores has advantage exactly 0 everywhere,
+    ε = 0 included.
     """
     _check_group_size(scores)
     centred = scores - scores.mean(dim=-1, keepdim=True)
-    if not std_normalize:
-        return centred
-    std = scores.std(dim=-1, keepdim=True, unbiased=unbiased)
-    return centred / (std + eps)
+    if std_normalize:
+        std = scores.std(dim=-1, keepdim=True, unbiased=unbiased)
+        centred = centred / (std + eps)
+    return torch.where(_varies(scores), centred, 0.0)
 
 
 @torch.no_grad()
@@ -182,10 +186,12 @@ def rloo(scores: Float[Tensor, "groups group_size"]) -> Float[Tensor, "groups gr
     """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740).
 
     Âᵢ = sᵢ − 1/(n−1) Σⱼ≠ᵢ sⱼ  =  n/(n−1) · (sᵢ − mean(s))
+
+    A group of equal scores has advantage exactly 0.
     """
     n = _check_group_size(scores)
     others = scores.sum(dim=-1, keepdim=True) - scores
-    return scores - others / (n - 1)
+    return torch.where(_varies(scores), scores - others / (n - 1), 0.0)
 
 
 @torch.no_grad()
@@ -208,7 +214,7 @@ def reinforce_pp(
     """
     _check_discount(gamma, 1.0)
     valid = as_bool_mask(mask)
-    returns = torch.where(valid, token_rewards, 0.0)
+    returns = torch.where(valid, token_rewards, 0.0).contiguous()
     _scan.solve_(returns, _where_scalar(valid, gamma, 1.0, like=returns))
     returns = torch.where(valid, returns, 0.0)
     centred = returns if baseline is None else returns - baseline.unsqueeze(-1)
@@ -242,6 +248,16 @@ def _where_scalar(condition: Tensor, if_true: float, if_false: float, like: Tens
     ``torch.where(c, 0.99, 1.0)`` would round 0.99 to float32 before any cast.
     """
     return torch.full_like(like, if_false).masked_fill_(condition, if_true)
+
+
+def _varies(scores: Tensor) -> Tensor:
+    """Groups whose scores are not all equal, ``[groups, 1]`` (NaN counts as varying).
+
+    The mean of equal scores is rounded (3 × 0.1 / 3 ≠ 0.1), which would leave
+    ±1e-17 advantages, blown up to ±0.8 by the std when ε = 0: such groups carry
+    no signal and are set to exactly 0.
+    """
+    return (scores != scores[..., :1]).any(dim=-1, keepdim=True)
 
 
 def _check_discount(gamma: float, lam: float) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import attrs
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, TypeCheckError
 from torch import Tensor
 
 from rlcore._checking import typecheck
@@ -49,9 +49,9 @@ def init(
 def merge(a: RunningStats, b: RunningStats) -> RunningStats:
     """Statistics of the union of two disjoint sample sets (exact, order-free)."""
     if a.mean.shape != b.mean.shape:
-        raise ValueError(
-            f"cannot merge statistics of feature shape {tuple(a.mean.shape)} "
-            f"and {tuple(b.mean.shape)}"
+        raise TypeCheckError(
+            f"rlcore.normalize.merge: argument 'b' tracks feature shape {tuple(b.mean.shape)} "
+            f"but 'a' tracks {tuple(a.mean.shape)}"
         )
     count = a.count + b.count
     safe = count.clamp(min=1)
@@ -65,9 +65,10 @@ def merge(a: RunningStats, b: RunningStats) -> RunningStats:
 def update(state: RunningStats, batch: Float[Tensor, "samples *feature"]) -> RunningStats:
     """Fold a batch of samples (leading axis) into ``state``."""
     if tuple(batch.shape[1:]) != tuple(state.mean.shape):
-        raise ValueError(
-            f"batch has feature shape {tuple(batch.shape[1:])}, "
-            f"the statistics track {tuple(state.mean.shape)}"
+        raise TypeCheckError(
+            f"rlcore.normalize.update: argument 'batch' has shape {tuple(batch.shape)}: "
+            f"feature dimensions {tuple(batch.shape[1:])} after 'samples' but 'state' "
+            f"tracks {tuple(state.mean.shape)}"
         )
     if batch.shape[0] == 0:
         return state
@@ -104,11 +105,14 @@ def normalize(
     ``x``'s dtype.
     """
     feature_ndim = state.mean.ndim
-    if tuple(x.shape[x.ndim - feature_ndim :]) != tuple(state.mean.shape):
-        raise ValueError(
-            f"x has trailing shape {tuple(x.shape[x.ndim - feature_ndim :])}, "
-            f"the statistics track {tuple(state.mean.shape)}"
+    trailing = tuple(x.shape[max(x.ndim - feature_ndim, 0) :])
+    if x.ndim < feature_ndim or trailing != tuple(state.mean.shape):
+        raise TypeCheckError(
+            f"rlcore.normalize.normalize: argument 'x' has shape {tuple(x.shape)}: "
+            f"trailing dimensions {trailing} but 'state' tracks {tuple(state.mean.shape)}"
         )
+    if clip is not None and not clip > 0:
+        raise ValueError(f"clip must be positive (or None), got {clip}")
     scaled = (x - state.mean) / torch.sqrt(variance(state) + eps)
     if clip is not None:
         scaled = scaled.clamp(-clip, clip)
