@@ -12,7 +12,7 @@ Notation: π the current policy, π_old the policy that produced the batch
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
 import attrs
 import torch
@@ -69,6 +69,18 @@ def _clipped_surrogate(
     return torch.where(dual_active, bound, loss), clip_active, dual_active
 
 
+def _valid_only(valid: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
+    """Each tensor with its masked positions set to 0.
+
+    Padding may hold NaN or ±inf (a log-probability of −inf is common). Masking
+    only the final loss is not enough: the backward pass multiplies the zero
+    gradient there by local derivatives such as exp(NaN), and 0 · NaN = NaN
+    would flow into the model. Replacing the inputs first keeps every
+    gradient at a masked position exactly 0.
+    """
+    return tuple(torch.where(valid, tensor, 0.0) for tensor in tensors)
+
+
 def _check_clip(clip_low: float, clip_high: float, dual_clip: float | None) -> None:
     if not 0.0 <= clip_low < 1.0:
         raise ValueError(f"clip_low must lie in [0, 1), got {clip_low}")
@@ -105,6 +117,7 @@ def ppo_policy_loss(
     clip_high = clip_low if clip_high is None else clip_high
     _check_clip(clip_low, clip_high, dual_clip)
     valid = as_bool_mask(mask)
+    logprobs, old_logprobs, advantages = _valid_only(valid, logprobs, old_logprobs, advantages)
     log_ratio = (logprobs - old_logprobs).clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
     ratio = torch.exp(log_ratio)
     token_loss, clip_active, dual_active = _clipped_surrogate(
@@ -134,7 +147,9 @@ def vanilla_policy_loss(
 
     Its gradient equals `ppo_policy_loss`'s at ρ = 1 (a fresh batch).
     """
-    loss = aggregate(-advantages * logprobs, as_bool_mask(mask), agg, normalizer)
+    valid = as_bool_mask(mask)
+    logprobs, advantages = _valid_only(valid, logprobs, advantages)
+    loss = aggregate(-advantages * logprobs, valid, agg, normalizer)
     return LossOutput(loss, {})
 
 
@@ -161,6 +176,7 @@ def gspo_policy_loss(
     """
     _check_clip(clip_low, clip_high, None)
     valid = as_bool_mask(mask)
+    logprobs, old_logprobs, advantages = _valid_only(valid, logprobs, old_logprobs, advantages)
     token_log_ratio = torch.where(valid, logprobs - old_logprobs, 0.0)
     sequence_log_ratio = token_log_ratio.sum(dim=-1) / valid.sum(dim=-1).clamp(min=1)
     log_ratio = logprobs - logprobs.detach() + sequence_log_ratio.detach().unsqueeze(-1)
@@ -201,13 +217,17 @@ def decoupled_ppo_policy_loss(
     ℓₜ = wₜ · max(−Âₜ rₜ, −Âₜ clip(rₜ, 1 − ε_low, 1 + ε_high))
 
     Tokens whose weight exceeds ``behavior_weight_cap`` are dropped from the
-    loss (AReaL's ``behav_imp_weight_cap``). With π_prox = μ it is
+    loss (AReaL's ``behav_imp_weight_cap``): they contribute 0, like a zero
+    advantage, and still count in the normaliser. With π_prox = μ it is
     `ppo_policy_loss` exactly. Metrics add ``behavior_weight_mean`` and
     ``behavior_capped_frac``.
     """
     clip_high = clip_low if clip_high is None else clip_high
     _check_clip(clip_low, clip_high, dual_clip)
     valid = as_bool_mask(mask)
+    logprobs, proximal_logprobs, behavior_logprobs, advantages = _valid_only(
+        valid, logprobs, proximal_logprobs, behavior_logprobs, advantages
+    )
     behavior_log_weight = (proximal_logprobs - behavior_logprobs).detach()
     weight = torch.exp(behavior_log_weight.clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND))
     capped = torch.zeros_like(valid)
@@ -219,7 +239,9 @@ def decoupled_ppo_policy_loss(
     token_loss, clip_active, dual_active = _clipped_surrogate(
         ratio, advantages, clip_low, clip_high, dual_clip
     )
-    loss = aggregate(weight * token_loss, kept, agg, normalizer)
+    # A dropped token contributes 0 but still counts in the normaliser, as in
+    # AReaL, so the global normaliser of ``mask`` applies unchanged.
+    loss = aggregate(torch.where(capped, 0.0, weight * token_loss), valid, agg, normalizer)
     return LossOutput(
         loss,
         {
@@ -250,14 +272,15 @@ def value_loss(
     ℓₜ = f(Vₜ − Gₜ)                                   without clipping
     ℓₜ = max(f(Vₜ − Gₜ), f(V_old,ₜ + clip(Vₜ − V_old,ₜ, ±c) − Gₜ))   with ``clip`` = c (PPO2)
 
-    Metrics: ``vf_clipfrac`` (tokens where the clipped branch was larger),
-    ``value_mean``.
+    Metrics: ``vf_clipfrac`` (tokens outside the clip range where the clipped
+    branch was larger), ``value_mean``.
     """
     if clip is not None and clip <= 0:
         raise ValueError(f"clip must be positive, got {clip}")
     if huber_delta is not None and huber_delta <= 0:
         raise ValueError(f"huber_delta must be positive, got {huber_delta}")
     valid = as_bool_mask(mask)
+    values, old_values, returns = _valid_only(valid, values, old_values, returns)
 
     def error(prediction: Tensor) -> Tensor:
         residual = prediction - returns
@@ -272,7 +295,10 @@ def value_loss(
     if clip is not None:
         clipped_values = old_values + (values - old_values).clamp(-clip, clip)
         clipped_loss = error(clipped_values)
-        clipped_frac = _fraction(clipped_loss > token_loss, valid)
+        # Inside the clip range V_old + (V − V_old) can round one ulp away from V;
+        # only a step that was actually clipped may count as clipped.
+        outside = (values - old_values).abs() > clip
+        clipped_frac = _fraction(outside & (clipped_loss > token_loss), valid)
         token_loss = torch.maximum(token_loss, clipped_loss)
     loss = aggregate(token_loss, valid, agg, normalizer)
     return LossOutput(
@@ -282,6 +308,7 @@ def value_loss(
 
 KLKind = Literal["k1", "k2", "k3", "abs", "kl", "mse", "low_var_kl"]
 _KL_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
+_KL_KINDS = ", ".join(get_args(KLKind))
 
 
 @typecheck
@@ -307,6 +334,10 @@ def kl_estimate(
     verl clamps ``low_var_kl`` at 10.
     """
     name = _KL_ALIASES.get(kind, kind)
+    if name not in ("k1", "k2", "k3", "abs"):
+        raise ValueError(f"unknown KL estimator kind {kind!r}; expected one of {_KL_KINDS}")
+    if clamp is not None and clamp <= 0:
+        raise ValueError(f"clamp must be positive, got {clamp}")
     log_ratio = ref_logprobs - logprobs
     if name == "k1":
         estimate = -log_ratio

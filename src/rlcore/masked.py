@@ -84,8 +84,10 @@ def masked_var(
     (Bessel-corrected by default) where that is defined.
     """
     mask = as_bool_mask(mask)
+    # Zero the padding first: (x − μ)² at a NaN would put 0·NaN into μ's gradient.
+    values = torch.where(mask, values, 0.0)
     count = mask.sum()
-    mean = torch.where(mask, values, 0.0).sum() / count.clamp(min=1)
+    mean = values.sum() / count.clamp(min=1)
     squares = torch.where(mask, (values - mean) ** 2, 0.0).sum()
     denominator = count - 1 if unbiased else count
     return squares / denominator.clamp(min=1) * (denominator > 0)
@@ -105,6 +107,7 @@ def masked_whiten(
     the convention PPO implementations use to whiten rewards.
     """
     mask = as_bool_mask(mask)
+    values = torch.where(mask, values, 0.0)  # see masked_var: no NaN may reach μ or σ
     mean = masked_mean(values, mask)
     variance = masked_var(values, mask)
     whitened = (values - mean) * torch.rsqrt(variance + eps)
