@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 from hypothesis import HealthCheck, settings
 
 _COMMON = {
@@ -18,6 +19,10 @@ settings.register_profile("ci", max_examples=40, derandomize=True, print_blob=Tr
 settings.register_profile("dev", max_examples=100, **_COMMON)
 settings.register_profile("thorough", max_examples=2000, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+# One intra-op thread per process: tests run in 2 xdist workers on 2 cores, and
+# oversubscribed threads make small torch ops orders of magnitude slower.
+torch.set_num_threads(1)
 
 # Ray writes an auth token under ~/.ray unless told not to (shared/ENVIRONMENT.md).
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -10,7 +10,7 @@ When a check fails, the error is rewritten to say which argument and which
 dimension were wrong before jaxtyping's full report, e.g.::
 
     rlcore.advantages.gae: argument 'values' has shape (4, 7): dimension 'time'
-    is 7 but 'rewards' bound it to 5.
+    is 7 but 'rewards' bound it to 5
 """
 
 from __future__ import annotations
@@ -44,9 +44,16 @@ if hasattr(_jaxtyping_decorator, "_tb_flag"):
 _BEARTYPE = beartype(conf=BeartypeConf(is_pep484_tower=True))
 
 
+_ENABLED = os.environ.get("RLCORE_TYPECHECK", "1").strip().lower() not in {"0", "false", "off"}
+
+
 def typecheck_enabled() -> bool:
-    """Whether ``RLCORE_TYPECHECK`` leaves run-time checking on (the default)."""
-    return os.environ.get("RLCORE_TYPECHECK", "1").strip().lower() not in {"0", "false", "off"}
+    """Whether run-time checking is on: ``RLCORE_TYPECHECK`` as it was when rlcore was imported.
+
+    Read once, so every check (the decorator and the value checks it guards,
+    such as token-id ranges) is on or off together.
+    """
+    return _ENABLED
 
 
 def typecheck(fn: F) -> F:

@@ -210,7 +210,7 @@ def reinforce_pp(
 
     ``baseline`` bᵢ is a per-sequence baseline; REINFORCE++-baseline uses the
     mean outcome score of the sequence's prompt group (registry name
-    ``reinforce_pp_baseline``). Returns are the undiscounted-by-baseline Gₜ.
+    ``reinforce_pp_baseline``). The returns are Gₜ itself, without the baseline.
     """
     _check_discount(gamma, 1.0)
     valid = as_bool_mask(mask)

@@ -344,7 +344,9 @@ def kl_estimate(
     elif name == "k2":
         estimate = 0.5 * log_ratio.square()
     elif name == "k3":
-        estimate = torch.expm1(log_ratio) - log_ratio
+        # exp of a log-ratio beyond ±20 is the far-off regime verl clamps too; it would give inf.
+        bounded = log_ratio.clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+        estimate = torch.expm1(bounded) - bounded
     else:
         estimate = log_ratio.abs()
     if clamp is not None:
@@ -466,13 +468,30 @@ class PolicyLossBatch:
 
 @attrs.frozen
 class PolicyLossConfig:
-    """Hyperparameters a policy loss may use; each ignores those it does not need."""
+    """Hyperparameters a policy loss may use; each ignores those it does not need.
 
-    clip_low: float = 0.2
+    Unset clip bounds take each loss's own defaults: 0.2 for the PPO family,
+    (3e-4, 4e-4) for GSPO, whose ratio is a per-token geometric mean.
+    """
+
+    clip_low: float | None = None
     clip_high: float | None = None
     dual_clip: float | None = None
     behavior_weight_cap: float | None = None
     agg: AggregationMode = "token-mean"
+
+    def clip_range(
+        self, default_low: float, default_high: float | None = None
+    ) -> tuple[float, float]:
+        """(ε_low, ε_high), falling back to a loss's own defaults where unset.
+
+        An unset ``clip_high`` follows ``clip_low`` when that was set, else the default.
+        """
+        if self.clip_low is None:
+            low, high = default_low, default_low if default_high is None else default_high
+        else:
+            low, high = self.clip_low, self.clip_low
+        return low, high if self.clip_high is None else self.clip_high
 
 
 class PolicyLoss(Protocol):
@@ -481,14 +500,19 @@ class PolicyLoss(Protocol):
     def __call__(self, batch: PolicyLossBatch, config: PolicyLossConfig) -> LossOutput: ...
 
 
+_PPO_CLIP = 0.2
+_GSPO_CLIP = (3e-4, 4e-4)
+
+
 def _ppo(batch: PolicyLossBatch, config: PolicyLossConfig) -> LossOutput:
+    clip_low, clip_high = config.clip_range(_PPO_CLIP)
     return ppo_policy_loss(
         batch.logprobs,
         batch.old_logprobs,
         batch.advantages,
         batch.mask,
-        config.clip_low,
-        config.clip_high,
+        clip_low,
+        clip_high,
         config.dual_clip,
         config.agg,
         batch.normalizer,
@@ -496,13 +520,13 @@ def _ppo(batch: PolicyLossBatch, config: PolicyLossConfig) -> LossOutput:
 
 
 def _gspo(batch: PolicyLossBatch, config: PolicyLossConfig) -> LossOutput:
-    clip_high = config.clip_low if config.clip_high is None else config.clip_high
+    clip_low, clip_high = config.clip_range(*_GSPO_CLIP)
     return gspo_policy_loss(
         batch.logprobs,
         batch.old_logprobs,
         batch.advantages,
         batch.mask,
-        config.clip_low,
+        clip_low,
         clip_high,
         config.agg,
         batch.normalizer,
@@ -512,14 +536,15 @@ def _gspo(batch: PolicyLossBatch, config: PolicyLossConfig) -> LossOutput:
 def _decoupled_ppo(batch: PolicyLossBatch, config: PolicyLossConfig) -> LossOutput:
     if batch.proximal_logprobs is None:
         raise ValueError("policy loss 'decoupled_ppo' needs PolicyLossBatch.proximal_logprobs")
+    clip_low, clip_high = config.clip_range(_PPO_CLIP)
     return decoupled_ppo_policy_loss(
         batch.logprobs,
         batch.proximal_logprobs,
         batch.old_logprobs,
         batch.advantages,
         batch.mask,
-        config.clip_low,
-        config.clip_high,
+        clip_low,
+        clip_high,
         config.dual_clip,
         config.behavior_weight_cap,
         config.agg,

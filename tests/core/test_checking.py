@@ -28,7 +28,9 @@ def public_functions() -> list[tuple[str, object]]:
     return found
 
 
-@pytest.mark.parametrize(("name", "function"), public_functions(), ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    ("name", "function"), public_functions(), ids=[name for name, _ in public_functions()]
+)
 def test_every_public_function_is_run_time_checked(name: str, function: object) -> None:
     assert getattr(function, "__rlcore_checked__", False), f"{name} lacks @typecheck"
 

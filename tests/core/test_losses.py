@@ -17,6 +17,7 @@ from torch import Tensor
 
 from rlcore import losses
 from rlcore.losses import (
+    PolicyLossBatch,
     PolicyLossConfig,
     decoupled_ppo_policy_loss,
     entropy_loss,
@@ -1126,3 +1127,34 @@ def test_wrong_shapes_raise_an_error_naming_argument_and_dimension(name: str) ->
     assert first_line.startswith(f"rlcore.losses.{name}: argument ")
     for fragment in fragments:
         assert fragment in first_line, f"{fragment!r} missing from {first_line!r}"
+
+
+# --- registry defaults and far-off KL ----------------------------------------------------------
+
+
+def test_unset_clip_bounds_take_each_losss_own_defaults() -> None:
+    assert PolicyLossConfig().clip_range(0.2) == (0.2, 0.2)
+    assert PolicyLossConfig().clip_range(3e-4, 4e-4) == (3e-4, 4e-4)
+    assert PolicyLossConfig(clip_low=0.1).clip_range(3e-4, 4e-4) == (0.1, 0.1)
+    assert PolicyLossConfig(clip_high=0.28).clip_range(0.2) == (0.2, 0.28)
+    generator = torch.Generator().manual_seed(0)
+    logprobs = -torch.rand(3, 5, generator=generator, dtype=torch.float64)
+    old = logprobs + 0.01 * torch.randn(3, 5, generator=generator, dtype=torch.float64)
+    advantages = torch.randn(3, 5, generator=generator, dtype=torch.float64)
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    batch = PolicyLossBatch(logprobs, old, advantages, mask)
+    gspo = POLICY_LOSSES.get("gspo")(batch, PolicyLossConfig())
+    expected = gspo_policy_loss(logprobs, old, advantages, mask, 3e-4, 4e-4, "token-mean")
+    torch.testing.assert_close(gspo.loss, expected.loss)
+    ppo = POLICY_LOSSES.get("ppo")(batch, PolicyLossConfig())
+    torch.testing.assert_close(
+        ppo.loss, ppo_policy_loss(logprobs, old, advantages, mask, 0.2, 0.2).loss
+    )
+
+
+def test_k3_stays_finite_for_a_far_off_reference() -> None:
+    logprobs = torch.tensor([[-0.1, -0.1]], dtype=torch.float64)
+    reference = torch.tensor([[-900.0, 800.0]], dtype=torch.float64)
+    estimate = kl_estimate(logprobs, reference, "k3")
+    assert torch.isfinite(estimate).all()
+    assert torch.all(estimate > 0)

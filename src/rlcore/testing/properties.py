@@ -6,7 +6,7 @@ Each check draws many inputs with hypothesis and raises ``AssertionError``
     from rlcore.testing import check_policy_loss
 
     def test_my_loss() -> None:
-        check_policy_loss(my_loss, PolicyLossConfig(clip_low=0.2))
+        check_policy_loss(my_loss, PolicyLossConfig(clip_high=0.28))
 
 The properties are the ones every rlcore built-in satisfies; they are what
 the shell relies on when it splits a batch into micro-batches and ranks.

@@ -33,7 +33,8 @@ _FINITE = st.floats(-10.0, 10.0, allow_nan=False, allow_infinity=False)
 def _values(
     draw: st.DrawFn, shape: tuple[int, ...], dtype: torch.dtype, elements: st.SearchStrategy[float]
 ) -> Tensor:
-    array = draw(hnp.arrays(np.float64, shape, elements=elements))
+    # fill=nothing(): draw every element, not one repeated fill value.
+    array = draw(hnp.arrays(np.float64, shape, elements=elements, fill=st.nothing()))
     return torch.from_numpy(array).to(dtype)
 
 
@@ -56,7 +57,7 @@ def masks(
         lengths = draw(st.lists(st.integers(low, time), min_size=batch, max_size=batch))
         steps = torch.arange(time)
         return steps.unsqueeze(0) < torch.tensor(lengths, dtype=torch.long).unsqueeze(-1)
-    mask = torch.from_numpy(draw(hnp.arrays(np.bool_, (batch, time))))
+    mask = torch.from_numpy(draw(hnp.arrays(np.bool_, (batch, time), fill=st.nothing())))
     if not allow_empty_rows and time > 0:
         mask[:, 0] |= ~mask.any(dim=-1)
     return mask
@@ -93,8 +94,8 @@ def trajectories(
     rewards = draw(_values(shape, dtype, _FINITE))
     values = draw(_values(shape, dtype, _FINITE))
     next_values = draw(_values(shape, dtype, _FINITE))
-    terminated = torch.from_numpy(draw(hnp.arrays(np.bool_, shape)))
-    truncated = torch.from_numpy(draw(hnp.arrays(np.bool_, shape))) & ~terminated
+    terminated = torch.from_numpy(draw(hnp.arrays(np.bool_, shape, fill=st.nothing())))
+    truncated = torch.from_numpy(draw(hnp.arrays(np.bool_, shape, fill=st.nothing()))) & ~terminated
     if consistent_values and time > 1:
         done = terminated | truncated
         follow = torch.cat([values[:, 1:], next_values[:, -1:]], dim=1)
