@@ -102,9 +102,7 @@ def ppo_policy_loss(
     agg: AggregationMode = "token-mean",
     normalizer: Normalizer = None,
 ) -> LossOutput:
-    """PPO's clipped surrogate (Schulman et al. 2017), with clip-higher and dual clip.
-
-    Schulman et al. 2017, arXiv:1707.06347:
+    """PPO's clipped surrogate (Schulman et al. 2017, arXiv:1707.06347), clip-higher, dual clip.
 
     ℓₜ = max(−Âₜ ρₜ, −Âₜ clip(ρₜ, 1 − ε_low, 1 + ε_high))
     dual clip (Ye et al. 2020, arXiv:1912.09729), c > 1:  ℓₜ ← min(ℓₜ, −c Âₜ) where Âₜ < 0

@@ -174,6 +174,9 @@ def aggregate(
     - ``seq-mean-token-mean``:      Σᵢ (Σₜ mᵢₜ ℓᵢₜ / nᵢ) / Z, Z = #sequences (GRPO paper)
     - ``seq-mean-token-sum-norm``:  Σᵢ Σₜ mᵢₜ ℓᵢₜ / Z,        Z = #sequences · L (Dr. GRPO)
 
+    The last mode is Dr. GRPO's and TRL's ``dr_grpo`` (batch × L); verl's mode of
+    the same name divides by L only, so its loss is #sequences times larger.
+
     The numerator is a sum over rows, so when ``normalizer`` is the global
     batch's (see `aggregation_normalizer`), summing the results of any split
     of the batch into micro-batches or ranks gives exactly the whole batch's
