@@ -44,3 +44,15 @@ def test_core_logprobs_quick_run_prints_the_expected_json() -> None:
         assert key in hidden
     assert set(hidden["max_abs_diff"]) == {"logprobs", "hidden", "weight"}
     assert isinstance(hidden["grads_equal"], bool)
+
+
+def test_core_advantages_quick_run_prints_the_expected_json() -> None:
+    report = quick_run("core_advantages.py")
+    assert report["benchmark"] == "core_advantages"
+    assert isinstance(report["met"], bool)
+    for threads in ("threads_1", "threads_2"):
+        run = report["results"][threads]
+        for estimator in ("gae", "token_gae"):
+            assert {"rlcore_ms", "loop_ms", "speedup_vs_loop"} <= set(run[estimator])
+            # The baseline loop computes the same numbers: a correctness check, not timing.
+            assert run[estimator]["max_abs_diff_vs_loop"] < 1e-4

@@ -48,6 +48,13 @@ RUN_HERE = {
 COVERED_ELSEWHERE = {
     EXAMPLE_COMMAND: "test_custom_estimator_example_runs_and_prints_what_core_md_shows",
     "make test": "the CI entry point .ci/run; this test is part of it",
+    "make bench": "minutes of benchmarks; their --quick forms below are run by tests",
+    ".venv/bin/python benchmarks/core_advantages.py --quick": (
+        "tests/test_benchmarks_smoke.py::test_core_advantages_quick_run_prints_the_expected_json"
+    ),
+    ".venv/bin/python benchmarks/core_logprobs.py --quick": (
+        "tests/test_benchmarks_smoke.py::test_core_logprobs_quick_run_prints_the_expected_json"
+    ),
 }
 
 
