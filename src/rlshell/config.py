@@ -1,0 +1,314 @@
+"""The typed configuration: one attrs frozen class per component.
+
+A config file is a Python module that defines ``config``, a `Config`
+(`configs/grpo.py` is the default). `rlshell.config_loading` applies
+``key.path=value`` overrides, checks everything and reports every problem
+at once; this module only declares the fields, their defaults, and the
+per-field constraints (``metadata=checked(...)``) that the loader applies
+with each field's full key path.
+
+Registry-backed names (``actor.model.model_type``, ``reward.reward_type``,
+``env.env_type``, ``algorithm.adv_type``, ``algorithm.loss_type``) are plain
+strings here and are checked against the registries when the config is
+validated, so names registered by an extension module are accepted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Literal
+
+from attrs import Factory, field, frozen
+
+__all__ = [
+    "COMPONENTS",
+    "ActorConfig",
+    "AlgorithmConfig",
+    "CheckpointConfig",
+    "ClusterConfig",
+    "Config",
+    "DataConfig",
+    "EnvConfig",
+    "FSDPConfig",
+    "LoggerConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "PlacementEntry",
+    "Precision",
+    "RewardConfig",
+    "RolloutConfig",
+    "RunnerConfig",
+    "WrapPolicyConfig",
+    "checked",
+]
+
+# The components a placement can name, in the order plans list them.
+COMPONENTS = ("actor", "rollout", "reference", "reward", "env")
+
+Precision = Literal["fp32", "bf16", "fp16"]
+AggregationMode = Literal[
+    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+]
+KLKind = Literal["k1", "k2", "k3", "abs"]
+
+Check = Callable[[Any], bool]
+CHECK_KEY = "rlshell.check"
+
+
+def checked(predicate: Check, expected: str) -> dict[str, tuple[Check, str]]:
+    """Field metadata: ``predicate(value)`` must hold, else "expected {expected}"."""
+    return {CHECK_KEY: (predicate, expected)}
+
+
+def _finite(value: float) -> bool:
+    return math.isfinite(value)
+
+
+POSITIVE = checked(lambda v: _finite(v) and v > 0, "a positive number")
+NON_NEGATIVE = checked(lambda v: _finite(v) and v >= 0, "a number ≥ 0")
+POSITIVE_INT = checked(lambda v: v >= 1, "an integer ≥ 1")
+NON_NEGATIVE_INT = checked(lambda v: v >= 0, "an integer ≥ 0")
+UNIT_OPEN_CLOSED = checked(lambda v: _finite(v) and 0 < v <= 1, "a number in (0, 1]")
+UNIT_CLOSED = checked(lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]")
+OPTIONAL_POSITIVE = checked(lambda v: v is None or (_finite(v) and v > 0), "null or > 0")
+
+
+@frozen
+class PlacementEntry:
+    """A component's placement in its long form (the short form is the string alone).
+
+    ``placement`` uses RLinf's syntax (`rlshell.placement`); ``node_group`` a
+    label from ``cluster.node_groups``; ``cpus_per_worker`` overrides the
+    component's own setting.
+    """
+
+    placement: str
+    node_group: str = "all"
+    cpus_per_worker: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+
+
+@frozen
+class ClusterConfig:
+    """Where the run happens.
+
+    ``address``: null starts an embedded Ray (this machine); ``"auto"`` or
+    ``"ray://host:10001"`` attaches to a cluster started with ``ray start``.
+    ``simulate``: ``"NxG"`` (or ``"NxGxC"``) plans for N nodes × G GPUs (× C
+    CPUs) instead of the real machine; only valid with ``--dry-run``.
+    ``component_placement`` maps component names (comma-joined names share a
+    placement) to a placement string or a `PlacementEntry`. ``node_groups``
+    maps labels to node ranks (``{"a800": "0-1"}``).
+    """
+
+    address: str | None = None
+    num_nodes: int = field(default=1, metadata=POSITIVE_INT)
+    simulate: str | None = None
+    num_cpus: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+    component_placement: dict[str, str | PlacementEntry] = Factory(
+        lambda: {"actor,rollout": "0:0-1", "reward": "0"}
+    )
+    node_groups: dict[str, str] = Factory(dict)
+    startup_timeout_s: float = field(default=120.0, metadata=POSITIVE)
+    call_timeout_s: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+
+
+@frozen
+class ModelConfig:
+    """Which model to build: a registered ``model_type`` and what its builder reads.
+
+    ``path`` is a local Hugging Face directory (never a hub id: nothing is
+    downloaded); without it builders construct the model from
+    ``model_kwargs`` (e.g. a transformers config's fields).
+    """
+
+    model_type: str = "hf_causal_lm"
+    category: Literal["reasoning", "embodied"] = "reasoning"
+    path: str | None = None
+    precision: Precision = "fp32"
+    model_kwargs: dict[str, int | float | str | bool] = Factory(dict)
+    is_lora: bool = False
+    lora_rank: int = field(default=8, metadata=POSITIVE_INT)
+    gradient_checkpointing: bool = False
+
+
+@frozen
+class OptimConfig:
+    """AdamW and its learning-rate schedule."""
+
+    lr: float = field(default=3e-4, metadata=POSITIVE)
+    weight_decay: float = field(default=0.0, metadata=NON_NEGATIVE)
+    adam_beta1: float = field(default=0.9, metadata=UNIT_CLOSED)
+    adam_beta2: float = field(default=0.999, metadata=UNIT_CLOSED)
+    adam_eps: float = field(default=1e-8, metadata=POSITIVE)
+    clip_grad: float | None = field(default=1.0, metadata=OPTIONAL_POSITIVE)
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    lr_warmup_steps: int = field(default=0, metadata=NON_NEGATIVE_INT)
+    min_lr_ratio: float = field(default=0.0, metadata=UNIT_CLOSED)
+
+
+@frozen
+class WrapPolicyConfig:
+    """What FSDP shards as units (names as RLinf spells them).
+
+    Modules whose class name is in ``transformer_layer_cls_to_wrap`` or
+    ``module_classes_to_wrap``, or whose ``_fsdp_wrap_name`` is in
+    ``no_split_names``, become FSDP units; with all three empty the model's
+    ``_no_split_modules`` is used.
+    """
+
+    transformer_layer_cls_to_wrap: tuple[str, ...] = ()
+    module_classes_to_wrap: tuple[str, ...] = ()
+    no_split_names: tuple[str, ...] = ()
+
+
+@frozen
+class FSDPConfig:
+    """FSDP2 settings: wrapping, mixed precision, resharding."""
+
+    wrap_policy: WrapPolicyConfig = Factory(WrapPolicyConfig)
+    mixed_precision: Precision = "fp32"
+    reshard_after_forward: bool = True
+
+
+@frozen
+class ActorConfig:
+    """The trained policy: model, optimizer, FSDP and the micro-batch budget."""
+
+    model: ModelConfig = Factory(ModelConfig)
+    optim: OptimConfig = Factory(OptimConfig)
+    fsdp_config: FSDPConfig = Factory(FSDPConfig)
+    backend: Literal["fsdp", "megatron"] = "fsdp"
+    micro_batch_max_tokens: int = field(default=4096, metadata=POSITIVE_INT)
+    logprob_chunk_size: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+    enable_offload: bool = True
+    cpus_per_worker: float = field(default=0.5, metadata=POSITIVE)
+    # The frozen reference (KL term) runs beside the actor and only computes
+    # log-probs between the actor's phases, so it reserves little CPU.
+    reference_cpus_per_worker: float = field(default=0.125, metadata=POSITIVE)
+    seed: int = 0
+
+
+@frozen
+class RolloutConfig:
+    """Sampling: the engine, its parallelism and the sampling parameters."""
+
+    backend: Literal["hf", "vllm", "sglang"] = "hf"
+    tensor_parallel_size: int = field(default=1, metadata=POSITIVE_INT)
+    temperature: float = field(default=1.0, metadata=POSITIVE)
+    top_p: float = field(default=1.0, metadata=UNIT_OPEN_CLOSED)
+    top_k: int = field(default=0, metadata=NON_NEGATIVE_INT)
+    max_new_tokens: int = field(default=16, metadata=POSITIVE_INT)
+    gpu_memory_utilization: float = field(default=0.5, metadata=UNIT_OPEN_CLOSED)
+    enable_offload: bool = True
+    weight_sync: Literal["bucket", "patch"] = "bucket"
+    bucket_size_mb: float = field(default=64.0, metadata=POSITIVE)
+    cpus_per_worker: float = field(default=0.25, metadata=POSITIVE)
+
+
+@frozen
+class RewardConfig:
+    """Rule-based rewards from the reward registry, each call under a timeout."""
+
+    reward_type: str = "math"
+    timeout_s: float = field(default=5.0, metadata=POSITIVE)
+    num_processes: int = field(default=1, metadata=POSITIVE_INT)
+    cpus_per_worker: float = field(default=0.25, metadata=POSITIVE)
+
+
+@frozen
+class EnvConfig:
+    """Environments for embodied runs (unused by reasoning runs)."""
+
+    env_type: str | None = None
+    env_id: str | None = None
+    num_envs: int = field(default=1, metadata=POSITIVE_INT)
+    max_episode_steps: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+    uses_gpus: bool = False
+    cpus_per_worker: float = field(default=0.25, metadata=POSITIVE)
+
+
+@frozen
+class DataConfig:
+    """Prompts: a generated task, or a JSONL/Parquet file with prompt/answer columns."""
+
+    task: str = "arithmetic"
+    train_path: str | None = None
+    val_path: str | None = None
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+
+
+@frozen
+class AlgorithmConfig:
+    """Advantage estimator and policy loss (names from rlcore's registries) and their terms."""
+
+    adv_type: str = "grpo"
+    loss_type: str = "ppo"
+    group_size: int = field(default=8, metadata=POSITIVE_INT)
+    clip_low: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+    clip_high: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+    dual_clip: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+    loss_agg_mode: AggregationMode = "token-mean"
+    kl_coef: float = field(default=0.0, metadata=NON_NEGATIVE)
+    kl_kind: KLKind = "k3"
+    entropy_coef: float = field(default=0.0, metadata=NON_NEGATIVE)
+    gamma: float = field(default=1.0, metadata=UNIT_CLOSED)
+    lam: float = field(default=1.0, metadata=UNIT_CLOSED)
+
+
+@frozen
+class RunnerConfig:
+    """The loop: which runner, how long, how big a step, where outputs go."""
+
+    runner_type: Literal["reasoning", "embodied", "probe"] = "reasoning"
+    experiment_name: str = "grpo"
+    output_dir: str = "runs"
+    max_steps: int = field(default=100, metadata=POSITIVE_INT)
+    prompts_per_step: int = field(default=8, metadata=POSITIVE_INT)
+    val_every: int = field(default=0, metadata=NON_NEGATIVE_INT)
+    seed: int = 0
+
+
+@frozen
+class LoggerConfig:
+    """Metric backends and where they write."""
+
+    backends: tuple[Literal["console", "jsonl", "tensorboard", "wandb"], ...] = (
+        "console",
+        "jsonl",
+        "tensorboard",
+    )
+    log_every: int = field(default=1, metadata=POSITIVE_INT)
+    wandb_project: str | None = None
+
+
+@frozen
+class CheckpointConfig:
+    """Sharded checkpoints under ``<run dir>/checkpoints/global_step_N``.
+
+    ``resume``: null starts fresh; ``"auto"`` continues from the newest
+    checkpoint of the run directory if there is one; a path resumes from that
+    checkpoint directory, which must exist.
+    """
+
+    save_every: int = field(default=0, metadata=NON_NEGATIVE_INT)
+    keep_last: int | None = field(default=2, metadata=OPTIONAL_POSITIVE)
+    resume: str | None = None
+    export_hf: bool = True
+
+
+@frozen
+class Config:
+    """A whole run."""
+
+    cluster: ClusterConfig = Factory(ClusterConfig)
+    actor: ActorConfig = Factory(ActorConfig)
+    rollout: RolloutConfig = Factory(RolloutConfig)
+    reward: RewardConfig = Factory(RewardConfig)
+    env: EnvConfig = Factory(EnvConfig)
+    data: DataConfig = Factory(DataConfig)
+    algorithm: AlgorithmConfig = Factory(AlgorithmConfig)
+    runner: RunnerConfig = Factory(RunnerConfig)
+    logger: LoggerConfig = Factory(LoggerConfig)
+    checkpoint: CheckpointConfig = Factory(CheckpointConfig)

@@ -1,0 +1,83 @@
+"""Model registry: ``register_model(model_type, builder, category)`` and ``get_model(cfg)``.
+
+RLinf's pattern, kept so models port with renamed imports: a builder is
+``builder(cfg, torch_dtype) -> nn.Module``, registered under a model type and
+a category (``"embodied"`` or ``"reasoning"``); `get_model` looks the type up
+and builds with the dtype named by ``cfg.precision``. An extension module
+(``RLSHELL_EXT_MODULE``) registers its own models in every process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from attrs import frozen
+from torch import nn
+
+from rlcore.registry import Registry
+from rlshell.config import ModelConfig, Precision
+
+__all__ = ["MODELS", "ModelBuilder", "ModelEntry", "get_model", "register_model", "torch_dtype"]
+
+ModelBuilder = Callable[[ModelConfig, torch.dtype], nn.Module]
+Category = Literal["embodied", "reasoning"]
+
+_DTYPES: dict[Precision, torch.dtype] = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+
+
+@frozen
+class ModelEntry:
+    """A registered builder and the family of runs it serves."""
+
+    builder: ModelBuilder
+    category: Category
+
+
+MODELS: Registry[ModelEntry] = Registry("model type")
+
+
+def register_model(
+    model_type: str, builder: ModelBuilder, category: Category = "embodied", force: bool = False
+) -> ModelBuilder:
+    """Register ``builder`` under ``model_type``; ``force=True`` replaces an existing entry."""
+    if category not in ("embodied", "reasoning"):
+        raise ValueError(
+            f"register_model('{model_type}'): category must be 'embodied' or 'reasoning', "
+            f"got {category!r}"
+        )
+    existing = MODELS.get(model_type) if model_type in MODELS else None
+    if existing is not None and existing.builder is builder and existing.category == category:
+        return builder
+    MODELS.register(model_type, ModelEntry(builder, category), force=force)
+    return builder
+
+
+def torch_dtype(precision: Precision) -> torch.dtype:
+    """The torch dtype a precision name stands for."""
+    return _DTYPES[precision]
+
+
+def get_model(cfg: ModelConfig) -> nn.Module:
+    """Build the model ``cfg.model_type`` names, in the dtype ``cfg.precision`` names."""
+    entry = MODELS.get(cfg.model_type)
+    if entry.category != cfg.category:
+        raise ValueError(
+            f"model type '{cfg.model_type}' is registered as a {entry.category} model, "
+            f"but the config asks for category '{cfg.category}'"
+        )
+    return entry.builder(cfg, torch_dtype(cfg.precision))
+
+
+def _register_builtins() -> None:
+    from rlshell.models.hf_causal_lm import build_hf_causal_lm
+
+    register_model("hf_causal_lm", build_hf_causal_lm, category="reasoning")
+
+
+_register_builtins()

@@ -1,0 +1,45 @@
+"""The built-in ``hf_causal_lm`` model type: any Hugging Face causal LM, from disk or a config.
+
+With ``cfg.path`` the model is loaded with ``AutoModelForCausalLM.from_pretrained``
+from that local directory (``local_files_only``: nothing is downloaded).
+Without it, a fresh model is built from ``cfg.model_kwargs``: ``config_class``
+names a transformers config class (default ``Qwen2Config``) and every other
+entry is a field of it, e.g. ``{"hidden_size": 64, "num_hidden_layers": 2}``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rlshell.config import ModelConfig
+
+__all__ = ["build_hf_causal_lm"]
+
+
+def build_hf_causal_lm(cfg: ModelConfig, torch_dtype: torch.dtype) -> nn.Module:
+    import transformers
+
+    if cfg.path is not None:
+        path = Path(cfg.path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"actor.model.path: {path} is not a Hugging Face model directory "
+                "(no config.json there); models are read from local directories only"
+            )
+        model: nn.Module = transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch_dtype, local_files_only=True
+        )
+        return model
+    kwargs = dict(cfg.model_kwargs)
+    class_name = str(kwargs.pop("config_class", "Qwen2Config"))
+    config_class = getattr(transformers, class_name, None)
+    if config_class is None or not isinstance(config_class, type):
+        raise ValueError(f"actor.model.model_kwargs.config_class: no transformers.{class_name}")
+    config = config_class(**kwargs)
+    built: nn.Module = transformers.AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+        config, dtype=torch_dtype
+    )
+    return built

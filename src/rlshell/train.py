@@ -1,0 +1,194 @@
+"""The command line: ``python -m rlshell.train CONFIG [key.path=value ...] [--dry-run]``.
+
+1. Extension modules (``RLSHELL_EXT_MODULE``) register their models, envs and
+   rewards, so the config can name them.
+2. The config is read, overridden and validated; every problem is printed at
+   once and nothing starts (exit status 2).
+3. ``--dry-run`` prints the placement plan as a table and writes
+   ``config.json`` and ``placement.json`` to the run directory, for this
+   machine or for a simulated cluster (``cluster.simulate=4x8``).
+4. Otherwise Ray starts (or attaches), the plan is made for the real cluster,
+   and the runner named by ``runner.runner_type`` owns the loop. Ray is shut
+   down on the way out, on error and on Ctrl-C (exit status 130).
+
+``--config RUN_DIR/config.json`` starts again from a resolved config that an
+earlier run wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rlshell.config import Config
+from rlshell.config_loading import ConfigError, load_config, write_config
+from rlshell.extensions import ExtensionError, load_extensions
+
+__all__ = ["main", "run_dir_of"]
+
+DEFAULT_CONFIG = Path("configs/grpo.py")
+EXIT_CONFIG = 2
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+
+
+def run_dir_of(config: Config) -> Path:
+    """Where a run writes: ``runner.output_dir / runner.experiment_name``."""
+    return Path(config.runner.output_dir) / config.runner.experiment_name
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_intermixed_args(argv)
+    try:
+        source, overrides = _split_positionals(args.positionals, args.config)
+    except ValueError as error:
+        parser.error(str(error))
+    try:
+        load_extensions(where="driver")
+    except ExtensionError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        config = load_config(source, overrides, for_run=not args.dry_run)
+    except ConfigError as error:
+        print(f"error: {source}: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.dry_run:
+        return _dry_run(config, source)
+    return _run(config)
+
+
+def _dry_run(config: Config, source: Path) -> int:
+    from rlshell.placement import PlacementError, render_table, write_plan
+    from rlshell.validation import cluster_spec_for, plan_for
+
+    spec = cluster_spec_for(config)
+    if spec is None:  # attaching to a running cluster: read its nodes, start nothing on it
+        from rlshell.cluster import Cluster
+
+        with Cluster(address=config.cluster.address) as cluster:
+            spec = cluster.spec(config.cluster.node_groups or None)
+    try:
+        plan = plan_for(config, spec)
+    except PlacementError as error:
+        print(f"error: {source}: cluster.component_placement: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    run_dir = run_dir_of(config)
+    print(f"dry run of {source}: nothing was started")
+    print(render_table(plan))
+    print(f"config:    {write_config(config, run_dir / 'config.json')}")
+    print(f"placement: {write_plan(plan, run_dir / 'placement.json')}")
+    return 0
+
+
+def _run(config: Config) -> int:
+    from rlshell.cluster import Cluster
+    from rlshell.placement import PlacementError, render_table, write_plan
+    from rlshell.runners import get_runner
+    from rlshell.validation import plan_for
+    from rlshell.worker import WorkerError
+
+    run_dir = run_dir_of(config)
+    runner = get_runner(config.runner.runner_type)
+    try:
+        with Cluster(address=config.cluster.address, num_cpus=config.cluster.num_cpus) as cluster:
+            spec = cluster.spec(config.cluster.node_groups or None)
+            try:
+                plan = plan_for(config, spec)
+            except PlacementError as error:
+                print(f"error: cluster.component_placement: {error}", file=sys.stderr)
+                return EXIT_CONFIG
+            print(render_table(plan))
+            write_config(config, run_dir / "config.json")
+            write_plan(plan, run_dir / "placement.json")
+            runner(config, cluster, plan, run_dir)
+    except KeyboardInterrupt:
+        print("interrupted: Ray was shut down, workers stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (WorkerError, TimeoutError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+def _split_positionals(positionals: Sequence[str], config: str | None) -> tuple[Path, list[str]]:
+    overrides = [item for item in positionals if "=" in item]
+    paths = [item for item in positionals if "=" not in item]
+    if config is not None:
+        paths.insert(0, config)
+    if len(paths) > 1:
+        raise ValueError(f"expected one config file, got {len(paths)}: {', '.join(paths)}")
+    return (Path(paths[0]) if paths else DEFAULT_CONFIG), overrides
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m rlshell.train",
+        description="Train with rlstack. CONFIG is a Python config file defining `config` "
+        f"(default {DEFAULT_CONFIG}) or a run's resolved config.json; key.path=value "
+        "overrides any field.",
+        epilog=_help_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "positionals",
+        nargs="*",
+        metavar="CONFIG [key.path=value ...]",
+        help="the config file, then overrides such as actor.optim.lr=1e-4",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="RUN_DIR/config.json",
+        help="start from the resolved config an earlier run wrote",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate, print the placement plan and write config.json and placement.json; "
+        "start nothing",
+    )
+    return parser
+
+
+def _help_epilog() -> str:
+    lines = ["configs (in ./configs):"]
+    configs = sorted(Path("configs").glob("*.py"))
+    width = max((len(str(path)) for path in configs), default=0)
+    for path in configs:
+        lines.append(f"  {str(path):<{width}}  {_first_docstring_line(path)}")
+    if not configs:
+        lines.append("  (none found in ./configs)")
+    lines.append("")
+    lines.append("top-level keys:")
+    for name, section in _sections():
+        lines.append(f"  {name:<10}  {section}")
+    return "\n".join(lines)
+
+
+def _sections() -> list[tuple[str, str]]:
+    import typing
+
+    import attrs
+
+    hints = typing.get_type_hints(Config)
+    sections = []
+    for field in attrs.fields(Config):
+        doc = (getattr(hints[field.name], "__doc__", "") or "").strip().splitlines()
+        sections.append((field.name, doc[0] if doc else ""))
+    return sections
+
+
+def _first_docstring_line(path: Path) -> str:
+    try:
+        docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+    except (OSError, SyntaxError):
+        return ""
+    return docstring.strip().splitlines()[0] if docstring else ""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

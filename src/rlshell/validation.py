@@ -1,0 +1,299 @@
+"""Checks on a structured config: each field's constraint, names in registries, and the plan.
+
+`validate` returns every problem as a line that starts with the key path it
+concerns. Three kinds:
+
+- field constraints declared in `rlshell.config` (``lr`` positive, ...);
+- cross-field rules: registered names (with did-you-mean), a group size a
+  group baseline can use, a rollout TP that fits its backend, a placement
+  that names known components and fits the cluster (`rlshell.placement`);
+- run-only checks (``for_run=True``): files and checkpoints that must exist,
+  GPUs that a backend needs, no simulated cluster. ``--dry-run`` skips them.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from rlcore.registry import ADVANTAGES, POLICY_LOSSES, Registry
+from rlshell.config import CHECK_KEY, COMPONENTS, Config, PlacementEntry
+from rlshell.placement import ClusterSpec, ComponentRequest, PlacementError, PlacementPlan
+
+__all__ = [
+    "cluster_spec_for",
+    "field_problems",
+    "placement_requests",
+    "plan_for",
+    "required_components",
+    "validate",
+]
+
+# Estimators whose baseline is the other samples of the same prompt.
+GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo"}
+GPU_ROLLOUT_BACKENDS = {"vllm", "sglang"}
+
+
+def validate(config: Config, *, for_run: bool = True) -> list[str]:
+    """Every problem with ``config``; empty when it is valid."""
+    problems = list(field_problems(config))
+    problems += _registry_problems(config)
+    problems += _algorithm_problems(config)
+    problems += _rollout_problems(config)
+    requests, request_problems = placement_requests(config)
+    problems += request_problems
+    if not request_problems:
+        spec = cluster_spec_for(config)
+        if spec is not None:
+            problems += _plan_problems(spec, requests)
+    if for_run:
+        problems += _run_only_problems(config)
+    return problems
+
+
+def field_problems(value: Any, path: str = "") -> Iterator[str]:
+    """Walk the config; yield '{key}: expected ..., got ...' for each violated field constraint."""
+    if attrs.has(type(value)):
+        for item in attrs.fields(type(value)):
+            child = getattr(value, item.name)
+            key = f"{path}.{item.name}" if path else item.name
+            check = item.metadata.get(CHECK_KEY)
+            if check is not None:
+                predicate, expected = check
+                if not _holds(predicate, child):
+                    yield f"{key}: expected {expected}, got {child!r}"
+            yield from field_problems(child, key)
+    elif isinstance(value, dict):
+        for name, child in value.items():
+            yield from field_problems(child, f"{path}.{name}")
+
+
+def _holds(predicate: Any, value: Any) -> bool:
+    try:
+        return bool(predicate(value))
+    except TypeError:
+        return False
+
+
+def _registry_problems(config: Config) -> list[str]:
+    from rlshell.envs import ENVS
+    from rlshell.models import MODELS
+    from rlshell.rewards import REWARDS
+
+    problems = []
+    checks: list[tuple[str, str | None, Registry[Any]]] = [
+        ("actor.model.model_type", config.actor.model.model_type, MODELS),
+        ("algorithm.adv_type", config.algorithm.adv_type, ADVANTAGES),
+        ("algorithm.loss_type", config.algorithm.loss_type, POLICY_LOSSES),
+    ]
+    runner = config.runner.runner_type
+    if runner == "reasoning":
+        checks.append(("reward.reward_type", config.reward.reward_type, REWARDS))
+    if runner == "embodied" or config.env.env_type is not None:
+        checks.append(("env.env_type", config.env.env_type, ENVS))
+    for key, name, registry in checks:
+        if name is None:
+            problems.append(f"{key}: required for a {runner} run; registered: {registry.names()}")
+        elif name not in registry:
+            problems.append(f"{key}: {registry.unknown_message(name)}")
+    model = config.actor.model
+    if model.model_type in MODELS:
+        registered = MODELS.get(model.model_type).category
+        if runner in ("reasoning", "embodied") and registered != runner:
+            problems.append(
+                f"actor.model.model_type: '{model.model_type}' is a {registered} model; "
+                f"a {runner} run needs a {runner} model"
+            )
+        elif model.category != registered:
+            problems.append(
+                f"actor.model.category: '{model.model_type}' is registered as {registered}, "
+                f"got '{model.category}'"
+            )
+    return problems
+
+
+def _algorithm_problems(config: Config) -> list[str]:
+    algorithm = config.algorithm
+    problems = []
+    if algorithm.adv_type in GROUP_ESTIMATORS and algorithm.group_size < 2:
+        problems.append(
+            f"algorithm.group_size: {algorithm.adv_type} compares the samples of one prompt, "
+            f"so it needs at least 2 per prompt, got {algorithm.group_size}"
+        )
+    low, high = algorithm.clip_low, algorithm.clip_high
+    if low is not None and high is not None and high < low:
+        problems.append(f"algorithm.clip_high: expected ≥ clip_low ({low}), got {high}")
+    if algorithm.dual_clip is not None and algorithm.dual_clip <= 1:
+        problems.append(f"algorithm.dual_clip: expected a number > 1, got {algorithm.dual_clip}")
+    return problems
+
+
+def _rollout_problems(config: Config) -> list[str]:
+    rollout = config.rollout
+    if rollout.tensor_parallel_size > 1 and rollout.backend == "hf":
+        return [
+            f"rollout.tensor_parallel_size: the hf backend runs one device per process; "
+            f"tensor_parallel_size {rollout.tensor_parallel_size} needs backend vllm or sglang"
+        ]
+    return []
+
+
+def required_components(config: Config) -> tuple[str, ...]:
+    """The components a run of this config starts."""
+    runner = config.runner.runner_type
+    needed: list[str] = []
+    if runner == "reasoning":
+        needed = ["actor", "rollout", "reward"]
+    elif runner == "embodied":
+        needed = ["actor", "rollout", "env"]
+    if config.algorithm.kl_coef > 0 and runner != "probe":
+        needed.append("reference")
+    return tuple(needed)
+
+
+def placement_requests(config: Config) -> tuple[list[ComponentRequest], list[str]]:
+    """One planner request per placed component, and the problems in ``component_placement``."""
+    key_root = "cluster.component_placement"
+    entries: dict[str, tuple[str, PlacementEntry]] = {}
+    problems = []
+    for key, value in config.cluster.component_placement.items():
+        entry = value if isinstance(value, PlacementEntry) else PlacementEntry(value)
+        for raw_name in key.split(","):
+            name = raw_name.strip()
+            if name not in COMPONENTS:
+                close = difflib.get_close_matches(name, COMPONENTS, n=1, cutoff=0.5)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                problems.append(
+                    f"{key_root}.{key}: unknown component '{name}'{hint}; "
+                    f"components: {', '.join(COMPONENTS)}"
+                )
+            elif name in entries:
+                problems.append(
+                    f"{key_root}.{key}: component '{name}' is already placed by "
+                    f"'{entries[name][0]}'"
+                )
+            else:
+                entries[name] = (key, entry)
+    required = required_components(config)
+    if "reference" in required and "reference" not in entries and "actor" in entries:
+        entries["reference"] = entries["actor"]  # the frozen reference shares the actor's devices
+    for name in required:
+        if name not in entries:
+            problems.append(
+                f"{key_root}: a {config.runner.runner_type} run needs a placement for '{name}'"
+            )
+    if not entries:
+        problems.append(f"{key_root}: place at least one component")
+    requests = [_request(config, name, entries[name][1]) for name in COMPONENTS if name in entries]
+    return requests, problems
+
+
+def _request(config: Config, name: str, entry: PlacementEntry) -> ComponentRequest:
+    sections: dict[str, Any] = {
+        "actor": config.actor,
+        "reference": config.actor,
+        "rollout": config.rollout,
+        "reward": config.reward,
+        "env": config.env,
+    }
+    own = config.actor.reference_cpus_per_worker if name == "reference" else None
+    cpus = entry.cpus_per_worker or own or float(sections[name].cpus_per_worker)
+    return ComponentRequest(
+        name=name,
+        placement=entry.placement,
+        node_group=entry.node_group,
+        cpus_per_worker=cpus,
+        uses_gpus=name in ("actor", "reference", "rollout")
+        or (name == "env" and config.env.uses_gpus),
+        tensor_parallel_size=config.rollout.tensor_parallel_size if name == "rollout" else 1,
+        shares_devices=_shares_devices(config, name),
+    )
+
+
+def _shares_devices(config: Config, name: str) -> bool:
+    # Time-sharing GPUs with another component means moving out of the way between phases.
+    if name == "actor":
+        return config.actor.enable_offload
+    if name == "rollout":
+        return config.rollout.enable_offload
+    return True
+
+
+def cluster_spec_for(config: Config) -> ClusterSpec | None:
+    """The cluster a plan is checked against before anything starts.
+
+    The simulated cluster when ``cluster.simulate`` is set; this machine for
+    an embedded Ray; None when attaching to a running cluster (its plan is
+    checked once connected, before any worker starts).
+    """
+    from rlshell.cluster import local_cluster_spec
+    from rlshell.placement import cluster_spec, simulated_cluster
+
+    groups = config.cluster.node_groups or None
+    if config.cluster.simulate is not None:
+        return simulated_cluster(config.cluster.simulate, groups)
+    if config.cluster.address is not None:
+        return None
+    local = local_cluster_spec()
+    nodes = list(local.nodes)
+    if config.cluster.num_cpus is not None:
+        nodes = [attrs.evolve(nodes[0], cpus=float(config.cluster.num_cpus))]
+    return cluster_spec(nodes, groups)
+
+
+def plan_for(config: Config, spec: ClusterSpec) -> PlacementPlan:
+    """The placement plan of ``config`` on ``spec`` (raises `PlacementError`)."""
+    from rlshell.placement import plan_placement
+
+    requests, problems = placement_requests(config)
+    if problems:
+        raise PlacementError(problems)
+    return plan_placement(spec, requests)
+
+
+def _plan_problems(spec: ClusterSpec, requests: list[ComponentRequest]) -> list[str]:
+    from rlshell.placement import plan_placement
+
+    try:
+        plan_placement(spec, requests)
+    except PlacementError as error:
+        return [f"cluster.component_placement: {problem}" for problem in error.problems]
+    except ValueError as error:  # a malformed simulate or node-group string
+        return [f"cluster: {error}"]
+    return []
+
+
+def _run_only_problems(config: Config) -> list[str]:
+    problems = []
+    if config.cluster.simulate is not None:
+        problems.append(
+            f"cluster.simulate: '{config.cluster.simulate}' is a simulated cluster; "
+            "it can only be planned (--dry-run), not run"
+        )
+    files = {
+        "data.train_path": config.data.train_path,
+        "data.val_path": config.data.val_path,
+        "actor.model.path": config.actor.model.path,
+    }
+    for key, value in files.items():
+        if value is not None and not Path(value).exists():
+            problems.append(f"{key}: {value} does not exist")
+    resume = config.checkpoint.resume
+    if resume not in (None, "auto") and not Path(resume).is_dir():
+        problems.append(f"checkpoint.resume: no checkpoint directory at {resume}")
+    if config.cluster.address is None and config.cluster.simulate is None:
+        from rlshell.cluster import local_cluster_spec
+
+        gpus = sum(node.gpus for node in local_cluster_spec().nodes)
+        needs = []
+        if config.rollout.backend in GPU_ROLLOUT_BACKENDS:
+            needs.append(f"rollout.backend: {config.rollout.backend} needs a GPU")
+        if config.actor.backend == "megatron":
+            needs.append("actor.backend: megatron needs a GPU")
+        if gpus == 0:
+            problems += [f"{need}, and this machine has none" for need in needs]
+    return problems

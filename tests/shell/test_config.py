@@ -1,0 +1,370 @@
+"""Config: typed overrides, every problem at once with its key path, round trips, validation."""
+
+from __future__ import annotations
+
+import json
+import typing
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rlshell.config import COMPONENTS, Config, PlacementEntry
+from rlshell.config_loading import (
+    ConfigError,
+    all_key_paths,
+    apply_overrides,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    parse_override_value,
+    read_config_source,
+    write_config,
+)
+from rlshell.validation import placement_requests, required_components, validate
+
+ROOT = Path(__file__).resolve().parents[2]
+GRPO = ROOT / "configs" / "grpo.py"
+
+
+def problems_of(overrides: list[str], *, for_run: bool = False) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load_config(GRPO, overrides, for_run=for_run)
+    return caught.value.problems
+
+
+def leaf_paths() -> list[str]:
+    sections = {path.rpartition(".")[0] for path in all_key_paths()}
+    return [path for path in all_key_paths() if path not in sections]
+
+
+# --- properties -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", leaf_paths())
+def test_a_typo_in_any_key_names_that_key(path: str) -> None:
+    """Doubling the last letter of any key (lr -> lrr) is reported with the right key suggested."""
+    typo = path + path[-1]
+    problems = apply_overrides(config_to_dict(Config()), [f"{typo}=1"])
+    assert problems == [f"unknown key '{typo}' (did you mean '{path}'?)"]
+
+
+@pytest.mark.parametrize("path", leaf_paths())
+def test_a_misplaced_key_is_found_by_its_leaf(path: str) -> None:
+    """Dropping the section ('optim.lr' for 'actor.optim.lr') still points at the real key."""
+    if path.count(".") < 1:
+        pytest.skip("top-level keys have no section to drop")
+    short = path.split(".", 1)[1]
+    if short in set(all_key_paths()):
+        pytest.skip(f"'{short}' is itself a valid key")
+    problems = apply_overrides(config_to_dict(Config()), [f"{short}=1"])
+    assert len(problems) == 1 and problems[0].startswith(f"unknown key '{short}' (did you mean")
+
+
+@given(
+    lr=st.floats(min_value=1e-7, max_value=1.0),
+    group_size=st.integers(min_value=2, max_value=64),
+    backend=st.sampled_from(["hf", "vllm", "sglang"]),
+    offload=st.booleans(),
+    clip=st.none() | st.floats(min_value=0.01, max_value=0.5),
+)
+def test_overridden_configs_round_trip_through_json(
+    lr: float, group_size: int, backend: str, offload: bool, clip: float | None
+) -> None:
+    data = read_config_source(GRPO)
+    overrides = [
+        f"actor.optim.lr={lr!r}",
+        f"algorithm.group_size={group_size}",
+        f"rollout.backend={backend}",
+        f"actor.enable_offload={str(offload).lower()}",
+        f"algorithm.clip_low={'null' if clip is None else repr(clip)}",
+    ]
+    assert apply_overrides(data, overrides) == []
+    config = config_from_dict(data)
+    assert config.actor.optim.lr == lr
+    assert config.algorithm.group_size == group_size
+    assert config.rollout.backend == backend
+    assert config.actor.enable_offload is offload
+    assert config.algorithm.clip_low == clip
+    assert config_from_dict(json.loads(json.dumps(config_to_dict(config)))) == config
+
+
+def test_every_section_and_field_has_a_docstring_or_type() -> None:
+    hints = typing.get_type_hints(Config)
+    for field in attrs.fields(Config):
+        assert hints[field.name].__doc__, f"section {field.name} needs a docstring for --help"
+
+
+# --- overrides are parsed to the field's type --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "read", "expected"),
+    [
+        ("actor.optim.lr=1e-4", lambda c: c.actor.optim.lr, 1e-4),
+        ("algorithm.group_size=4", lambda c: c.algorithm.group_size, 4),
+        ("actor.enable_offload=false", lambda c: c.actor.enable_offload, False),
+        ("actor.enable_offload=1", lambda c: c.actor.enable_offload, True),
+        ("rollout.backend=vllm", lambda c: c.rollout.backend, "vllm"),
+        ("checkpoint.resume=null", lambda c: c.checkpoint.resume, None),
+        ("checkpoint.resume=auto", lambda c: c.checkpoint.resume, "auto"),
+        ('logger.backends=["console"]', lambda c: c.logger.backends, ("console",)),
+        (
+            "actor.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap=['Qwen2DecoderLayer']",
+            lambda c: c.actor.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap,
+            ("Qwen2DecoderLayer",),
+        ),
+        (
+            "actor.model.model_kwargs.hidden_size=32",
+            lambda c: c.actor.model.model_kwargs["hidden_size"],
+            32,
+        ),
+        (
+            "cluster.component_placement.env=0",
+            lambda c: c.cluster.component_placement["env"],
+            "0",
+        ),
+        (
+            'cluster.component_placement.env={"placement": "0", "cpus_per_worker": 0.1}',
+            lambda c: c.cluster.component_placement["env"],
+            PlacementEntry("0", cpus_per_worker=0.1),
+        ),
+        (
+            'cluster.node_groups={"cpu": "0"}',
+            lambda c: c.cluster.node_groups,
+            {"cpu": "0"},
+        ),
+    ],
+)
+def test_overrides_are_parsed_to_the_field_type(override: str, read: Any, expected: Any) -> None:
+    data = read_config_source(GRPO)
+    assert apply_overrides(data, [override]) == []
+    assert read(config_from_dict(data)) == expected
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("actor.optim.lr=fast", "actor.optim.lr: expected a number, got 'fast'"),
+        ("algorithm.group_size=2.5", "algorithm.group_size: expected an integer, got '2.5'"),
+        ("actor.enable_offload=maybe", "actor.enable_offload: expected true or false, got 'maybe'"),
+        (
+            "rollout.backend=vlm",
+            "rollout.backend: expected one of 'hf', 'vllm', 'sglang', got 'vlm' "
+            "(did you mean 'vllm'?)",
+        ),
+        (
+            'logger.backends=["console", "tensorbord"]',
+            "logger.backends[1]: expected one of 'console', 'jsonl', 'tensorboard', 'wandb'",
+        ),
+        (
+            'cluster.component_placement.env={"placement": 3}',
+            "cluster.component_placement.env.placement: expected a string, got 3",
+        ),
+        ("actor.optim.lr.value=1", "actor.optim.lr.value: 'actor.optim.lr' is a value"),
+        ("actor.optim.lr", "override 'actor.optim.lr': expected key.path=value"),
+        ("optim.lr=1", "unknown key 'optim.lr' (did you mean 'actor.optim.lr'?)"),
+        ("actor.optm.lr=1", "unknown key 'actor.optm.lr' (did you mean 'actor.optim.lr'?)"),
+    ],
+)
+def test_a_bad_override_names_its_key_and_what_was_expected(override: str, message: str) -> None:
+    problems = apply_overrides(read_config_source(GRPO), [override])
+    assert len(problems) == 1
+    assert problems[0].startswith(message), problems[0]
+
+
+def test_a_bad_override_leaves_the_field_as_it_was() -> None:
+    data = read_config_source(GRPO)
+    apply_overrides(data, ["actor.optim.lr=fast"])
+    assert config_from_dict(data).actor.optim.lr == 3e-4
+
+
+def test_parse_override_value_handles_optional_literals() -> None:
+    assert parse_override_value("null", str | None) is None
+    assert parse_override_value("k2", typing.Literal["k1", "k2"]) == "k2"
+
+
+# --- validation reports everything at once --------------------------------------------------------
+
+
+def test_the_default_config_is_valid() -> None:
+    config = load_config(GRPO, [], for_run=True)
+    assert config.runner.runner_type == "reasoning"
+    assert validate(config) == []
+
+
+def test_every_problem_is_reported_at_once_each_naming_its_key() -> None:
+    problems = problems_of(
+        [
+            "actor.optim.lrr=0.1",
+            "actor.optim.lr=-0.1",
+            "algorithm.group_size=1",
+            "algorithm.adv_type=gpro",
+            "rollout.top_p=1.5",
+            "cluster.component_placement.actr=0",
+        ]
+    )
+    assert problems == [
+        "unknown key 'actor.optim.lrr' (did you mean 'actor.optim.lr'?)",
+        "actor.optim.lr: expected a positive number, got -0.1",
+        "rollout.top_p: expected a number in (0, 1], got 1.5",
+        "algorithm.adv_type: unknown advantage estimator 'gpro' (did you mean 'grpo' or "
+        "'rloo'?); registered: dr_grpo, gae, grpo, opd, reinforce_pp, reinforce_pp_baseline, rloo",
+        "cluster.component_placement.actr: unknown component 'actr' (did you mean 'actor'?); "
+        "components: actor, rollout, reference, reward, env",
+    ]
+
+
+@pytest.mark.parametrize("adv_type", ["grpo", "dr_grpo", "rloo"])
+def test_group_estimators_need_two_samples_per_prompt(adv_type: str) -> None:
+    problems = problems_of([f"algorithm.adv_type={adv_type}", "algorithm.group_size=1"])
+    assert problems == [
+        f"algorithm.group_size: {adv_type} compares the samples of one prompt, so it needs "
+        "at least 2 per prompt, got 1"
+    ]
+
+
+def test_a_single_sample_is_fine_for_a_learned_baseline() -> None:
+    load_config(GRPO, ["algorithm.adv_type=reinforce_pp", "algorithm.group_size=1"])
+
+
+def test_a_rollout_tp_that_does_not_divide_its_gpus_is_an_error() -> None:
+    problems = problems_of(
+        [
+            "cluster.simulate=1x8",
+            "rollout.backend=vllm",
+            "rollout.tensor_parallel_size=3",
+            'cluster.component_placement={"actor": "0-7", "rollout": "0-7", "reward": "0"}',
+        ]
+    )
+    assert len(problems) == 1
+    assert problems[0].startswith("cluster.component_placement: rollout: ")
+    assert "tensor_parallel_size 3" in problems[0] and "8" in problems[0]
+
+
+def test_the_hf_backend_has_no_tensor_parallelism() -> None:
+    problems = problems_of(["rollout.tensor_parallel_size=2"])
+    assert problems[0].startswith("rollout.tensor_parallel_size: the hf backend")
+
+
+def test_a_placement_that_does_not_fit_the_cluster_is_an_error() -> None:
+    problems = problems_of(
+        [
+            "cluster.simulate=1x8",
+            'cluster.component_placement={"actor,rollout": "0-15", "reward": "0"}',
+        ]
+    )
+    assert problems and all(p.startswith("cluster.component_placement: ") for p in problems)
+    assert any("actor" in p and "8" in p for p in problems)
+
+
+def test_more_cpus_than_this_machine_has_is_an_error() -> None:
+    problems = problems_of(["cluster.num_cpus=1", "actor.cpus_per_worker=1"])
+    assert problems and "node 0" in problems[0] and "actor" in problems[0]
+
+
+def test_collocating_without_offload_is_an_error_on_gpus() -> None:
+    problems = problems_of(["cluster.simulate=1x8", "rollout.enable_offload=false"])
+    assert len(problems) == 1 and "rollout" in problems[0] and "actor" in problems[0]
+
+
+def test_placement_names_known_components_once_and_every_needed_one() -> None:
+    problems = problems_of(['cluster.component_placement={"actor,rollout": "0", "actor": "0"}'])
+    assert problems == [
+        "cluster.component_placement.actor: component 'actor' is already placed by 'actor,rollout'",
+        "cluster.component_placement: a reasoning run needs a placement for 'reward'",
+    ]
+
+
+def test_a_kl_term_adds_a_reference_on_the_actors_devices() -> None:
+    config = load_config(GRPO, ["algorithm.kl_coef=0.01"])
+    assert "reference" in required_components(config)
+    requests, problems = placement_requests(config)
+    assert problems == []
+    by_name = {request.name: request for request in requests}
+    assert by_name["reference"].placement == by_name["actor"].placement
+    assert [request.name for request in requests] == [c for c in COMPONENTS if c in by_name]
+
+
+def test_missing_files_and_checkpoints_fail_a_run_but_not_a_dry_run(tmp_path: Path) -> None:
+    overrides = [
+        f"data.train_path={tmp_path / 'train.jsonl'}",
+        f"checkpoint.resume={tmp_path / 'checkpoints' / 'global_step_5'}",
+        f"actor.model.path={tmp_path / 'model'}",
+    ]
+    load_config(GRPO, overrides, for_run=False)
+    assert problems_of(overrides, for_run=True) == [
+        f"data.train_path: {tmp_path / 'train.jsonl'} does not exist",
+        f"actor.model.path: {tmp_path / 'model'} does not exist",
+        f"checkpoint.resume: no checkpoint directory at {tmp_path / 'checkpoints' / 'global_step_5'}",
+    ]
+
+
+def test_gpu_backends_need_a_gpu_for_a_real_run() -> None:
+    problems = problems_of(["rollout.backend=vllm"], for_run=True)
+    assert problems == ["rollout.backend: vllm needs a GPU, and this machine has none"]
+
+
+def test_a_simulated_cluster_can_only_be_planned() -> None:
+    assert problems_of(["cluster.simulate=4x8"], for_run=True) == [
+        "cluster.simulate: '4x8' is a simulated cluster; it can only be planned (--dry-run), "
+        "not run"
+    ]
+
+
+# --- config files ------------------------------------------------------------------------------
+
+
+def test_the_resolved_config_is_written_and_loads_back(tmp_path: Path) -> None:
+    config = load_config(GRPO, ["actor.optim.lr=1e-3", "algorithm.kl_coef=0.1"])
+    path = write_config(config, tmp_path / "run" / "config.json")
+    assert load_config(path) == config
+    assert load_config(path, ["actor.optim.lr=5e-4"]).actor.optim.lr == 5e-4
+
+
+def test_a_json_config_with_mistakes_lists_them_all(tmp_path: Path) -> None:
+    data = config_to_dict(Config())
+    data["actor"]["optim"]["lrr"] = 0.1
+    data["actor"]["optim"]["weight_decay"] = "none"
+    data["rollout"]["backend"] = "vlm"
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert sorted(caught.value.problems) == sorted(
+        [
+            "unknown key 'actor.optim.lrr' (did you mean 'actor.optim.lr'?)",
+            "actor.optim.weight_decay: expected a number, got 'none'",
+            "rollout.backend: expected one of 'hf', 'vllm', 'sglang'",
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("config = 3\n", "must define `config` (an rlshell.config.Config), got int"),
+        ("raise RuntimeError('boom')\n", "raised while being imported: RuntimeError: boom"),
+        ("x = 1\n", "must define `config`"),
+    ],
+)
+def test_a_broken_config_module_is_reported(tmp_path: Path, source: str, message: str) -> None:
+    path = tmp_path / "broken.py"
+    path.write_text(source)
+    with pytest.raises(ConfigError, match="broken.py") as caught:
+        load_config(path)
+    assert message in str(caught.value)
+
+
+def test_a_missing_config_file_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.py")
+
+
+def test_a_config_module_may_define_a_plain_dict(tmp_path: Path) -> None:
+    path = tmp_path / "as_dict.py"
+    path.write_text("config = {'actor': {'optim': {'lr': 0.001}}}\n")
+    assert load_config(path).actor.optim.lr == 0.001
