@@ -18,6 +18,7 @@ import ast
 import difflib
 import importlib.util
 import json
+import os
 import sys
 import types
 import typing
@@ -120,9 +121,11 @@ def config_from_dict(data: Mapping[str, Any]) -> Config:
 
 
 def write_config(config: Config, path: Path) -> Path:
-    """Write the resolved config as JSON; `read_config_source` reads it back."""
+    """Write the resolved config as JSON, atomically; `read_config_source` reads it back."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(config_to_dict(config), indent=2) + "\n", encoding="utf-8")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_text(json.dumps(config_to_dict(config), indent=2) + "\n", encoding="utf-8")
+    os.replace(partial, path)  # readers see the old file or the new one, never half of one
     return path
 
 
@@ -337,7 +340,7 @@ def all_key_paths(cls: type = Config, prefix: str = "") -> Iterator[str]:
 
 
 def _unknown_key(path: str, full: str | None = None) -> str:
-    """'unknown key ...' for ``full`` (default ``path``), whose prefix ``path`` is not in the schema.
+    """'unknown key ...' for ``full`` (default ``path``); its prefix ``path`` is not in the schema.
 
     The suggestion is the closest key at the same level ('actor.optim.lrr' ->
     'actor.optim.lr'), else a key the misplaced path ends ('optim.lr' ->

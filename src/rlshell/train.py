@@ -159,7 +159,7 @@ def _help_epilog() -> str:
     configs = sorted(Path("configs").glob("*.py"))
     width = max((len(str(path)) for path in configs), default=0)
     for path in configs:
-        lines.append(f"  {str(path):<{width}}  {_first_docstring_line(path)}")
+        lines.append(f"  {path!s:<{width}}  {_first_docstring_line(path)}")
     if not configs:
         lines.append("  (none found in ./configs)")
     lines.append("")

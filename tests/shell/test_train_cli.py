@@ -1,0 +1,146 @@
+"""`python -m rlshell.train`: dry runs, errors before anything starts, --help, extension modules."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlshell.config_loading import load_config
+from rlshell.placement import Mode, read_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_EXT = ROOT / "examples" / "extension"
+
+
+def train(
+    *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if k != "RLSHELL_EXT_MODULE"}
+    environment.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "rlshell.train", *args],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_dry_run_prints_the_plan_and_writes_config_and_placement(tmp_path: Path) -> None:
+    result = train("configs/grpo.py", "--dry-run", f"runner.output_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "dry run of configs/grpo.py: nothing was started"
+    assert lines[1].startswith("cluster: 1 CPU-only node") and "mode: collocated" in lines[1]
+    assert any(line.split()[:2] == ["actor", "0-1"] for line in lines)
+    run_dir = tmp_path / "grpo"
+    plan = read_plan(run_dir / "placement.json")
+    assert [c.name for c in plan.components] == ["actor", "rollout", "reward"]
+    assert plan.component("actor").world_size == 2
+    assert load_config(run_dir / "config.json") == load_config(
+        ROOT / "configs" / "grpo.py", [f"runner.output_dir={tmp_path}"]
+    )
+
+
+def test_dry_run_on_a_simulated_4x8_cluster(tmp_path: Path) -> None:
+    result = train(
+        "configs/grpo.py",
+        "--dry-run",
+        "cluster.simulate=4x8",
+        "rollout.backend=vllm",
+        "rollout.tensor_parallel_size=4",
+        'cluster.component_placement={"actor": "all", "rollout": "16-31", "reward": "0-3"}',
+        f"runner.output_dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "4 nodes × 8 GPUs" in result.stdout
+    plan = read_plan(tmp_path / "grpo" / "placement.json")
+    assert plan.mode is Mode.HYBRID
+    assert plan.component("actor").world_size == 32
+    rollout = plan.component("rollout")
+    assert [w.gpus for w in rollout.workers] == [(0, 1, 2, 3), (4, 5, 6, 7)] * 2
+    assert [w.node_rank for w in rollout.workers] == [2, 2, 3, 3]
+    assert [w.node_rank for w in plan.component("reward").workers] == [0, 1, 2, 3]
+
+
+def test_resolved_config_json_runs_again_with_overrides(tmp_path: Path) -> None:
+    first = train("configs/grpo.py", "--dry-run", f"runner.output_dir={tmp_path}")
+    assert first.returncode == 0, first.stderr
+    saved = tmp_path / "grpo" / "config.json"
+    again = train(
+        "--config", str(saved), "--dry-run", "runner.experiment_name=again", "actor.optim.lr=1e-4"
+    )
+    assert again.returncode == 0, again.stderr
+    resumed = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert resumed["actor"]["optim"]["lr"] == 1e-4
+    assert resumed["actor"]["model"] == json.loads(saved.read_text())["actor"]["model"]
+
+
+def test_every_config_error_is_reported_before_anything_starts(tmp_path: Path) -> None:
+    result = train(
+        "configs/grpo.py",
+        "actor.optim.lrr=1e-3",
+        "actor.optim.lr=-0.1",
+        "algorithm.group_size=1",
+        f"data.train_path={tmp_path / 'missing.jsonl'}",
+        f"runner.output_dir={tmp_path}",
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "error: configs/grpo.py: 4 problems in the config:",
+        "  - unknown key 'actor.optim.lrr' (did you mean 'actor.optim.lr'?)",
+        "  - actor.optim.lr: expected a positive number, got -0.1",
+        "  - algorithm.group_size: grpo compares the samples of one prompt, so it needs at "
+        "least 2 per prompt, got 1",
+        f"  - data.train_path: {tmp_path / 'missing.jsonl'} does not exist",
+    ]
+    assert not (tmp_path / "grpo").exists(), "nothing may be written for an invalid config"
+
+
+def test_a_missing_config_file_and_two_config_files_are_errors(tmp_path: Path) -> None:
+    missing = train(str(tmp_path / "nope.py"), "--dry-run")
+    assert missing.returncode == 2
+    assert "does not exist" in missing.stderr
+    two = train("configs/grpo.py", "configs/grpo.py", "--dry-run")
+    assert two.returncode == 2
+    assert "expected one config file, got 2" in two.stderr
+
+
+def test_help_lists_the_configs_and_the_top_level_keys() -> None:
+    result = train("--help")
+    assert result.returncode == 0
+    assert "configs/grpo.py  GRPO on a generated arithmetic task" in result.stdout
+    for key in ["cluster", "actor", "rollout", "reward", "algorithm", "runner", "checkpoint"]:
+        assert f"\n  {key} " in result.stdout
+
+
+def test_names_registered_by_an_extension_module_are_accepted(tmp_path: Path) -> None:
+    args = ["configs/grpo.py", "--dry-run", "reward.reward_type=contains_answer"]
+    args.append(f"runner.output_dir={tmp_path}")
+    without = train(*args)
+    assert without.returncode == 2
+    assert "reward.reward_type: unknown reward type 'contains_answer'" in without.stderr
+    env = {"RLSHELL_EXT_MODULE": "rlshell_example_ext", "PYTHONPATH": str(EXAMPLE_EXT)}
+    with_ext = train(*args, env=env)
+    assert with_ext.returncode == 0, with_ext.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "message"),
+    [
+        ("no_such_extension", "module 'no_such_extension' could not be imported on the driver"),
+        ("json", "module 'json'"),
+    ],
+)
+def test_a_broken_extension_module_fails_fast_naming_it(module: str, message: str) -> None:
+    result = train("configs/grpo.py", "--dry-run", env={"RLSHELL_EXT_MODULE": module})
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert result.stdout == ""
