@@ -723,8 +723,8 @@ actor      16-23  2     0-7          0-7                      1
 actor      24-31  3     0-7          0-7                      1
 reward     0      0     0            -                        4
 reward     1      1     0            -                        4
-reward     2      2     0            -                4
-reward     3      3     0            -                4"""
+reward     2      2     0            -                        4
+reward     3      3     0            -                        4"""
 
 
 def test_render_table_for_a_hybrid_four_by_eight_plan() -> None:
