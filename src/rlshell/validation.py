@@ -14,6 +14,7 @@ concerns. Three kinds:
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -261,10 +262,19 @@ def _plan_problems(spec: ClusterSpec, requests: list[ComponentRequest]) -> list[
     try:
         plan_placement(spec, requests)
     except PlacementError as error:
-        return [f"cluster.component_placement: {problem}" for problem in error.problems]
+        return [f"cluster.component_placement: {_in_config_terms(p)}" for p in error.problems]
     except ValueError as error:  # a malformed simulate or node-group string
         return [f"cluster: {error}"]
     return []
+
+
+def _in_config_terms(problem: str) -> str:
+    # The planner speaks of its request fields; a config user knows the offload switches.
+    return re.sub(
+        r"\b(actor|rollout) has shares_devices=False",
+        r"\1.enable_offload is false (collocated components offload between phases)",
+        problem,
+    )
 
 
 def _run_only_problems(config: Config) -> list[str]:
