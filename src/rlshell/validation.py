@@ -14,6 +14,7 @@ concerns. Three kinds:
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -279,6 +280,12 @@ def _in_config_terms(problem: str) -> str:
 
 def _run_only_problems(config: Config) -> list[str]:
     problems = []
+    runner_module = f"rlshell.runners.{config.runner.runner_type}"
+    if importlib.util.find_spec(runner_module) is None:
+        problems.append(
+            f"runner.runner_type: the '{config.runner.runner_type}' runner ({runner_module}) "
+            "is not in this installation of rlshell; available: probe"
+        )
     if config.cluster.simulate is not None:
         problems.append(
             f"cluster.simulate: '{config.cluster.simulate}' is a simulated cluster; "

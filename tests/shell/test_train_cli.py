@@ -37,7 +37,8 @@ def test_dry_run_prints_the_plan_and_writes_config_and_placement(tmp_path: Path)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "dry run of configs/grpo.py: nothing was started"
-    assert lines[1].startswith("cluster: 1 CPU-only node") and "mode: collocated" in lines[1]
+    assert lines[1].startswith("cluster: 1 CPU-only node")
+    assert "mode: collocated" in lines[1]
     assert any(line.split()[:2] == ["actor", "0-1"] for line in lines)
     run_dir = tmp_path / "grpo"
     plan = read_plan(run_dir / "placement.json")

@@ -1,0 +1,500 @@
+"""Cluster: Ray started or attached, its nodes read as a `ClusterSpec`, plans reserved.
+
+`Cluster()` starts an embedded local Ray (``ray.init``); ``Cluster("auto")`` or
+``Cluster("ray://head:10001")`` attaches to a cluster started with ``ray start``.
+If Ray is already initialised in this process, the cluster reuses it and leaves
+it running on shutdown.
+
+`Cluster.spec` reads the live nodes (the driver's node is node rank 0, the
+others follow sorted by IP) so the pure planner in `rlshell.placement` can plan
+against them. `Cluster.reserve` realises one component of a plan: one Ray
+placement group per node it uses, pinned to that node with Ray's
+``ray.io/node-id`` label selector. `local_cluster_spec` describes this machine
+without starting Ray, for ``--dry-run``.
+
+    with Cluster() as cluster:
+        spec = cluster.spec()
+        actor = ActorWorker.create_group(cfg).launch(cluster, plan.component("actor"))
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, cast
+
+import ray
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    remove_placement_group,
+)
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rlshell.extensions import ENV_VAR as EXT_MODULE_ENV_VAR
+from rlshell.placement import (
+    DEFAULT_NODE_GROUP,
+    ClusterSpec,
+    ComponentPlan,
+    NodeGroup,
+    NodeSpec,
+    WorkerPlacement,
+)
+
+__all__ = [
+    "NODE_ID_LABEL",
+    "Cluster",
+    "Reservation",
+    "ReservationError",
+    "local_cluster_spec",
+    "parse_node_ranks",
+]
+
+# Every Ray node carries this label (its hex node id); placement-group bundles
+# can select on it, which pins a bundle to one node (ray.util.placement_group
+# in Ray >= 2.49 takes ``bundle_label_selector``).
+NODE_ID_LABEL = "ray.io/node-id"
+
+# Ray rejects bundles whose resources are all zero; a worker planned with no CPU
+# still gets a sliver so that its bundle, and so its node, exist.
+_MIN_BUNDLE_CPUS = 0.01
+
+
+# Ray leaves these unannotated; typed views keep the rest of the module checked.
+_ray_nodes = cast(Callable[[], list[dict[str, Any]]], ray.nodes)
+
+
+class ReservationError(RuntimeError):
+    """A component's placement groups could not be created; the message says why."""
+
+
+class _Stoppable(Protocol):
+    def shutdown(self) -> None: ...
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}"
+
+
+def _ip_key(address: str) -> tuple[int, int | str]:
+    try:
+        return (0, int(ipaddress.ip_address(address)))
+    except ValueError:
+        return (1, address)
+
+
+def parse_node_ranks(text: str, node_count: int, label: str = "") -> tuple[int, ...]:
+    """Node ranks from ``"0-1,3"`` (or ``"all"``), checked against ``node_count``.
+
+    ``label`` names the node group in errors.
+    """
+    where = f"node group '{label}'" if label else "node ranks"
+    if text.strip() == DEFAULT_NODE_GROUP:
+        return tuple(range(node_count))
+    ranks: list[int] = []
+    for part in (piece.strip() for piece in text.split(",")):
+        low_text, _, high_text = part.partition("-")
+        try:
+            low = int(low_text)
+            high = int(high_text) if high_text else low
+        except ValueError:
+            raise ValueError(
+                f"{where}: '{part}' in '{text}' is not a node rank or range like '0-3'"
+            ) from None
+        if low > high:
+            raise ValueError(f"{where}: range '{part}' in '{text}' runs backwards")
+        ranks.extend(range(low, high + 1))
+    outside = sorted(rank for rank in set(ranks) if not 0 <= rank < node_count)
+    if outside:
+        raise ValueError(
+            f"{where}: node ranks {outside} in '{text}' do not exist; "
+            f"the cluster has nodes 0-{node_count - 1}"
+        )
+    repeated = sorted({rank for rank in ranks if ranks.count(rank) > 1})
+    if repeated:
+        raise ValueError(f"{where}: node ranks {repeated} appear twice in '{text}'")
+    return tuple(ranks)
+
+
+def local_cluster_spec() -> ClusterSpec:
+    """This machine as a one-node `ClusterSpec`, without starting Ray (for ``--dry-run``).
+
+    CPUs are those this process may run on (its affinity mask, which container
+    CPU limits set), GPUs those torch sees.
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    import torch  # deferred: reading the spec must not cost a torch import elsewhere
+
+    gpus = torch.cuda.device_count()
+    return ClusterSpec(
+        nodes=(NodeSpec(gpus=gpus, cpus=float(cpus)),),
+        node_groups=(NodeGroup(DEFAULT_NODE_GROUP, (0,)),),
+    )
+
+
+class _ReleaseHook(Protocol):
+    def __call__(self, reservation: Reservation, /) -> None: ...
+
+
+class Reservation:
+    """One component's CPU bundles: a STRICT_PACK placement group on each node it uses.
+
+    Worker rank r runs in bundle `bundle_index(r)` of the group on its node;
+    `scheduling_strategy(r)` is what its actor is created with.
+    """
+
+    def __init__(
+        self,
+        component: ComponentPlan,
+        groups: Mapping[int, PlacementGroup],
+        node_ids: Mapping[int, str],
+        node_gpus: Mapping[int, int],
+        node_addresses: Mapping[int, str],
+        on_release: _ReleaseHook | None = None,
+    ) -> None:
+        self.component = component
+        self.groups = dict(groups)
+        self.node_ids = dict(node_ids)
+        self.node_gpus = dict(node_gpus)
+        self.node_addresses = dict(node_addresses)
+        self._on_release = on_release
+        self._released = False
+        # Bundles are laid out per node in rank order, so a worker's bundle index
+        # is its position among the component's workers on its node.
+        seen: dict[int, int] = {}
+        self._bundle_index: list[int] = []
+        for worker in component.workers:
+            self._bundle_index.append(seen.get(worker.node_rank, 0))
+            seen[worker.node_rank] = seen.get(worker.node_rank, 0) + 1
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def bundle_index(self, rank: int) -> int:
+        """The bundle of rank ``rank`` within its node's placement group."""
+        return self._bundle_index[rank]
+
+    def node_id(self, rank: int) -> str:
+        """The Ray node id rank ``rank`` is pinned to."""
+        return self.node_ids[self.component.workers[rank].node_rank]
+
+    def scheduling_strategy(self, rank: int) -> PlacementGroupSchedulingStrategy:
+        """Ray's scheduling strategy that puts rank ``rank``'s actor into its bundle."""
+        worker = self.component.workers[rank]
+        return PlacementGroupSchedulingStrategy(
+            placement_group=self.groups[worker.node_rank],
+            placement_group_bundle_index=self._bundle_index[rank],
+        )
+
+    def release(self) -> None:
+        """Remove the placement groups (idempotent). Actors in them should be gone first."""
+        if self._released:
+            return
+        self._released = True
+        if ray.is_initialized():
+            for group in self.groups.values():
+                remove_placement_group(group)
+        if self._on_release is not None:
+            self._on_release(self)
+
+
+class Cluster:
+    """The Ray cluster workers run on: started here, attached to, or reused.
+
+    ``address=None`` starts an embedded local Ray (``num_cpus`` and
+    ``temp_dir`` apply only then; Ray's socket paths must stay under 107
+    characters, so keep ``temp_dir`` short). ``"auto"`` or ``"ray://host:port"``
+    attaches to a cluster started with ``ray start``. ``runtime_env_vars`` are
+    set in every worker this cluster launches. Use it as a context manager, or
+    call `shutdown`.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        num_cpus: int | None = None,
+        temp_dir: str | None = None,
+        namespace: str = "rlshell",
+        runtime_env_vars: Mapping[str, str] | None = None,
+    ) -> None:
+        embedded = address in (None, "local")
+        if not embedded and (num_cpus is not None or temp_dir is not None):
+            raise ValueError(
+                f"num_cpus and temp_dir configure an embedded Ray; the cluster at "
+                f"'{address}' was sized by `ray start` (drop them, or use address=None)"
+            )
+        self.address = address
+        self.namespace = namespace
+        self.runtime_env_vars: dict[str, str] = dict(runtime_env_vars or {})
+        self._stoppables: list[_Stoppable] = []
+        self._reservations: list[Reservation] = []
+        self._closed = False
+        start = time.perf_counter()
+        self.owns_ray = not ray.is_initialized()
+        if self.owns_ray:
+            if embedded:
+                # "local" (not None): never attach to a cluster Ray finds on its
+                # own (RAY_ADDRESS, /tmp/ray/ray_current_cluster) by accident.
+                ray.init(
+                    address="local",
+                    num_cpus=num_cpus,
+                    include_dashboard=False,
+                    log_to_driver=True,
+                    namespace=namespace,
+                    _temp_dir=temp_dir,
+                )
+            else:
+                ray.init(address=address, namespace=namespace, log_to_driver=True)
+        self.startup_seconds = time.perf_counter() - start
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Cluster was shut down; create a new one")
+
+    def _alive_nodes(self) -> list[dict[str, Any]]:
+        """Ray's node records, alive only, in node-rank order (driver's node first)."""
+        nodes = [node for node in _ray_nodes() if node.get("Alive", False)]
+        driver_node = ray.get_runtime_context().get_node_id()
+        if not any(node["NodeID"] == driver_node for node in nodes):
+            # A ray:// client's driver runs on no cluster node: the head stands in.
+            heads = [n for n in nodes if "node:__internal_head__" in n.get("Resources", {})]
+            driver_node = heads[0]["NodeID"] if heads else ""
+
+        def key(node: dict[str, Any]) -> tuple[int, tuple[int, int | str], str]:
+            first = 0 if node["NodeID"] == driver_node else 1
+            return (first, _ip_key(str(node["NodeManagerAddress"])), str(node["NodeID"]))
+
+        return sorted(nodes, key=key)
+
+    def node_ids(self) -> tuple[str, ...]:
+        """Ray node ids (hex) of the alive nodes, indexed by node rank."""
+        self._check_open()
+        return tuple(str(node["NodeID"]) for node in self._alive_nodes())
+
+    def spec(self, node_groups: Mapping[str, str] | None = None) -> ClusterSpec:
+        """The alive nodes as a `ClusterSpec` (node rank 0 is the driver's node).
+
+        ``node_groups`` labels sets of node ranks (``{"env": "1-2"}``); the group
+        ``"all"`` with every node is always present.
+        """
+        self._check_open()
+        nodes = self._alive_nodes()
+        specs = [
+            NodeSpec(
+                gpus=int(node["Resources"].get("GPU", 0)),
+                cpus=float(node["Resources"].get("CPU", 0.0)),
+                address=str(node["NodeManagerAddress"]),
+            )
+            for node in nodes
+        ]
+        groups = [NodeGroup(DEFAULT_NODE_GROUP, range(len(specs)))]
+        for label, ranks in (node_groups or {}).items():
+            if label == DEFAULT_NODE_GROUP:
+                raise ValueError(
+                    f"node group '{DEFAULT_NODE_GROUP}' is built in (every node); "
+                    "pick another label"
+                )
+            groups.append(NodeGroup(label, parse_node_ranks(ranks, len(specs), label)))
+        return ClusterSpec(nodes=specs, node_groups=groups)
+
+    def reserve(self, component: ComponentPlan, timeout_s: float = 60.0) -> Reservation:
+        """Create and wait for one placement group per node the component uses.
+
+        Each group is STRICT_PACK with one ``{"CPU": cpus}`` bundle per worker on
+        that node, pinned to the node by its ``ray.io/node-id`` label. Raises
+        `ReservationError` at once when a node cannot hold the request at all,
+        and after ``timeout_s`` when the resources stay busy; groups already
+        made are removed either way.
+        """
+        self._check_open()
+        nodes = self._alive_nodes()
+        by_node: dict[int, list[WorkerPlacement]] = {}
+        for worker in component.workers:
+            by_node.setdefault(worker.node_rank, []).append(worker)
+        for node_rank, workers in by_node.items():
+            self._check_fits(component, node_rank, workers, nodes)
+
+        # GPUs are not reserved through Ray: like RLinf we pin them ourselves with
+        # CUDA_VISIBLE_DEVICES. Collocated components (actor and rollout on the
+        # same GPUs, taking turns with offload) time-share devices, and Ray's GPU
+        # accounting can only hand each GPU (or a fixed fraction) to one holder.
+        groups: dict[int, PlacementGroup] = {}
+        try:
+            for node_rank, workers in sorted(by_node.items()):
+                node_id = str(nodes[node_rank]["NodeID"])
+                bundles = [{"CPU": max(w.cpus, _MIN_BUNDLE_CPUS)} for w in workers]
+                groups[node_rank] = placement_group(
+                    bundles,
+                    strategy="STRICT_PACK",
+                    name=f"{component.name}:node{node_rank}",
+                    bundle_label_selector=[{NODE_ID_LABEL: node_id}] * len(bundles),
+                )
+            pending = {group.ready(): rank for rank, group in groups.items()}
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
+            unplaced = sorted(rank for ref, rank in pending.items() if ref not in ready)
+            if unplaced:
+                lines = [
+                    self._describe_request(component, rank, by_node[rank], nodes[rank])
+                    for rank in unplaced
+                ]
+                raise ReservationError(
+                    f"component '{component.name}': placement groups not placed within "
+                    f"{_fmt(timeout_s)} s:\n  " + "\n  ".join(lines)
+                )
+        except BaseException:
+            for group in groups.values():
+                remove_placement_group(group)
+            raise
+        reservation = Reservation(
+            component,
+            groups,
+            node_ids={rank: str(nodes[rank]["NodeID"]) for rank in groups},
+            node_gpus={rank: int(nodes[rank]["Resources"].get("GPU", 0)) for rank in groups},
+            node_addresses={rank: str(nodes[rank]["NodeManagerAddress"]) for rank in groups},
+            on_release=self._forget_reservation,
+        )
+        self._reservations.append(reservation)
+        return reservation
+
+    def _check_fits(
+        self,
+        component: ComponentPlan,
+        node_rank: int,
+        workers: Sequence[WorkerPlacement],
+        nodes: Sequence[dict[str, Any]],
+    ) -> None:
+        ranks = ", ".join(str(w.rank) for w in workers)
+        if node_rank >= len(nodes):
+            raise ReservationError(
+                f"component '{component.name}' places ranks {ranks} on node {node_rank}, "
+                f"but the cluster has {len(nodes)} alive node(s) (0-{len(nodes) - 1})"
+            )
+        resources = nodes[node_rank]["Resources"]
+        address = nodes[node_rank]["NodeManagerAddress"]
+        asked = sum(max(w.cpus, _MIN_BUNDLE_CPUS) for w in workers)
+        total = float(resources.get("CPU", 0.0))
+        if asked > total + 1e-9:
+            raise ReservationError(
+                f"component '{component.name}' cannot be placed on node {node_rank} "
+                f"({address}): ranks {ranks} ask for {_fmt(asked)} CPUs in all, "
+                f"the node has {_fmt(total)} CPUs"
+            )
+        gpus = int(resources.get("GPU", 0))
+        for worker in workers:
+            missing = [gpu for gpu in worker.gpus if gpu >= gpus]
+            if missing:
+                raise ReservationError(
+                    f"component '{component.name}' rank {worker.rank} asks for GPUs "
+                    f"{list(worker.gpus)} on node {node_rank} ({address}), which has "
+                    f"{gpus} GPU(s)"
+                )
+
+    def _describe_request(
+        self,
+        component: ComponentPlan,
+        node_rank: int,
+        workers: Sequence[WorkerPlacement],
+        node: Mapping[str, Any],
+    ) -> str:
+        asked = sum(max(w.cpus, _MIN_BUNDLE_CPUS) for w in workers)
+        total = float(node["Resources"].get("CPU", 0.0))
+        free = _free_cpus(str(node["NodeID"]))
+        free_text = "unknown" if free is None else _fmt(free)
+        return (
+            f"node {node_rank} ({node['NodeManagerAddress']}): ranks "
+            f"{', '.join(str(w.rank) for w in workers)} ask for {_fmt(asked)} CPUs; "
+            f"{free_text} of the node's {_fmt(total)} CPUs are free (the rest is held "
+            "by other placement groups, actors or tasks)"
+        )
+
+    def _forget_reservation(self, reservation: Reservation) -> None:
+        if reservation in self._reservations:
+            self._reservations.remove(reservation)
+
+    def worker_env(
+        self, component: ComponentPlan, worker: WorkerPlacement, *, gpu_node: bool
+    ) -> dict[str, str]:
+        """The environment variables one worker process starts with.
+
+        Torch's env:// rendezvous variables (MASTER_ADDR/PORT come after start,
+        from rank 0), ``CUDA_VISIBLE_DEVICES`` from the plan, the driver's
+        ``RLSHELL_EXT_MODULE`` and ``PYTHONPATH`` (so extensions import in the
+        worker), and the cluster's ``runtime_env_vars``.
+        """
+        env: dict[str, str] = {}
+        for name in (EXT_MODULE_ENV_VAR, "PYTHONPATH"):
+            if name in os.environ:
+                env[name] = os.environ[name]
+        env.update(self.runtime_env_vars)
+        env.update(
+            RANK=str(worker.rank),
+            WORLD_SIZE=str(component.world_size),
+            LOCAL_RANK=str(worker.local_rank),
+            LOCAL_WORLD_SIZE=str(worker.local_world_size),
+            NODE_RANK=str(worker.node_rank),
+            CUDA_VISIBLE_DEVICES=worker.cuda_visible_devices,
+            # torch sizes its intra-op pool from this at import; one thread per
+            # reserved core, since oversubscribed threads slow small ops 4-27x.
+            OMP_NUM_THREADS=str(max(1, int(worker.cpus))),
+        )
+        if gpu_node or worker.gpus:
+            # Otherwise Ray rewrites CUDA_VISIBLE_DEVICES from its own GPU
+            # accounting, in which our workers hold no GPUs at all.
+            env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
+        return env
+
+    def _track(self, stoppable: _Stoppable) -> None:
+        """Remember a worker group so `shutdown` stops it."""
+        self._check_open()
+        self._stoppables.append(stoppable)
+
+    def _untrack(self, stoppable: _Stoppable) -> None:
+        if stoppable in self._stoppables:
+            self._stoppables.remove(stoppable)
+
+    def shutdown(self) -> None:
+        """Stop this cluster's worker groups, remove its placement groups, stop Ray if started here.
+
+        Idempotent.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        for stoppable in reversed(list(self._stoppables)):
+            stoppable.shutdown()
+        self._stoppables.clear()
+        for reservation in list(self._reservations):
+            reservation.release()
+        if self.owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+
+def _free_cpus(node_id: str) -> float | None:
+    """Unreserved CPUs on a node, for error messages; None if Ray cannot say."""
+    try:
+        # A DeveloperAPI (Ray has no public per-node figure without the
+        # dashboard); only an error message depends on it.
+        from ray._private.state import available_resources_per_node
+
+        per_node_fn = cast(Callable[[], dict[str, dict[str, float]]], available_resources_per_node)
+        per_node = per_node_fn()
+        return float(per_node.get(node_id, {}).get("CPU", 0.0))
+    except Exception:
+        return None

@@ -1,0 +1,71 @@
+"""A local Ray cluster for shell tests, started at most once per pytest process.
+
+Ray takes ~4 s to start, so the cluster is session-scoped: each pytest-xdist
+worker gets its own (two run side by side under ``-n 2``, which Ray handles).
+Each has a short temp dir of its own, as Ray's socket paths must stay under 107
+characters. Workers ask for small fractional CPU bundles (`plan_component`'s
+default 0.25) so that tests never wait on each other for resources.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from rlshell.cluster import Cluster
+from rlshell.placement import ComponentPlan, WorkerPlacement
+
+PlanFactory = Callable[..., ComponentPlan]
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Cluster]:
+    """An embedded 2-CPU Ray cluster (RAY_AUTH_MODE=disabled comes from tests/conftest.py)."""
+    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    try:
+        with Cluster(num_cpus=2, temp_dir=temp_dir) as cluster:
+            yield cluster
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def make_plan(
+    name: str, world_size: int = 2, cpus: float = 0.25, gpus: tuple[int, ...] = ()
+) -> ComponentPlan:
+    """A component with ``world_size`` workers on node 0, built by hand (no planner)."""
+    return ComponentPlan(
+        name=name,
+        placement=f"0:0-{world_size - 1}",
+        node_group="all",
+        workers=[
+            WorkerPlacement(
+                rank=rank,
+                node_rank=0,
+                local_rank=rank,
+                local_world_size=world_size,
+                cpus=cpus,
+                gpus=gpus,
+                resources=(0,),
+            )
+            for rank in range(world_size)
+        ],
+    )
+
+
+@pytest.fixture(scope="session")
+def plan_component() -> PlanFactory:
+    """``plan_component("actor", world_size=2, cpus=0.25)``: a plan with a name unique to this
+    process, so actor names never collide between tests sharing the cluster."""
+
+    def factory(
+        name: str, world_size: int = 2, cpus: float = 0.25, gpus: tuple[int, ...] = ()
+    ) -> ComponentPlan:
+        return make_plan(f"{name}-{next(_names)}", world_size, cpus, gpus)
+
+    return factory

@@ -1,0 +1,217 @@
+"""Cluster: the live spec, reservations with real placement groups, worker environments."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import pytest
+import ray
+import torch
+from ray.util import placement_group_table
+
+from rlshell.cluster import (
+    Cluster,
+    ReservationError,
+    local_cluster_spec,
+    parse_node_ranks,
+)
+from rlshell.placement import ComponentPlan, NodeGroup
+from rlshell.worker import Worker
+
+PlanFactory = Callable[..., ComponentPlan]
+
+ENV_NAMES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+    "RLSHELL_TEST_FLAVOUR",
+)
+
+
+class EnvWorker(Worker):
+    """Reports the environment the launch gave it."""
+
+    def env(self) -> dict[str, str | None]:
+        return {name: os.environ.get(name) for name in ENV_NAMES}
+
+
+def pg_state(group: Any) -> str:
+    return str(placement_group_table(group)["state"])
+
+
+# ------------------------------------------------------------- pure helpers
+
+
+def test_parse_node_ranks_reads_ranges_and_lists() -> None:
+    assert parse_node_ranks("0-1,3", 4) == (0, 1, 3)
+    assert parse_node_ranks("2", 4) == (2,)
+    assert parse_node_ranks("all", 3) == (0, 1, 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("0-5", r"node group 'env': node ranks \[4, 5\] in '0-5' do not exist"),
+        ("3-1", "runs backwards"),
+        ("0,x", "'x' in '0,x' is not a node rank"),
+        ("0-1,1", r"node ranks \[1\] appear twice"),
+    ],
+)
+def test_parse_node_ranks_names_the_group_and_the_problem(text: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        parse_node_ranks(text, 4, "env")
+
+
+def test_local_cluster_spec_describes_this_machine_without_ray() -> None:
+    spec = local_cluster_spec()
+    assert len(spec.nodes) == 1
+    assert spec.nodes[0].cpus == float(len(os.sched_getaffinity(0)))
+    assert spec.nodes[0].gpus == torch.cuda.device_count()
+    assert spec.node_groups == (NodeGroup("all", (0,)),)
+    assert not spec.simulated
+
+
+def test_attaching_refuses_embedded_only_options() -> None:
+    with pytest.raises(ValueError, match="num_cpus and temp_dir configure an embedded Ray"):
+        Cluster("auto", num_cpus=2)
+
+
+# ------------------------------------------------------------- the live cluster
+
+
+def test_spec_reads_the_live_node(ray_cluster: Cluster) -> None:
+    spec = ray_cluster.spec()
+    assert len(spec.nodes) == 1
+    node = spec.nodes[0]
+    assert (node.cpus, node.gpus) == (2.0, 0)
+    assert node.address == ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    assert spec.node_groups == (NodeGroup("all", (0,)),)
+    assert ray_cluster.node_ids() == (ray.get_runtime_context().get_node_id(),)
+    assert ray_cluster.startup_seconds > 0
+
+
+def test_spec_labels_node_groups(ray_cluster: Cluster) -> None:
+    spec = ray_cluster.spec({"head": "0"})
+    assert spec.node_groups == (NodeGroup("all", (0,)), NodeGroup("head", (0,)))
+    with pytest.raises(ValueError, match=r"node group 'gpu': node ranks \[1\]"):
+        ray_cluster.spec({"gpu": "0-1"})
+    with pytest.raises(ValueError, match="'all' is built in"):
+        ray_cluster.spec({"all": "0"})
+
+
+def test_reserve_pins_one_bundle_per_worker_to_the_node(
+    ray_cluster: Cluster, plan_component: PlanFactory
+) -> None:
+    plan = plan_component("reserve")
+    reservation = ray_cluster.reserve(plan, timeout_s=30)
+    try:
+        (group,) = reservation.groups.values()
+        table = placement_group_table(group)
+        assert table["state"] == "CREATED"
+        assert table["strategy"] == "STRICT_PACK"
+        assert list(table["bundles"].values()) == [{"CPU": 0.25}, {"CPU": 0.25}]
+        assert set(table["bundles_to_node_id"].values()) == set(ray_cluster.node_ids())
+        assert [reservation.bundle_index(rank) for rank in (0, 1)] == [0, 1]
+        assert reservation.node_id(1) == ray_cluster.node_ids()[0]
+        assert reservation.scheduling_strategy(1).placement_group_bundle_index == 1
+    finally:
+        reservation.release()
+    assert pg_state(group) == "REMOVED"
+    reservation.release()  # idempotent
+
+
+def test_impossible_reservation_fails_at_once_saying_asked_and_available(
+    ray_cluster: Cluster, plan_component: PlanFactory
+) -> None:
+    plan = plan_component("greedy", world_size=2, cpus=1.5)
+    start = time.monotonic()
+    with pytest.raises(ReservationError) as info:
+        ray_cluster.reserve(plan, timeout_s=30)
+    assert time.monotonic() - start < 2.0
+    message = str(info.value)
+    assert f"component '{plan.name}'" in message
+    assert "node 0" in message
+    assert "ranks 0, 1 ask for 3 CPUs in all, the node has 2 CPUs" in message
+
+
+def test_reservation_on_a_missing_node_or_gpu_is_refused(
+    ray_cluster: Cluster, plan_component: PlanFactory
+) -> None:
+    plan = plan_component("far", world_size=1)
+    far = attrs.evolve(plan, workers=[attrs.evolve(w, node_rank=3) for w in plan.workers])
+    with pytest.raises(ReservationError, match=r"on node 3, but the cluster has 1 alive node"):
+        ray_cluster.reserve(far)
+    with pytest.raises(ReservationError, match=r"rank 0 asks for GPUs \[1\] on node 0 .* 0 GPU"):
+        ray_cluster.reserve(plan_component("gpu", world_size=1, gpus=(1,)))
+
+
+def test_busy_resources_time_out_with_what_is_free(
+    ray_cluster: Cluster, plan_component: PlanFactory
+) -> None:
+    holder = ray_cluster.reserve(plan_component("holder", world_size=1, cpus=0.5))
+    try:
+        plan = plan_component("waiter", world_size=1, cpus=2.0)
+        with pytest.raises(ReservationError) as info:
+            ray_cluster.reserve(plan, timeout_s=0.5)
+    finally:
+        holder.release()
+    message = str(info.value)
+    assert f"component '{plan.name}': placement groups not placed within 0.5 s" in message
+    assert "ranks 0 ask for 2 CPUs;" in message
+    assert "of the node's 2 CPUs are free" in message
+
+
+def test_worker_env_pins_gpus_and_keeps_ray_off_them(
+    ray_cluster: Cluster, plan_component: PlanFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLSHELL_EXT_MODULE", "my_ext")
+    monkeypatch.setenv("PYTHONPATH", "/opt/ext")
+    plan = plan_component("gpu-env", world_size=1, cpus=3.0, gpus=(2, 3))
+    env = ray_cluster.worker_env(plan, plan.workers[0], gpu_node=True)
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1"
+    assert env["OMP_NUM_THREADS"] == "3"
+    assert (env["RLSHELL_EXT_MODULE"], env["PYTHONPATH"]) == ("my_ext", "/opt/ext")
+    cpu_only = ray_cluster.worker_env(plan_component("cpu-env"), plan.workers[0], gpu_node=False)
+    assert "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES" in cpu_only  # the worker asked for GPUs
+
+
+def test_workers_see_their_rank_rendezvous_and_devices(
+    ray_cluster: Cluster, plan_component: PlanFactory
+) -> None:
+    # A second Cluster in the same process reuses Ray; its shutdown leaves Ray up.
+    with Cluster(runtime_env_vars={"RLSHELL_TEST_FLAVOUR": "mint"}) as cluster:
+        assert not cluster.owns_ray
+        group = EnvWorker.create_group().launch(cluster, plan_component("env"))
+        envs = group.env().wait()
+        rank0_ip = group.workers[0].node_ip
+        for rank, env in enumerate(envs):
+            assert env["RANK"] == str(rank)
+            assert env["LOCAL_RANK"] == str(rank)
+            assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["NODE_RANK"]) == ("2", "2", "0")
+            assert env["MASTER_ADDR"] == rank0_ip
+            assert env["MASTER_PORT"] == envs[0]["MASTER_PORT"]
+            assert 0 < int(env["MASTER_PORT"] or 0) < 65536
+            assert env["CUDA_VISIBLE_DEVICES"] == ""
+            assert env["OMP_NUM_THREADS"] == "1"
+            assert env["RLSHELL_TEST_FLAVOUR"] == "mint"
+        assert group.reservation is not None
+        groups = list(group.reservation.groups.values())
+    # Cluster.shutdown stopped the group and removed its placement groups, not Ray.
+    assert ray.is_initialized()
+    assert group.dead_ranks == ()
+    assert not group.actors
+    assert [pg_state(pg) for pg in groups] == ["REMOVED"]
+    cluster.shutdown()  # idempotent
+    with pytest.raises(RuntimeError, match="shut down"):
+        cluster.spec()

@@ -1,0 +1,160 @@
+"""Real runs of `python -m rlshell.train` on Ray: the probe runner, extensions in workers, Ctrl-C.
+
+Each test starts the CLI in a subprocess with its own Ray temp dir (RAY_TMPDIR),
+so it can check afterwards that no Ray process of that run is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_EXT = ROOT / "examples" / "extension"
+
+
+@pytest.fixture
+def ray_tmpdir() -> Iterator[Path]:
+    # Ray's socket paths must stay under 107 characters: a short directory in /tmp.
+    path = Path(tempfile.mkdtemp(prefix="rl", dir="/tmp"))
+    yield path
+    subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+def cli_env(ray_tmpdir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RLSHELL_EXT_MODULE"}
+    env.update(RAY_TMPDIR=str(ray_tmpdir), RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def ray_processes_using(path: Path) -> list[str]:
+    """Command lines of live processes that mention ``path`` (Ray's daemons name their temp dir)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(path) in cmdline and str(os.getpid()) != proc.name:
+            found.append(cmdline[:200])
+    return found
+
+
+def wait_for_no_ray_processes(path: Path, timeout: float = 20.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (left := ray_processes_using(path)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def test_a_probe_run_places_every_worker_as_planned_with_extensions_loaded(
+    ray_tmpdir: Path, tmp_path: Path
+) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlshell.train",
+            "configs/grpo.py",
+            "runner.runner_type=probe",
+            "runner.max_steps=3",
+            f"runner.output_dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=cli_env(
+            ray_tmpdir, RLSHELL_EXT_MODULE="rlshell_example_ext", PYTHONPATH=str(EXAMPLE_EXT)
+        ),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "probe step 3/3" in result.stdout
+    probe = json.loads((tmp_path / "grpo" / "probe.json").read_text())
+    assert set(probe["reports"]) == {"actor", "rollout", "reward"}
+    actor = probe["reports"]["actor"]
+    assert [report["env"]["RANK"] for report in actor] == ["0", "1"]
+    assert all(report["extensions_loaded"] == ["rlshell_example_ext"] for report in actor)
+    assert len({report["pid"] for report in actor}) == 2
+    assert (tmp_path / "grpo" / "placement.json").is_file()
+    assert (tmp_path / "grpo" / "config.json").is_file()
+    assert wait_for_no_ray_processes(ray_tmpdir) == []
+
+
+def test_ctrl_c_shuts_ray_down_and_exits_130(ray_tmpdir: Path, tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rlshell.train",
+            "configs/grpo.py",
+            "runner.runner_type=probe",
+            "runner.max_steps=1000000",
+            f"runner.output_dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=cli_env(ray_tmpdir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        deadline = time.monotonic() + 180
+        for line in process.stdout:
+            if line.startswith("probe step 2/"):
+                break
+            assert time.monotonic() < deadline, "the probe run never reached step 2"
+        assert ray_processes_using(ray_tmpdir), "Ray should be running during the run"
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, stderr
+    assert "interrupted: Ray was shut down" in stderr
+    assert wait_for_no_ray_processes(ray_tmpdir) == []
+
+
+def test_a_runner_that_is_not_installed_is_named_before_ray_starts(
+    ray_tmpdir: Path, tmp_path: Path
+) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlshell.train",
+            "configs/grpo.py",
+            "runner.runner_type=embodied",
+            "actor.model.model_type=bandit_mlp",
+            "actor.model.category=embodied",
+            "env.env_type=two_armed_bandit",
+            'cluster.component_placement={"actor,rollout": "0:0-1", "env": "0"}',
+            f"runner.output_dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=cli_env(
+            ray_tmpdir, RLSHELL_EXT_MODULE="rlshell_example_ext", PYTHONPATH=str(EXAMPLE_EXT)
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[1:] == [
+        "  - runner.runner_type: the 'embodied' runner (rlshell.runners.embodied) is not in "
+        "this installation of rlshell; available: probe"
+    ]
+    assert ray_processes_using(ray_tmpdir) == []

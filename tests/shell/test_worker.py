@@ -1,0 +1,395 @@
+"""Worker groups on a real local Ray cluster: calls, views, failures, gloo, extensions.
+
+The worker classes live at module level so Ray workers can import them by name
+(Ray puts the driver's working directory on their path).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ray.util import placement_group_table
+
+from rlshell.cluster import Cluster
+from rlshell.extensions import ExtensionError
+from rlshell.placement import ComponentPlan, WorkerPlacement
+from rlshell.worker import (
+    GroupCall,
+    Worker,
+    WorkerDiedError,
+    WorkerError,
+    WorkerGroup,
+    WorkerTimeoutError,
+)
+
+PlanFactory = Callable[..., ComponentPlan]
+
+
+class CodedError(Exception):
+    """An exception with a constructor of its own and an extra attribute."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(code, reason)
+        self.code = code
+
+
+class SealedError(Exception):
+    """An exception type that refuses subclasses, as final types do."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        raise TypeError(f"{cls.__name__}: SealedError is final")
+
+
+class EchoWorker(Worker):
+    """A worker with a little of everything for the tests to call."""
+
+    def __init__(self, offset: int, *, label: str = "") -> None:
+        self.offset = offset
+        self.label = label
+
+    def whoami(self) -> dict[str, Any]:
+        return {
+            "component": self.component,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "local_rank": self.local_rank,
+            "placement": self.placement,
+            "node_ip": self.node_ip,
+            "label": self.label,
+        }
+
+    def add(self, value: int, *, times: int = 1) -> int:
+        return (self.offset + value) * times + self.rank * 0
+
+    def rank_plus(self, value: int) -> int:
+        return self.rank + value
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def sleep(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return self.rank
+
+    def fail(self, message: str) -> None:
+        raise ValueError(f"{message} on rank {self.rank}")
+
+    def fail_on(self, rank: int, slow_seconds: float) -> int:
+        if self.rank == rank:
+            raise RuntimeError(f"rank {rank} gives up")
+        time.sleep(slow_seconds)
+        return self.rank
+
+    def fail_coded(self) -> None:
+        raise CodedError(42, "no answer")
+
+    def fail_sealed(self) -> None:
+        raise SealedError("sealed shut")
+
+    def _secret(self) -> str:
+        return "hidden"
+
+
+class FragileWorker(Worker):
+    """A constructor that fails on rank 1."""
+
+    def __init__(self) -> None:
+        if self.rank == 1:
+            raise KeyError("checkpoint_dir")
+
+    def ping(self) -> str:
+        return "pong"
+
+
+class GlooWorker(Worker):
+    """Forms a gloo process group and all-reduces ranks."""
+
+    def all_reduce_rank(self) -> float:
+        # torch is imported here, not at module level, so that the other test
+        # workers start without paying for it.
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(tensor)
+        return float(tensor.item())
+
+    def torch_threads(self) -> int:
+        import torch
+
+        return torch.get_num_threads()
+
+
+class ExtensionProbe(Worker):
+    """Reports what an extension module's register() recorded in this process."""
+
+    def registered(self, module: str) -> list[str]:
+        return list(sys.modules[module].REGISTERED) if module in sys.modules else []
+
+
+@pytest.fixture(scope="module")
+def echo(ray_cluster: Cluster, plan_component: PlanFactory) -> Iterator[WorkerGroup[EchoWorker]]:
+    """A 2-rank group shared by the tests that leave it healthy; two calls may run at once."""
+    group = EchoWorker.create_group(10, label="shared").launch(
+        ray_cluster, plan_component("echo"), max_concurrency=2
+    )
+    yield group
+    group.shutdown()
+
+
+# ------------------------------------------------------------- calling
+
+
+def test_group_call_returns_results_in_rank_order(echo: WorkerGroup[EchoWorker]) -> None:
+    assert len(echo) == echo.world_size == 2
+    assert echo.rank_plus(100).wait() == [100, 101]
+    assert echo.add(5, times=2).wait() == [30, 30]
+    infos = echo.whoami().wait()
+    assert [info["rank"] for info in infos] == [0, 1]
+    for rank, info in enumerate(infos):
+        assert info["component"] == echo.name
+        assert (info["world_size"], info["local_rank"]) == (2, rank)
+        assert isinstance(info["placement"], WorkerPlacement)
+        assert info["placement"] == echo.placement.workers[rank]  # type: ignore[union-attr]
+        assert info["node_ip"] == echo.workers[rank].node_ip
+        assert info["label"] == "shared"
+
+
+def test_execute_on_limits_the_next_call_to_those_ranks(echo: WorkerGroup[EchoWorker]) -> None:
+    assert echo.execute_on(1).rank_plus(0).wait() == [1]
+    assert echo.execute_on(1, 0).rank_plus(10).wait() == [11, 10]
+    assert echo.rank_plus(0).wait() == [0, 1]  # the view did not stick
+    with pytest.raises(ValueError, match=r"ranks \[2\] are outside component"):
+        echo.execute_on(2)
+    with pytest.raises(ValueError, match="repeat a rank"):
+        echo.execute_on(0, 0)
+
+
+def test_scatter_sends_one_item_per_rank(echo: WorkerGroup[EchoWorker]) -> None:
+    assert echo.scatter.add([1, 2], times=[1, 10]).wait() == [11, 120]
+    assert echo.execute_on(1).scatter.rank_plus([5]).wait() == [6]
+    with pytest.raises(ValueError, match=r"argument 0 must hold one item per rank .* got 3"):
+        echo.scatter.add([1, 2, 3])
+
+
+def test_call_by_name_and_done(echo: WorkerGroup[EchoWorker]) -> None:
+    call = echo.call("sleep", 0.5)
+    assert isinstance(call, GroupCall)
+    assert not call.done()
+    assert call.wait() == [0, 1]
+    assert call.done()
+    assert call.wait() == [0, 1]  # results stay
+
+
+def test_unknown_and_private_methods_are_attribute_errors(
+    echo: WorkerGroup[EchoWorker],
+) -> None:
+    with pytest.raises(AttributeError, match=r"EchoWorker has no public method 'ad' \(did you"):
+        echo.ad(1)
+    with pytest.raises(AttributeError, match="did you mean 'whoami'"):
+        echo.execute_on(0).whoamy()
+    with pytest.raises(AttributeError, match="'_secret' is private"):
+        echo._secret()
+    with pytest.raises(AttributeError, match="no public method 'create_group'"):
+        echo.call("create_group")
+    assert not hasattr(echo, "no_such_method")
+
+
+# ------------------------------------------------------------- failures
+
+
+def test_a_raising_method_is_its_own_type_and_a_worker_error(
+    echo: WorkerGroup[EchoWorker],
+) -> None:
+    call = echo.execute_on(1).fail("bad batch")
+    with pytest.raises(ValueError, match="bad batch on rank 1") as info:
+        call.wait()
+    error = info.value
+    assert isinstance(error, WorkerError)
+    worker = echo.workers[1]
+    message = str(error)
+    assert f"component '{echo.name}' rank 1 (node {worker.node_ip}, pid {worker.pid})" in message
+    assert "raised in fail(): ValueError: bad batch on rank 1" in message
+    assert 'test_worker.py", line' in message  # the worker's own frame
+    assert "in fail" in error.remote_traceback
+    assert (error.component, error.rank, error.method, error.pid) == (
+        echo.name,
+        1,
+        "fail",
+        worker.pid,
+    )
+    assert isinstance(error.cause, ValueError)
+    with pytest.raises(ValueError, match="bad batch") as again:  # the same error again
+        call.wait()
+    assert again.value is error
+    copy = pickle.loads(pickle.dumps(error))
+    assert isinstance(copy, ValueError)
+    assert isinstance(copy, WorkerError)
+    assert str(copy) == message
+
+
+def test_exception_fields_read_through_and_final_types_fall_back(
+    echo: WorkerGroup[EchoWorker],
+) -> None:
+    with pytest.raises(CodedError) as coded:
+        echo.execute_on(0).fail_coded().wait()
+    assert isinstance(coded.value, WorkerError)
+    assert coded.value.code == 42
+    assert coded.value.args == (42, "no answer")
+
+    with pytest.raises(WorkerError, match=r"raised in fail_sealed\(\): SealedError") as sealed:
+        echo.execute_on(0).fail_sealed().wait()
+    assert not isinstance(sealed.value, SealedError)
+    assert isinstance(sealed.value.cause, SealedError)
+    assert "sealed shut" in str(sealed.value)
+
+
+def test_the_first_failure_surfaces_without_waiting_for_slow_ranks(
+    echo: WorkerGroup[EchoWorker],
+) -> None:
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank 1 gives up") as info:
+        echo.fail_on(1, slow_seconds=3.0).wait()
+    assert time.monotonic() - start < 2.0
+    assert isinstance(info.value, WorkerError)
+    assert info.value.rank == 1
+
+
+def test_a_call_past_its_timeout_names_the_method_and_ranks(
+    echo: WorkerGroup[EchoWorker],
+) -> None:
+    call = echo.sleep(1.0)
+    with pytest.raises(WorkerTimeoutError) as info:
+        call.wait(timeout=0.2)
+    error = info.value
+    assert isinstance(error, TimeoutError)
+    assert (error.method, error.pending_ranks, error.timeout_s) == ("sleep", (0, 1), 0.2)
+    message = str(error)
+    assert f"sleep() on component '{echo.name}' did not finish within 0.2 s" in message
+    assert "still running on rank(s) [0, 1]" in message
+    assert call.wait() == [0, 1]  # the same call, waited on again
+
+
+def test_the_group_default_call_timeout_applies(echo: WorkerGroup[EchoWorker]) -> None:
+    echo.call_timeout_s = 0.2
+    try:
+        with pytest.raises(WorkerTimeoutError, match=r"sleep\(\)"):
+            echo.execute_on(0).sleep(0.6).wait()
+    finally:
+        echo.call_timeout_s = None
+
+
+def test_a_killed_worker_raises_worker_died_error(
+    ray_cluster: Cluster, plan_component: PlanFactory
+) -> None:
+    group = EchoWorker.create_group(0).launch(ray_cluster, plan_component("doomed"))
+    try:
+        (pid,) = group.execute_on(1).pid().wait()
+        node = group.workers[1].node_ip
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerDiedError) as info:
+            group.pid().wait(timeout=30)
+        message = str(info.value)
+        assert f"component '{group.name}' rank 1 (node {node}, pid {pid})" in message
+        assert "died while running pid()" in message
+        assert group.dead_ranks == (1,)
+        assert group.execute_on(0).rank_plus(0).wait() == [0]  # rank 0 still answers
+    finally:
+        group.shutdown()
+
+
+def test_a_constructor_error_fails_the_launch_and_cleans_up(
+    ray_cluster: Cluster, plan_component: PlanFactory
+) -> None:
+    plan = plan_component("fragile")
+    group = FragileWorker.create_group()
+    with pytest.raises(KeyError) as info:
+        group.launch(ray_cluster, plan)
+    error = info.value
+    assert isinstance(error, WorkerError)
+    message = str(error)
+    assert f"component '{plan.name}' rank 1 (node " in message
+    assert "raised in __init__(): KeyError: 'checkpoint_dir'" in message
+    assert "in __init__" in error.remote_traceback
+    assert error.method == "__init__"
+    assert not group.actors
+    states = [
+        entry["state"]
+        for entry in placement_group_table().values()
+        if entry["name"].startswith(f"{plan.name}:")
+    ]
+    assert states == ["REMOVED"]
+    with pytest.raises(RuntimeError, match="shut down"):
+        group.ping()
+
+
+def test_launching_a_name_twice_is_refused(
+    echo: WorkerGroup[EchoWorker], ray_cluster: Cluster, plan_component: PlanFactory
+) -> None:
+    with pytest.raises(WorkerError, match=f"an actor named '{echo.name}:0' already exists"):
+        EchoWorker.create_group(0).launch(ray_cluster, plan_component("again"), name=echo.name)
+
+
+# ------------------------------------------------------------- torch.distributed
+
+
+def test_gloo_process_group_all_reduces_across_ranks(
+    ray_cluster: Cluster, plan_component: PlanFactory
+) -> None:
+    group = GlooWorker.create_group().launch(ray_cluster, plan_component("gloo"))
+    try:
+        group.init_process_group("gloo", timeout_s=60).wait(timeout=120)
+        assert group.all_reduce_rank().wait(timeout=60) == [3.0, 3.0]
+        assert group.torch_threads().wait() == [1, 1]  # max(1, int(0.25 CPUs))
+    finally:
+        group.shutdown()
+
+
+# ------------------------------------------------------------- extensions
+
+
+def write_extension(directory: Path) -> str:
+    name = f"rlshell_test_ext_{uuid.uuid4().hex[:8]}"
+    (directory / f"{name}.py").write_text(
+        "import os\nREGISTERED = []\ndef register():\n    REGISTERED.append(os.environ['RANK'])\n"
+    )
+    return name
+
+
+def test_extension_modules_are_registered_in_every_worker(
+    ray_cluster: Cluster,
+    plan_component: PlanFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    module = write_extension(tmp_path)
+    monkeypatch.setenv("RLSHELL_EXT_MODULE", module)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    group = ExtensionProbe.create_group().launch(ray_cluster, plan_component("ext"))
+    try:
+        assert group.registered(module).wait() == [["0"], ["1"]]
+    finally:
+        group.shutdown()
+
+
+def test_a_missing_extension_module_fails_the_launch_naming_module_and_rank(
+    ray_cluster: Cluster, plan_component: PlanFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLSHELL_EXT_MODULE", "rlshell_no_such_extension")
+    plan = plan_component("noext", world_size=1)
+    with pytest.raises(ExtensionError) as info:
+        ExtensionProbe.create_group().launch(ray_cluster, plan)
+    assert isinstance(info.value, WorkerError)
+    message = str(info.value)
+    assert "module 'rlshell_no_such_extension' could not be imported" in message
+    assert f"on the {plan.name} rank 0 (host" in message
+    assert f"component '{plan.name}' rank 0 (node" in message
