@@ -20,12 +20,18 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlshell.config import Config
 from rlshell.config_loading import ConfigError, load_config, write_config
 from rlshell.extensions import ExtensionError, load_extensions
+
+if TYPE_CHECKING:
+    from rlshell.cluster import Cluster
+    from rlshell.placement import ClusterSpec
 
 __all__ = ["main", "run_dir_of"]
 
@@ -96,7 +102,7 @@ def _run(config: Config) -> int:
     runner = get_runner(config.runner.runner_type)
     try:
         with Cluster(address=config.cluster.address, num_cpus=config.cluster.num_cpus) as cluster:
-            spec = cluster.spec(config.cluster.node_groups or None)
+            spec = _wait_for_nodes(cluster, config)
             try:
                 plan = plan_for(config, spec)
             except PlacementError as error:
@@ -113,6 +119,23 @@ def _run(config: Config) -> int:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_FAILED
     return 0
+
+
+def _wait_for_nodes(cluster: Cluster, config: Config) -> ClusterSpec:
+    """The attached cluster's spec once ``cluster.num_nodes`` nodes are alive."""
+    deadline = time.monotonic() + config.cluster.startup_timeout_s
+    while True:
+        spec = cluster.spec(config.cluster.node_groups or None)
+        if len(spec.nodes) >= config.cluster.num_nodes or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    if len(spec.nodes) < config.cluster.num_nodes:
+        raise TimeoutError(
+            f"cluster.num_nodes: expected {config.cluster.num_nodes} nodes, but the Ray cluster "
+            f"at '{config.cluster.address}' has {len(spec.nodes)} after "
+            f"{config.cluster.startup_timeout_s:g} s (cluster.startup_timeout_s)"
+        )
+    return spec
 
 
 def _split_positionals(positionals: Sequence[str], config: str | None) -> tuple[Path, list[str]]:

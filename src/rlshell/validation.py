@@ -46,6 +46,7 @@ def validate(config: Config, *, for_run: bool = True) -> list[str]:
     problems += _registry_problems(config)
     problems += _algorithm_problems(config)
     problems += _rollout_problems(config)
+    problems += _cluster_problems(config)
     requests, request_problems = placement_requests(config)
     problems += request_problems
     if not request_problems:
@@ -132,6 +133,17 @@ def _algorithm_problems(config: Config) -> list[str]:
     if algorithm.dual_clip is not None and algorithm.dual_clip <= 1:
         problems.append(f"algorithm.dual_clip: expected a number > 1, got {algorithm.dual_clip}")
     return problems
+
+
+def _cluster_problems(config: Config) -> list[str]:
+    cluster = config.cluster
+    if cluster.address is None and cluster.simulate is None and cluster.num_nodes > 1:
+        return [
+            f"cluster.num_nodes: an embedded Ray has 1 node, got {cluster.num_nodes}; attach to "
+            "a cluster started with `ray start` (cluster.address=auto) or plan with "
+            "cluster.simulate"
+        ]
+    return []
 
 
 def _rollout_problems(config: Config) -> list[str]:

@@ -158,3 +158,101 @@ def test_a_runner_that_is_not_installed_is_named_before_ray_starts(
         "this installation of rlshell; available: probe"
     ]
     assert ray_processes_using(ray_tmpdir) == []
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def stop_ray_processes_using(path: Path) -> None:
+    """Stop one `ray start` cluster by its temp dir (`ray stop` would stop every cluster here)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+                if str(path) in cmdline:
+                    os.kill(int(proc.name), sig)
+            except (OSError, ProcessLookupError):
+                continue
+        if not wait_for_no_ray_processes(path, timeout=10):
+            return
+
+
+def test_attaching_to_a_cluster_started_with_ray_start(ray_tmpdir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    ray = Path(sys.executable).parent / "ray"
+    env = cli_env(ray_tmpdir)
+    head = subprocess.run(
+        [
+            str(ray),
+            "start",
+            "--head",
+            f"--port={port}",
+            "--num-cpus=2",
+            f"--temp-dir={ray_tmpdir}",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    try:
+        assert head.returncode == 0, head.stdout + head.stderr
+        address = f"127.0.0.1:{port}"
+        common = ["configs/grpo.py", f"cluster.address={address}", f"runner.output_dir={tmp_path}"]
+        dry = subprocess.run(
+            [sys.executable, "-m", "rlshell.train", *common, "--dry-run"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert dry.returncode == 0, dry.stderr
+        assert "cluster: 1 CPU-only node, 2 CPUs" in dry.stdout
+        too_many = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rlshell.train",
+                *common,
+                "runner.runner_type=probe",
+                "cluster.num_nodes=2",
+                "cluster.startup_timeout_s=2",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert too_many.returncode == 1
+        assert "cluster.num_nodes: expected 2 nodes" in too_many.stderr
+        probe = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rlshell.train",
+                *common,
+                "runner.runner_type=probe",
+                "runner.max_steps=2",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert probe.returncode == 0, probe.stdout + probe.stderr
+        assert "probe step 2/2" in probe.stdout
+        assert ray_processes_using(ray_tmpdir), "the attached cluster must outlive the driver"
+    finally:
+        stop_ray_processes_using(ray_tmpdir)
