@@ -48,13 +48,13 @@ RUN_HERE = {
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run",
     ".venv/bin/python -m rlshell.train --help",
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run actor.optim.lr=1e-4 "
-    "algorithm.group_size=4 rollout.temperature=0.7 logger.backends='[\"console\",\"jsonl\"]'",
+    'algorithm.group_size=4 rollout.temperature=0.7 logger.backends=\'["console","jsonl"]\'',
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run && .venv/bin/python -m "
     "rlshell.train --config runs/grpo/config.json --dry-run runner.experiment_name=grpo_again",
     # docs/placement.md
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run cluster.simulate=4x8 "
     "rollout.backend=vllm rollout.tensor_parallel_size=4 cluster.component_placement="
-    ''''{"actor": "all", "rollout": "16-31", "reward": "0-3"}' runner.experiment_name=grpo_4x8''',
+    """'{"actor": "all", "rollout": "16-31", "reward": "0-3"}' runner.experiment_name=grpo_4x8""",
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run cluster.simulate=1x0x2",
     # docs/extending.md
     "PYTHONPATH=examples/extension RLSHELL_EXT_MODULE=rlshell_example_ext .venv/bin/python -m "

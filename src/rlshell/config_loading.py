@@ -409,13 +409,14 @@ def _describe_structure_error(
 
 
 def load_config(
-    source: str | Path, overrides: Sequence[str] = (), *, for_run: bool = True
+    source: str | Path, overrides: Sequence[str] = (), *, for_run: bool = False
 ) -> Config:
     """Read, override, structure and validate a config; raise `ConfigError` listing every problem.
 
-    ``for_run=False`` (``--dry-run``) skips the checks that only matter when
-    the run really starts (files and checkpoints on disk, GPUs on this
-    machine); `rlshell.validation.run_only_problems` reports those.
+    ``for_run=True`` (what the CLI passes for a real run) adds the checks that
+    only matter when the run really starts: files and checkpoints on disk,
+    GPUs on this machine, the runner being installed. ``--dry-run`` and
+    tools that only read a config leave it False.
     """
     from rlshell.validation import validate
 

@@ -29,6 +29,7 @@ works), carrying the worker's traceback; a worker that died raises
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
@@ -36,6 +37,7 @@ import socket
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, cast
@@ -69,7 +71,13 @@ _DRIVER_ONLY = frozenset({"create_group"})
 # Ray refuses zero-CPU placement-group bundles; keep in step with rlshell.cluster.
 _MIN_ACTOR_CPUS = 0.01
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_RAY_HEADER = re.compile(r"\(pid=(\d+), ip=([^,)\s]+)")
+_RAY_PID_IP = re.compile(r"\(pid=(\d+), ip=([^,)\s]+)")
+_RAY_HEADER_LINE = re.compile(r"^\s*ray::\S+ \(pid=\d+")
+_CARETS = re.compile(r"^\s*[\^~]+\s*$")
+_FRAME = re.compile(r'^(\s*)File "([^"]+)", line \d+, in (\S+)')
+# Frames of this module's start-up hooks, dropped from constructor tracebacks.
+_THIS_MODULE = os.path.join("rlshell", "worker.py")
+_HOOK_FRAMES = frozenset({"_rlshell_ready", "__init__"})
 
 
 # ---------------------------------------------------------------- errors
@@ -78,10 +86,13 @@ _RAY_HEADER = re.compile(r"\(pid=(\d+), ip=([^,)\s]+)")
 class WorkerError(Exception):
     """A worker of a group failed. Names component, rank, node, pid and method.
 
-    When the worker raised an exception, the error raised on the driver is an
-    instance of both `WorkerError` and that exception's type; `cause` is the
-    worker's exception and `remote_traceback` its traceback as text. Only a
-    cause type that refuses subclassing yields a plain `WorkerError`.
+    The same facts are attributes: ``component``, ``rank``, ``node``, ``pid``,
+    ``method``. When the worker raised an exception, the error raised on the
+    driver is an instance of both `WorkerError` and that exception's type, with
+    its fields (``errno``, custom attributes, an ExceptionGroup's
+    ``exceptions``); ``cause`` is the worker's exception and
+    ``remote_traceback`` its traceback as text. Only a cause type that refuses
+    subclassing yields a plain `WorkerError`.
     """
 
     def __init__(
@@ -110,7 +121,8 @@ class WorkerError(Exception):
         remote_traceback: str,
         cause: BaseException | None,
     ) -> None:
-        self.message = message
+        # Not `message`: ExceptionGroup has a read-only field of that name.
+        self._text = message
         self.component = component
         self.rank = rank
         self.node = node
@@ -120,7 +132,10 @@ class WorkerError(Exception):
         self.cause = cause
 
     def __str__(self) -> str:
-        return self.message
+        return self._text
+
+    def _add_note_to_message(self, note: str) -> None:
+        self._text += note
 
 
 class WorkerDiedError(WorkerError):
@@ -150,6 +165,10 @@ _DUAL_LOCK = threading.Lock()
 
 def _dual_class(cause_type: type[BaseException]) -> type[WorkerError] | None:
     """A class deriving from WorkerError and ``cause_type``; None if it cannot be made."""
+    if issubclass(cause_type, WorkerError):
+        # A worker that called another group re-raised its WorkerError: that
+        # class already is both, and nesting it again could not be ordered.
+        return cause_type
     with _DUAL_LOCK:
         if cause_type in _DUAL_CLASSES:
             return _DUAL_CLASSES[cause_type]
@@ -180,7 +199,7 @@ def _dual_class(cause_type: type[BaseException]) -> type[WorkerError] | None:
                     },
                 ),
             )
-        except TypeError:  # final types, layout conflicts, __init_subclass__ refusing
+        except Exception:  # final types, layout conflicts, an __init_subclass__ refusing
             dual = None
         _DUAL_CLASSES[cause_type] = dual
         return dual
@@ -188,7 +207,7 @@ def _dual_class(cause_type: type[BaseException]) -> type[WorkerError] | None:
 
 def _fields(error: WorkerError) -> dict[str, Any]:
     return {
-        "message": error.message,
+        "message": error._text,
         "component": error.component,
         "rank": error.rank,
         "node": error.node,
@@ -218,17 +237,37 @@ def _worker_error_for(
     dual = _dual_class(type(cause))
     if dual is not None:
         try:
-            # The cause's own __init__ may want other arguments; __new__ with the
-            # cause's args builds the instance (OSError keeps errno, an
-            # ExceptionGroup its exceptions) and `_fill` adds our fields.
             error = dual.__new__(dual, *cause.args)
-            error._fill(*fill)
-            return error
         except Exception:  # a __new__ that wants something else: fall back below
             pass
+        else:
+            # Built-in fields (errno, filename, ...) live in C slots, custom ones
+            # in __dict__ (with any __notes__); our fields go last so that the
+            # message stays ours.
+            _copy_builtin_fields(cause, error)
+            error.__dict__.update(getattr(cause, "__dict__", {}))
+            error._fill(*fill)
+            return error
     plain = WorkerError.__new__(WorkerError, message)
     plain._fill(*fill)
     return plain
+
+
+def _copy_builtin_fields(source: BaseException, target: BaseException) -> None:
+    """Copy the C-level fields of built-in exception types (OSError.filename, ...)."""
+    for cls in type(source).__mro__:
+        if cls.__module__ != "builtins" or not issubclass(cls, BaseException):
+            continue
+        for name, descriptor in vars(cls).items():
+            # args is already in place; dunder slots (__class__, __traceback__,
+            # __cause__, ...) are the exception's plumbing, not its data.
+            if name == "args" or name.startswith("_"):
+                continue
+            if not isinstance(descriptor, types.MemberDescriptorType | types.GetSetDescriptorType):
+                continue
+            # Unset fields raise on read, read-only ones on write: both stay as they are.
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(target, name, getattr(source, name))
 
 
 def _where(component: str, rank: int, node: str, pid: int | None) -> str:
@@ -237,19 +276,44 @@ def _where(component: str, rank: int, node: str, pid: int | None) -> str:
 
 
 def _remote_traceback(error: RayTaskError) -> tuple[str, int | None, str]:
-    """The worker's traceback from Ray's error text, and the pid and IP in its header."""
-    text = _ANSI.sub("", str(error)).strip()
-    header, _, body = text.partition("\n")
-    match = _RAY_HEADER.search(header)
+    """The worker's traceback from Ray's error text, and the pid and IP Ray names."""
+    text = _ANSI.sub("", str(error))
+    match = _RAY_PID_IP.search(text)
     pid = int(match.group(1)) if match else None
     ip = match.group(2) if match else ""
-    lines = body.splitlines()
-    # Ray drops its own frames but leaves their caret lines behind.
-    while lines and not lines[0].lstrip().startswith("File "):
-        lines.pop(0)
-    if not lines:
-        return body.strip(), pid, ip
-    return "Traceback (most recent call last):\n" + "\n".join(lines), pid, ip
+    return _clean_traceback(text), pid, ip
+
+
+def _clean_traceback(text: str) -> str:
+    """Ray's traceback text as Python would print it, without Ray's or our plumbing.
+
+    Ray writes a ``ray::Class.method() (pid=..., ip=...)`` header where it cut
+    its own frames, leaving their caret lines behind; the start-up hooks of this
+    module add two frames to every constructor error. All of those go.
+    """
+    kept: list[str] = []
+    skip_deeper_than: int | None = None
+    for line in text.strip().splitlines():
+        if _RAY_HEADER_LINE.match(line) or _CARETS.match(line):
+            continue
+        indent = len(line) - len(line.lstrip())
+        if skip_deeper_than is not None and indent > skip_deeper_than:
+            continue  # source lines of a frame being dropped
+        skip_deeper_than = None
+        frame = _FRAME.match(line)
+        if frame and frame.group(2).endswith(_THIS_MODULE) and frame.group(3) in _HOOK_FRAMES:
+            skip_deeper_than = indent
+            continue
+        kept.append(line)
+    lines: list[str] = []
+    for line in kept:
+        previous = next((seen for seen in reversed(lines) if seen.strip()), "")
+        starts_chunk = not lines or previous.startswith(("The above exception", "During handling"))
+        if starts_chunk and _FRAME.match(line):
+            lines.append("Traceback (most recent call last):")
+        if lines or _FRAME.match(line) or line.startswith("Traceback"):
+            lines.append(line)  # anything before the first frame is Ray's preamble
+    return "\n".join(lines) if lines else text.strip()
 
 
 _EXIT_DETAIL = re.compile(r"Worker exit detail: (.*?\.)(?:\s|$)")
@@ -504,7 +568,7 @@ class GroupCall:
                 except RayError as error:
                     failure = self.group._translate(error, self.ranks[slot], self.method)
                     if isinstance(failure, WorkerError):
-                        failure.message += self._other_failures()
+                        failure._add_note_to_message(self._other_failures())
                     self._error = failure
                     raise failure from None
         return list(self._values)

@@ -31,8 +31,10 @@ GRPO = ROOT / "configs" / "grpo.py"
 
 
 def problems_of(overrides: list[str], *, for_run: bool = False) -> list[str]:
+    # Run-only checks include the runner being installed: the probe runner always is.
+    runner = ["runner.runner_type=probe"] if for_run else []
     with pytest.raises(ConfigError) as caught:
-        load_config(GRPO, overrides, for_run=for_run)
+        load_config(GRPO, [*runner, *overrides], for_run=for_run)
     return caught.value.problems
 
 
@@ -192,9 +194,20 @@ def test_parse_override_value_handles_optional_literals() -> None:
 
 
 def test_the_default_config_is_valid() -> None:
-    config = load_config(GRPO, [], for_run=True)
+    config = load_config(GRPO)
     assert config.runner.runner_type == "reasoning"
-    assert validate(config) == []
+    assert validate(config, for_run=False) == []
+    probe = load_config(GRPO, ["runner.runner_type=probe"], for_run=True)
+    assert probe.runner.runner_type == "probe"
+
+
+def test_a_runner_that_is_not_installed_fails_a_run_but_not_a_dry_run() -> None:
+    config = load_config(GRPO)
+    config = attrs.evolve(config, runner=attrs.evolve(config.runner, runner_type="embodied"))
+    assert validate(config, for_run=True)[-1] == (
+        "runner.runner_type: the 'embodied' runner (rlshell.runners.embodied) is not in this "
+        "installation of rlshell; available: probe"
+    )
 
 
 def test_every_problem_is_reported_at_once_each_naming_its_key() -> None:
@@ -299,6 +312,7 @@ def test_a_kl_term_adds_a_reference_on_the_actors_devices() -> None:
 def test_missing_files_and_checkpoints_fail_a_run_but_not_a_dry_run(tmp_path: Path) -> None:
     checkpoint = tmp_path / "checkpoints" / "global_step_5"
     overrides = [
+        "runner.runner_type=probe",
         f"data.train_path={tmp_path / 'train.jsonl'}",
         f"checkpoint.resume={checkpoint}",
         f"actor.model.path={tmp_path / 'model'}",

@@ -86,6 +86,7 @@ def test_resolved_config_json_runs_again_with_overrides(tmp_path: Path) -> None:
 def test_every_config_error_is_reported_before_anything_starts(tmp_path: Path) -> None:
     result = train(
         "configs/grpo.py",
+        "runner.runner_type=probe",
         "actor.optim.lrr=1e-3",
         "actor.optim.lr=-0.1",
         "algorithm.group_size=1",

@@ -95,6 +95,12 @@ class EchoWorker(Worker):
     def fail_sealed(self) -> None:
         raise SealedError("sealed shut")
 
+    def fail_os(self) -> None:
+        raise FileNotFoundError(2, "no such file", "/data/shard-0")
+
+    def fail_many(self) -> None:
+        raise ExceptionGroup("two problems", [ValueError("a"), KeyError("b")])
+
     def _secret(self) -> str:
         return "hidden"
 
@@ -221,6 +227,7 @@ def test_a_raising_method_is_its_own_type_and_a_worker_error(
     assert "raised in fail(): ValueError: bad batch on rank 1" in message
     assert 'test_worker.py", line' in message  # the worker's own frame
     assert "in fail" in error.remote_traceback
+    assert "ray::" not in error.remote_traceback
     assert (error.component, error.rank, error.method, error.pid) == (
         echo.name,
         1,
@@ -245,6 +252,16 @@ def test_exception_fields_read_through_and_final_types_fall_back(
     assert isinstance(coded.value, WorkerError)
     assert coded.value.code == 42
     assert coded.value.args == (42, "no answer")
+
+    with pytest.raises(FileNotFoundError) as missing:
+        echo.execute_on(0).fail_os().wait()
+    assert isinstance(missing.value, WorkerError)
+    assert (missing.value.errno, missing.value.filename) == (2, "/data/shard-0")
+
+    with pytest.raises(ExceptionGroup) as several:
+        echo.execute_on(0).fail_many().wait()
+    assert isinstance(several.value, WorkerError)
+    assert [type(e) for e in several.value.exceptions] == [ValueError, KeyError]
 
     with pytest.raises(WorkerError, match=r"raised in fail_sealed\(\): SealedError") as sealed:
         echo.execute_on(0).fail_sealed().wait()
@@ -319,7 +336,11 @@ def test_a_constructor_error_fails_the_launch_and_cleans_up(
     message = str(error)
     assert f"component '{plan.name}' rank 1 (node " in message
     assert "raised in __init__(): KeyError: 'checkpoint_dir'" in message
-    assert "in __init__" in error.remote_traceback
+    # The worker's own frame, without the start-up plumbing around it.
+    assert error.remote_traceback.startswith("Traceback (most recent call last):")
+    assert 'test_worker.py", line' in error.remote_traceback
+    assert 'raise KeyError("checkpoint_dir")' in error.remote_traceback
+    assert "_rlshell_ready" not in error.remote_traceback
     assert error.method == "__init__"
     assert not group.actors
     states = [
@@ -391,5 +412,6 @@ def test_a_missing_extension_module_fails_the_launch_naming_module_and_rank(
     assert isinstance(info.value, WorkerError)
     message = str(info.value)
     assert "module 'rlshell_no_such_extension' could not be imported" in message
+    assert "ModuleNotFoundError: No module named 'rlshell_no_such_extension'" in message
     assert f"on the {plan.name} rank 0 (host" in message
     assert f"component '{plan.name}' rank 0 (node" in message
