@@ -32,3 +32,27 @@ def test_readme_opens_with_the_two_setup_commands_and_they_are_make_targets() ->
     makefile = (ROOT / "Makefile").read_text()
     for target in ("install", "test", "bench", "pytest"):
         assert re.search(rf"^{target}:", makefile, flags=re.MULTILINE), f"no make target {target}"
+
+
+def test_readme_shell_commands_after_the_setup_run(tmp_path: Path) -> None:
+    """Every command in the README's later bash blocks runs (the probe one starts real Ray)."""
+    import os
+    import tempfile
+
+    commands = [
+        line.strip()
+        for block in blocks("bash")[1:]
+        for line in block.strip().splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
+    assert commands, "the README shows no command after the setup block"
+    ray_tmpdir = tempfile.mkdtemp(prefix="rm", dir="/tmp")  # Ray's socket paths must stay short
+    env = {**os.environ, "RAY_TMPDIR": ray_tmpdir, "RAY_AUTH_MODE": "disabled"}
+    for command in commands:
+        assert command.startswith(".venv/bin/"), command
+        argv = command.replace(".venv/bin/python", sys.executable, 1).split()
+        result = subprocess.run(
+            argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
+        )
+        assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
+    subprocess.run(["rm", "-rf", ray_tmpdir], check=False)
