@@ -92,16 +92,19 @@ def _dry_run(config: Config, source: Path) -> int:
 
 
 def _run(config: Config) -> int:
-    from rlshell.cluster import Cluster
+    from rlshell.cluster import Cluster, ReservationError
     from rlshell.placement import PlacementError, render_table, write_plan
     from rlshell.runners import get_runner
+    from rlshell.runners.probe import PlacementMismatchError
     from rlshell.validation import plan_for
     from rlshell.worker import WorkerError
 
     run_dir = run_dir_of(config)
     runner = get_runner(config.runner.runner_type)
     try:
-        with Cluster(address=config.cluster.address, num_cpus=config.cluster.num_cpus) as cluster:
+        embedded = config.cluster.address is None
+        num_cpus = config.cluster.num_cpus if embedded else None
+        with Cluster(address=config.cluster.address, num_cpus=num_cpus) as cluster:
             spec = _wait_for_nodes(cluster, config)
             try:
                 plan = plan_for(config, spec)
@@ -115,7 +118,7 @@ def _run(config: Config) -> int:
     except KeyboardInterrupt:
         print("interrupted: Ray was shut down, workers stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (WorkerError, TimeoutError) as error:
+    except (WorkerError, TimeoutError, ReservationError, PlacementMismatchError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_FAILED
     return 0

@@ -137,6 +137,11 @@ def _algorithm_problems(config: Config) -> list[str]:
 
 def _cluster_problems(config: Config) -> list[str]:
     cluster = config.cluster
+    if cluster.address is not None and cluster.num_cpus is not None:
+        return [
+            f"cluster.num_cpus: sizes an embedded Ray; the cluster at '{cluster.address}' was "
+            "sized by `ray start --num-cpus`"
+        ]
     if cluster.address is None and cluster.simulate is None and cluster.num_nodes > 1:
         return [
             f"cluster.num_nodes: an embedded Ray has 1 node, got {cluster.num_nodes}; attach to "

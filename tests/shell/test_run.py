@@ -37,6 +37,20 @@ def cli_env(ray_tmpdir: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def train(
+    *args: str, env: dict[str, str], timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """``python -m rlshell.train ARGS`` from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", "rlshell.train", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def ray_processes_using(path: Path) -> list[str]:
     """Command lines of live processes that mention ``path`` (Ray's daemons name their temp dir)."""
     found = []
@@ -62,22 +76,14 @@ def wait_for_no_ray_processes(path: Path, timeout: float = 20.0) -> list[str]:
 def test_a_probe_run_places_every_worker_as_planned_with_extensions_loaded(
     ray_tmpdir: Path, tmp_path: Path
 ) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlshell.train",
-            "configs/grpo.py",
-            "runner.runner_type=probe",
-            "runner.max_steps=3",
-            f"runner.output_dir={tmp_path}",
-        ],
-        cwd=ROOT,
+    result = train(
+        "configs/grpo.py",
+        "runner.runner_type=probe",
+        "runner.max_steps=3",
+        f"runner.output_dir={tmp_path}",
         env=cli_env(
             ray_tmpdir, RLSHELL_EXT_MODULE="rlshell_example_ext", PYTHONPATH=str(EXAMPLE_EXT)
         ),
-        capture_output=True,
-        text=True,
         timeout=240,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -131,26 +137,17 @@ def test_ctrl_c_shuts_ray_down_and_exits_130(ray_tmpdir: Path, tmp_path: Path) -
 def test_a_runner_that_is_not_installed_is_named_before_ray_starts(
     ray_tmpdir: Path, tmp_path: Path
 ) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlshell.train",
-            "configs/grpo.py",
-            "runner.runner_type=embodied",
-            "actor.model.model_type=bandit_mlp",
-            "actor.model.category=embodied",
-            "env.env_type=two_armed_bandit",
-            'cluster.component_placement={"actor,rollout": "0:0-1", "env": "0"}',
-            f"runner.output_dir={tmp_path}",
-        ],
-        cwd=ROOT,
+    result = train(
+        "configs/grpo.py",
+        "runner.runner_type=embodied",
+        "actor.model.model_type=bandit_mlp",
+        "actor.model.category=embodied",
+        "env.env_type=two_armed_bandit",
+        'cluster.component_placement={"actor,rollout": "0:0-1", "env": "0"}',
+        f"runner.output_dir={tmp_path}",
         env=cli_env(
             ray_tmpdir, RLSHELL_EXT_MODULE="rlshell_example_ext", PYTHONPATH=str(EXAMPLE_EXT)
         ),
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
     assert result.returncode == 2
     assert result.stderr.splitlines()[1:] == [
@@ -208,49 +205,19 @@ def test_attaching_to_a_cluster_started_with_ray_start(ray_tmpdir: Path, tmp_pat
         assert head.returncode == 0, head.stdout + head.stderr
         address = f"127.0.0.1:{port}"
         common = ["configs/grpo.py", f"cluster.address={address}", f"runner.output_dir={tmp_path}"]
-        dry = subprocess.run(
-            [sys.executable, "-m", "rlshell.train", *common, "--dry-run"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        dry = train(*common, "--dry-run", env=env)
         assert dry.returncode == 0, dry.stderr
         assert "cluster: 1 CPU-only node, 2 CPUs" in dry.stdout
-        too_many = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "rlshell.train",
-                *common,
-                "runner.runner_type=probe",
-                "cluster.num_nodes=2",
-                "cluster.startup_timeout_s=2",
-            ],
-            cwd=ROOT,
+        too_many = train(
+            *common,
+            "runner.runner_type=probe",
+            "cluster.num_nodes=2",
+            "cluster.startup_timeout_s=2",
             env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
         )
         assert too_many.returncode == 1
         assert "cluster.num_nodes: expected 2 nodes" in too_many.stderr
-        probe = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "rlshell.train",
-                *common,
-                "runner.runner_type=probe",
-                "runner.max_steps=2",
-            ],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        probe = train(*common, "runner.runner_type=probe", "runner.max_steps=2", env=env)
         assert probe.returncode == 0, probe.stdout + probe.stderr
         assert "probe step 2/2" in probe.stdout
         assert ray_processes_using(ray_tmpdir), "the attached cluster must outlive the driver"
