@@ -56,3 +56,25 @@ def test_core_advantages_quick_run_prints_the_expected_json() -> None:
             assert {"rlcore_ms", "loop_ms", "speedup_vs_loop"} <= set(run[estimator])
             # The baseline loop computes the same numbers: a correctness check, not timing.
             assert run[estimator]["max_abs_diff_vs_loop"] < 1e-4
+
+
+def test_shell_workers_quick_run_prints_the_expected_json() -> None:
+    import os
+    import tempfile
+
+    ray_tmpdir = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # Ray's socket paths must stay short
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "shell_workers.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+        env={**os.environ, "RAY_TMPDIR": ray_tmpdir, "RAY_AUTH_MODE": "disabled"},
+    )
+    report = json.loads(completed.stdout)
+    assert report["benchmark"] == "shell_workers"
+    assert report["quick"] is True
+    assert isinstance(report["met"], bool)
+    assert set(report["noop_call_ms"]) == {"worker_group", "raw_ray"}
+    assert report["ray_startup_s"] > 0
+    subprocess.run(["rm", "-rf", ray_tmpdir], check=False)
