@@ -37,7 +37,13 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import ray
 
 from rlshell.cluster import Cluster
-from rlshell.placement import ComponentPlan, WorkerPlacement
+from rlshell.placement import (
+    ComponentPlan,
+    ComponentRequest,
+    NodeSpec,
+    cluster_spec,
+    plan_placement,
+)
 from rlshell.worker import Worker
 
 TARGET_RATIO = 1.5
@@ -53,23 +59,9 @@ class NoopWorker(Worker):
 
 def two_rank_plan(name: str) -> ComponentPlan:
     """Two workers of 0.25 CPU on node 0 (small enough to fit any machine)."""
-    return ComponentPlan(
-        name=name,
-        placement=f"0:0-{WORLD_SIZE - 1}",
-        node_group="all",
-        workers=[
-            WorkerPlacement(
-                rank=rank,
-                node_rank=0,
-                local_rank=rank,
-                local_world_size=WORLD_SIZE,
-                cpus=0.25,
-                gpus=(),
-                resources=(0,),
-            )
-            for rank in range(WORLD_SIZE)
-        ],
-    )
+    node = cluster_spec([NodeSpec(gpus=0, cpus=1.0)])
+    request = ComponentRequest(name, f"0:0-{WORLD_SIZE - 1}", cpus_per_worker=0.25, uses_gpus=False)
+    return plan_placement(node, [request]).component(name)
 
 
 def percentile(samples: list[float], q: float) -> float:

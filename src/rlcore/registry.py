@@ -52,7 +52,8 @@ class Registry(Generic[T]):
                 return self.register(name, item, force=force)
 
             return decorator
-        if name in self._entries and not force and self._entries[name] is not entry:
+        # Registering an equal entry again (an extension loaded twice) is not a replacement.
+        if name in self._entries and not force and self._entries[name] != entry:
             raise KeyError(
                 f"{self.kind} '{name}' is already registered "
                 f"({_describe(self._entries[name])}); pass force=True to replace it"

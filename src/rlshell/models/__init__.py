@@ -51,9 +51,6 @@ def register_model(
             f"register_model('{model_type}'): category must be 'embodied' or 'reasoning', "
             f"got {category!r}"
         )
-    existing = MODELS.get(model_type) if model_type in MODELS else None
-    if existing is not None and existing.builder is builder and existing.category == category:
-        return builder
     MODELS.register(model_type, ModelEntry(builder, category), force=force)
     return builder
 
