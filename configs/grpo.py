@@ -26,7 +26,6 @@ config = Config(
                 "num_hidden_layers": 2,
                 "num_attention_heads": 4,
                 "num_key_value_heads": 2,
-                "vocab_size": 64,
                 "max_position_embeddings": 64,
             },
         ),

@@ -120,11 +120,15 @@ class ModelConfig:
     ``path`` is a local Hugging Face directory (never a hub id: nothing is
     downloaded); without it builders construct the model from
     ``model_kwargs`` (e.g. a transformers config's fields).
+    ``tokenizer_path``: a local tokenizer directory; by default the model's
+    own (``path``), or, for a model built from ``model_kwargs``, the
+    project's character tokenizer built into the run directory.
     """
 
     model_type: str = "hf_causal_lm"
     category: Literal["reasoning", "embodied"] = "reasoning"
     path: str | None = None
+    tokenizer_path: str | None = None
     precision: Precision = "fp32"
     model_kwargs: dict[str, int | float | str | bool] = Factory(dict)
     is_lora: bool = False
@@ -230,13 +234,25 @@ class EnvConfig:
 
 @frozen
 class DataConfig:
-    """Prompts: a generated task, or a JSONL/Parquet file with prompt/answer columns."""
+    """Prompts: the generated arithmetic task, or JSONL/Parquet files with prompt/answer columns.
 
-    task: str = "arithmetic"
+    ``task``: ``"arithmetic"`` generates sums of ``num_terms`` integers in
+    ``[0, max_operand]``, holding out ``num_val`` prompts (and training on
+    ``num_train`` of the rest, or all of them when null); ``"file"`` reads
+    ``train_path`` and ``val_path`` (``.jsonl`` or ``.parquet``) with columns
+    ``prompt_key`` and ``answer_key`` (a GSM8K answer keeps what follows ``####``).
+    """
+
+    task: Literal["arithmetic", "file"] = "arithmetic"
     train_path: str | None = None
     val_path: str | None = None
     prompt_key: str = "prompt"
     answer_key: str = "answer"
+    num_terms: int = field(default=2, metadata=POSITIVE_INT)
+    max_operand: int = field(default=49, metadata=POSITIVE_INT)
+    num_val: int = field(default=200, metadata=NON_NEGATIVE_INT)
+    num_train: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+    seed: int = 0
 
 
 @frozen
@@ -259,14 +275,18 @@ class AlgorithmConfig:
 
 @frozen
 class RunnerConfig:
-    """The loop: which runner, how long, how big a step, where outputs go."""
+    """The loop: which runner, how long, how big a step, where outputs go.
+
+    ``eval_interval``: evaluate on the held-out split every that many steps
+    (and before the first); 0 turns evaluation off.
+    """
 
     runner_type: Literal["reasoning", "embodied", "probe"] = "reasoning"
     experiment_name: str = "grpo"
     output_dir: str = "runs"
     max_steps: int = field(default=100, metadata=POSITIVE_INT)
     prompts_per_step: int = field(default=8, metadata=POSITIVE_INT)
-    val_every: int = field(default=0, metadata=NON_NEGATIVE_INT)
+    eval_interval: int = field(default=0, metadata=NON_NEGATIVE_INT)
     seed: int = 0
 
 
@@ -287,12 +307,16 @@ class LoggerConfig:
 class CheckpointConfig:
     """Sharded checkpoints under ``<run dir>/checkpoints/global_step_N``.
 
+    ``interval``: save every that many steps and at the last step; 0 never
+    saves. ``keep_last``: how many checkpoints to keep (null keeps all).
+    ``export_hf``: write ``<run dir>/hf_model`` from the last checkpoint at the end.
+
     ``resume``: null starts fresh; ``"auto"`` continues from the newest
     checkpoint of the run directory if there is one; a path resumes from that
     checkpoint directory, which must exist.
     """
 
-    save_every: int = field(default=0, metadata=NON_NEGATIVE_INT)
+    interval: int = field(default=0, metadata=NON_NEGATIVE_INT)
     keep_last: int | None = field(default=2, metadata=OPTIONAL_POSITIVE)
     resume: str | None = None
     export_hf: bool = True

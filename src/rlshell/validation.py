@@ -25,6 +25,7 @@ import attrs
 from rlcore.registry import ADVANTAGES, POLICY_LOSSES, Registry
 from rlshell.config import CHECK_KEY, COMPONENTS, Config, PlacementEntry
 from rlshell.placement import ClusterSpec, ComponentRequest, PlacementError, PlacementPlan
+from rlshell.runners import available_runners
 
 __all__ = [
     "cluster_spec_for",
@@ -301,8 +302,14 @@ def _run_only_problems(config: Config) -> list[str]:
     if importlib.util.find_spec(runner_module) is None:
         problems.append(
             f"runner.runner_type: the '{config.runner.runner_type}' runner ({runner_module}) "
-            "is not in this installation of rlshell; available: probe"
+            f"is not in this installation of rlshell; available: {', '.join(available_runners())}"
         )
+    model = config.actor.model
+    for key, value in (("actor.model.tokenizer_path", model.tokenizer_path),):
+        if value is not None and not Path(value).is_dir():
+            problems.append(
+                f"{key}: {value} does not exist (tokenizers are read from local directories)"
+            )
     if config.cluster.simulate is not None:
         problems.append(
             f"cluster.simulate: '{config.cluster.simulate}' is a simulated cluster; "

@@ -9,8 +9,9 @@ Each lives in ``rlshell.runners.<runner_type>``:
   sees the rank, node and devices the plan gave it, forms every component's
   process group and times group calls and all-reduces for
   ``runner.max_steps`` rounds. A health check for a new cluster.
-- ``reasoning`` (GRPO, PPO, ... on language models) and ``embodied`` (PPO and
-  SAC on environments) are built on this foundation in their own modules.
+- ``reasoning``: GRPO and its relatives on a language model (FSDP2 actor, HF
+  rollout, reward processes, weight sync, checkpoints), `rlshell.runners.reasoning`.
+- ``embodied`` (PPO and SAC on environments) comes in its own module.
 """
 
 from __future__ import annotations
@@ -25,13 +26,20 @@ if TYPE_CHECKING:
     from rlshell.config import Config
     from rlshell.placement import PlacementPlan
 
-__all__ = ["Runner", "RunnerUnavailableError", "get_runner"]
+__all__ = ["Runner", "RunnerUnavailableError", "available_runners", "get_runner"]
 
 Runner = Callable[["Config", "Cluster", "PlacementPlan", Path], None]
 
 
 class RunnerUnavailableError(RuntimeError):
     """The runner a config names is not part of this installation."""
+
+
+def available_runners() -> list[str]:
+    """The runner modules this installation ships."""
+    import pkgutil
+
+    return sorted(info.name for info in pkgutil.iter_modules(__path__) if not info.ispkg)
 
 
 def get_runner(runner_type: str) -> Runner:
@@ -44,6 +52,6 @@ def get_runner(runner_type: str) -> Runner:
             raise
         raise RunnerUnavailableError(
             f"runner.runner_type: the '{runner_type}' runner ({module_name}) is not in this "
-            "installation of rlshell; available: probe"
+            f"installation of rlshell; available: {', '.join(available_runners())}"
         ) from None
     return cast(Runner, module.run)

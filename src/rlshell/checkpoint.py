@@ -1,0 +1,147 @@
+"""Checkpoint directories: layout, atomic commit, ``resume``, pruning.
+
+A checkpoint of step N is ``<run dir>/checkpoints/global_step_N/``:
+
+- ``actor/``: the actor's model and optimizer shards (torch.distributed.checkpoint,
+  one file per rank) and each rank's scheduler and RNG states;
+- ``hf_config/``: the model's Hugging Face config, ``tokenizer/``: its tokenizer
+  (what `rlshell.export` needs to write a Hugging Face directory);
+- ``trainer_state.json``: the step, the prompt sampler's position and what
+  else the driver needs to continue exactly; written last.
+
+Everything is written under a hidden staging name
+(``.global_step_N.partial``) and renamed when complete, so a crash or Ctrl-C
+mid-save never leaves a directory that looks like a checkpoint; stale
+staging directories are removed when the next run starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from attrs import Factory, asdict, frozen
+
+__all__ = [
+    "CheckpointError",
+    "TrainerState",
+    "checkpoint_dir",
+    "clean_partials",
+    "commit",
+    "list_checkpoints",
+    "prune",
+    "read_trainer_state",
+    "resolve_resume",
+    "staging_dir",
+    "write_trainer_state",
+]
+
+_NAME = re.compile(r"^global_step_(\d+)$")
+TRAINER_STATE = "trainer_state.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or does not belong to this run."""
+
+
+@frozen
+class TrainerState:
+    """What the driver needs, beside the workers' shards, to continue a run exactly."""
+
+    step: int
+    sampler_epoch: int
+    sampler_position: int
+    experiment_name: str
+    extra: dict[str, Any] = Factory(dict)
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / "checkpoints" / f"global_step_{step}"
+
+
+def staging_dir(run_dir: Path, step: int) -> Path:
+    """Where step ``step`` is written before `commit` renames it into place."""
+    path = run_dir / "checkpoints" / f".global_step_{step}.partial"
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def commit(staging: Path, run_dir: Path, step: int) -> Path:
+    """Rename a fully written staging directory to ``global_step_N`` (atomic on one filesystem)."""
+    if not (staging / TRAINER_STATE).is_file():
+        raise CheckpointError(f"{staging} has no {TRAINER_STATE}: refusing to commit it")
+    final = checkpoint_dir(run_dir, step)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    return final
+
+
+def write_trainer_state(directory: Path, state: TrainerState) -> None:
+    temporary = directory / (TRAINER_STATE + ".tmp")
+    temporary.write_text(json.dumps(asdict(state), indent=2) + "\n")
+    os.replace(temporary, directory / TRAINER_STATE)
+
+
+def read_trainer_state(directory: Path) -> TrainerState:
+    path = directory / TRAINER_STATE
+    if not path.is_file():
+        raise CheckpointError(
+            f"{directory} is not a complete rlshell checkpoint (no {TRAINER_STATE})"
+        )
+    return TrainerState(**json.loads(path.read_text()))
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run, oldest first."""
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = _NAME.match(path.name)
+        if match and (path / TRAINER_STATE).is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
+    """The checkpoint to resume from: none, the newest (``"auto"``), or a given path."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        checkpoints = list_checkpoints(run_dir)
+        return checkpoints[-1][1] if checkpoints else None
+    path = Path(resume)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint.resume: {path} does not exist")
+    read_trainer_state(path)
+    return path
+
+
+def prune(run_dir: Path, keep_last: int | None) -> list[Path]:
+    """Remove all but the newest ``keep_last`` checkpoints; returns what was removed."""
+    if keep_last is None:
+        return []
+    checkpoints = list_checkpoints(run_dir)
+    removed = [path for _, path in checkpoints[: max(0, len(checkpoints) - keep_last)]]
+    for path in removed:
+        shutil.rmtree(path)
+    return removed
+
+
+def clean_partials(run_dir: Path) -> list[Path]:
+    """Remove staging directories an interrupted save left behind."""
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        return []
+    stale = [path for path in root.iterdir() if path.name.endswith(".partial")]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale

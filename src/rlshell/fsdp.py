@@ -1,0 +1,345 @@
+"""FSDP2 training of one model: wrapping, optimizer, schedule, sharded checkpoints, offload.
+
+`FSDPModelManager` keeps RLinf's API so actor workers port with renamed
+imports: ``setup_model_and_optimizer()``, ``get_model_state_dict(cpu_offload,
+full_state_dict)``, ``save_checkpoint(path, step)`` / ``load_checkpoint(path)``,
+``offload_param_and_grad`` / ``load_param_and_grad``, ``offload_optimizer`` /
+``load_optimizer``, ``optimizer_step() -> (grad_norm, lr_list)``,
+``build_lr_scheduler``, ``build_grad_scaler`` and ``before_micro_batch``.
+
+It needs an initialised default process group (gloo on CPU, NCCL on GPU):
+every rank builds the same model from the same seed, then `fully_shard`
+shards each wrap unit and the root over a 1-D device mesh of all ranks.
+Checkpoints are written by every rank with ``torch.distributed.checkpoint``
+(one shard each, plus the scheduler and RNG states of that rank), so a run
+resumes on the same number of ranks and continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from rlshell.config import ActorConfig, OptimConfig, WrapPolicyConfig
+from rlshell.models import get_model, torch_dtype
+
+__all__ = [
+    "FSDPModelManager",
+    "build_lr_lambda",
+    "full_named_tensors",
+    "rng_state",
+    "set_rng_state",
+    "wrap_units",
+]
+
+EXTRA_STATE = "extra_state_rank{rank}.pt"
+
+
+def wrap_units(model: nn.Module, policy: WrapPolicyConfig) -> list[nn.Module]:
+    """The submodules FSDP shards as units, outermost first, never the root itself.
+
+    A module is a unit when its class name is in ``transformer_layer_cls_to_wrap``
+    or ``module_classes_to_wrap``, or its ``_fsdp_wrap_name`` is in
+    ``no_split_names``. With all three empty, the model's own
+    ``_no_split_modules`` (Hugging Face's list of decoder-layer classes) is used.
+    """
+    classes = set(policy.transformer_layer_cls_to_wrap) | set(policy.module_classes_to_wrap)
+    names = set(policy.no_split_names)
+    if not classes and not names:
+        classes = set(getattr(model, "_no_split_modules", None) or ())
+    units = [
+        module
+        for module in model.modules()
+        if module is not model
+        and (type(module).__name__ in classes or getattr(module, "_fsdp_wrap_name", None) in names)
+    ]
+    if not units and (classes or names):
+        wanted = sorted(classes | names)
+        raise ValueError(
+            f"actor.fsdp_config.wrap_policy: no module of {type(model).__name__} matches "
+            f"{wanted}; class names present: {_class_names(model)}"
+        )
+    return units
+
+
+def _class_names(model: nn.Module, limit: int = 12) -> str:
+    names = sorted({type(m).__name__ for m in model.modules()})
+    return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
+
+
+def build_lr_lambda(optim: OptimConfig, total_steps: int) -> Callable[[int], float]:
+    """The learning-rate multiplier after ``step`` optimizer steps.
+
+    Linear warmup from 0 over ``lr_warmup_steps``, then ``constant`` (1),
+    ``linear`` (1 → ``min_lr_ratio``) or ``cosine``
+    (m + (1 − m)·½(1 + cos(π·progress))) over the remaining steps.
+    """
+    warmup = optim.lr_warmup_steps
+    floor = optim.min_lr_ratio
+    decay_steps = max(1, total_steps - warmup)
+
+    def multiplier(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if optim.lr_scheduler == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / decay_steps)
+        if optim.lr_scheduler == "linear":
+            return 1.0 - (1.0 - floor) * progress
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return multiplier
+
+
+def full_named_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every parameter and buffer of ``model`` as a full tensor, one at a time.
+
+    Sharded (DTensor) entries are all-gathered, so every rank must iterate in
+    step; the caller holds at most one full tensor at once.
+    """
+    for name, tensor in model.state_dict().items():
+        if isinstance(tensor, DTensor):
+            yield name, tensor.full_tensor()
+        else:
+            yield name, tensor
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's random states: Python, NumPy, torch (and CUDA when present)."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class FSDPModelManager:
+    """One FSDP2-sharded model with its AdamW optimizer, LR schedule and checkpoints."""
+
+    def __init__(self, cfg: ActorConfig, *, total_steps: int, device: torch.device) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "FSDPModelManager needs torch.distributed initialised (the actor worker calls "
+                "init_process_group first)"
+            )
+        self.cfg = cfg
+        self.total_steps = total_steps
+        self.device = device
+        self.model: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.lr_scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        self.grad_scaler: torch.amp.GradScaler | None = None
+
+    # -- building
+
+    def setup_model_and_optimizer(self) -> None:
+        """Build the model (same seed on every rank), shard it, and make its optimizer."""
+        torch.manual_seed(self.cfg.seed)
+        model = get_model(self.cfg.model)
+        if self.cfg.model.gradient_checkpointing:
+            enable = getattr(model, "gradient_checkpointing_enable", None)
+            if enable is None:
+                raise ValueError(
+                    f"actor.model.gradient_checkpointing: {type(model).__name__} has no "
+                    "gradient_checkpointing_enable()"
+                )
+            enable()
+        model.to(self.device)
+        self.model = self._shard(model)
+        optim = self.cfg.optim
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=optim.lr,
+            betas=(optim.adam_beta1, optim.adam_beta2),
+            eps=optim.adam_eps,
+            weight_decay=optim.weight_decay,
+        )
+        self.lr_scheduler = self.build_lr_scheduler(self.optimizer)
+        self.grad_scaler = self.build_grad_scaler(self.cfg.fsdp_config.mixed_precision == "fp16")
+
+    def _shard(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
+        fsdp = self.cfg.fsdp_config
+        precision = torch_dtype(fsdp.mixed_precision)
+        mp_policy = MixedPrecisionPolicy(param_dtype=precision, reduce_dtype=torch.float32)
+        for unit in wrap_units(model, fsdp.wrap_policy):
+            fully_shard(
+                unit,
+                mesh=mesh,
+                reshard_after_forward=fsdp.reshard_after_forward,
+                mp_policy=mp_policy,
+            )
+        fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp_policy)
+        return model
+
+    def build_lr_scheduler(
+        self, optimizer: torch.optim.Optimizer
+    ) -> torch.optim.lr_scheduler.LambdaLR:
+        """Warmup then constant, linear or cosine decay (see `build_lr_lambda`)."""
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, build_lr_lambda(self.cfg.optim, self.total_steps)
+        )
+
+    def build_grad_scaler(self, enabled: bool) -> torch.amp.GradScaler:
+        """A loss scaler for fp16 mixed precision; a pass-through when not ``enabled``."""
+        return torch.amp.GradScaler(self.device.type, enabled=enabled)
+
+    # -- training
+
+    @property
+    def module(self) -> nn.Module:
+        if self.model is None:
+            raise RuntimeError("call setup_model_and_optimizer() first")
+        return self.model
+
+    def before_micro_batch(self, model: nn.Module, is_last: bool) -> None:
+        """Reduce gradients across ranks only after the last micro-batch of a step."""
+        if isinstance(model, FSDPModule):
+            model.set_requires_gradient_sync(is_last)
+
+    def optimizer_step(self) -> tuple[float, list[float]]:
+        """Clip, step and advance the schedule; returns (gradient norm before clipping, lrs).
+
+        A non-finite gradient norm skips the update (the scaler's rule for
+        fp16; for fp32/bf16 the caller reports it) and leaves the weights as
+        they were.
+        """
+        if self.optimizer is None or self.lr_scheduler is None or self.grad_scaler is None:
+            raise RuntimeError("call setup_model_and_optimizer() first")
+        self.grad_scaler.unscale_(self.optimizer)
+        max_norm = self.cfg.optim.clip_grad if self.cfg.optim.clip_grad is not None else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        grad_norm = float(norm)
+        if math.isfinite(grad_norm):
+            self.grad_scaler.step(self.optimizer)
+        self.grad_scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        lrs = [float(group["lr"]) for group in self.optimizer.param_groups]
+        self.lr_scheduler.step()
+        return grad_norm, lrs
+
+    # -- state dicts and checkpoints
+
+    def get_model_state_dict(
+        self, cpu_offload: bool = True, full_state_dict: bool = True
+    ) -> dict[str, torch.Tensor]:
+        """The model's state dict: full tensors (all-gathered) or this rank's shards.
+
+        With ``full_state_dict`` and ``cpu_offload`` only rank 0 receives the
+        tensors (other ranks get an empty dict), as torch's API defines.
+        """
+        options = StateDictOptions(full_state_dict=full_state_dict, cpu_offload=cpu_offload)
+        state: dict[str, torch.Tensor] = get_model_state_dict(self.module, options=options)  # type: ignore[assignment]
+        return state
+
+    def save_checkpoint(self, path: str | Path, step: int) -> None:
+        """Every rank writes its model and optimizer shard, scheduler and RNG states to ``path``."""
+        if self.optimizer is None or self.lr_scheduler is None:
+            raise RuntimeError("call setup_model_and_optimizer() first")
+        path = Path(path)
+        model_state, optim_state = get_state_dict(self.module, self.optimizer)
+        dcp_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path))
+        extra = {
+            "step": step,
+            "lr_scheduler": self.lr_scheduler.state_dict(),
+            "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler else None,
+            "rng": rng_state(),
+            "world_size": dist.get_world_size(),
+        }
+        torch.save(extra, path / EXTRA_STATE.format(rank=dist.get_rank()))
+
+    def load_checkpoint(self, path: str | Path) -> int:
+        """Restore what `save_checkpoint` wrote (same number of ranks); returns the step."""
+        if self.optimizer is None or self.lr_scheduler is None:
+            raise RuntimeError("call setup_model_and_optimizer() first")
+        path = Path(path)
+        extra_path = path / EXTRA_STATE.format(rank=dist.get_rank())
+        if not extra_path.is_file():
+            raise FileNotFoundError(
+                f"checkpoint {path} has no {extra_path.name}: not an actor checkpoint of this "
+                f"rank (saved with a different number of ranks, or incomplete)"
+            )
+        extra = torch.load(extra_path, weights_only=False)
+        if extra["world_size"] != dist.get_world_size():
+            raise ValueError(
+                f"checkpoint {path} was saved by {extra['world_size']} actor ranks; this run has "
+                f"{dist.get_world_size()}: resume with the same actor placement"
+            )
+        model_state, optim_state = get_state_dict(self.module, self.optimizer)
+        dcp_load({"model": model_state, "optim": optim_state}, checkpoint_id=str(path))
+        set_state_dict(
+            self.module,
+            self.optimizer,
+            model_state_dict=model_state,
+            optim_state_dict=optim_state,
+        )
+        self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        if self.grad_scaler is not None and extra["grad_scaler"] is not None:
+            self.grad_scaler.load_state_dict(extra["grad_scaler"])
+        set_rng_state(extra["rng"])
+        return int(extra["step"])
+
+    # -- offload (a no-op move on CPU; frees accelerator memory between phases on GPU)
+
+    def offload_param_and_grad(self, offload_grad: bool = False) -> None:
+        self._move_params(torch.device("cpu"), move_grad=offload_grad)
+
+    def load_param_and_grad(self, device: torch.device | str, load_grad: bool = False) -> None:
+        self._move_params(torch.device(device), move_grad=load_grad)
+
+    def offload_optimizer(self) -> None:
+        self._move_optimizer(torch.device("cpu"))
+
+    def load_optimizer(self, device: torch.device | str) -> None:
+        self._move_optimizer(torch.device(device))
+
+    def _move_params(self, device: torch.device, move_grad: bool) -> None:
+        for param in self.module.parameters():
+            param.data = param.data.to(device, non_blocking=True)
+            if move_grad and param.grad is not None:
+                param.grad.data = param.grad.data.to(device, non_blocking=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def _move_optimizer(self, device: torch.device) -> None:
+        if self.optimizer is None:
+            return
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and key != "step":
+                    state[key] = value.to(device, non_blocking=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()

@@ -1,0 +1,104 @@
+"""Rollout with Hugging Face ``generate``: runs on any device, the CPU included.
+
+`HFRolloutEngine` holds a full (unsharded) copy of the policy and samples
+``n`` responses per prompt with temperature, top-p and top-k. The behaviour
+log-probs come from the logits ``generate`` returns, scaled by the sampling
+temperature exactly as the actor recomputes them (`rlcore.logprobs`);
+top-p/top-k truncation is not reflected in them, as in verl. Weights arrive
+from the actor through `weight_targets` (`rlshell.weight_sync`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from rlcore.logprobs import token_logprobs
+from rlcore.rollout import response_mask
+from rlshell.rollout import RolloutBatch, SamplingParams
+
+__all__ = ["HFRolloutEngine"]
+
+
+class HFRolloutEngine:
+    """Samples from a Hugging Face causal LM; weights are replaced in place by syncs."""
+
+    def __init__(self, model: nn.Module, tokenizer: object, device: torch.device) -> None:
+        from transformers import PreTrainedTokenizerBase
+
+        if not isinstance(tokenizer, PreTrainedTokenizerBase):
+            raise TypeError(f"expected a transformers tokenizer, got {type(tokenizer).__name__}")
+        if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+            raise ValueError("the rollout tokenizer needs a pad token and an EOS token")
+        tokenizer.padding_side = "left"
+        self.model = model.to(device).eval()
+        for param in self.model.parameters():
+            param.requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.device = device
+        self.pad_id = int(tokenizer.pad_token_id)
+        self.eos_id = int(tokenizer.eos_token_id)
+
+    def weight_targets(self) -> dict[str, Tensor]:
+        """The model's tensors by state-dict name; a sync writes into them in place."""
+        return dict(self.model.state_dict())
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: Sequence[str], params: SamplingParams, seed: int | None = None
+    ) -> RolloutBatch:
+        """``params.n`` responses per prompt, grouped: rows g·n … g·n+n−1 answer prompt g.
+
+        ``seed`` makes the sampling reproducible without touching the
+        process's global random state (a resumed run samples what the
+        uninterrupted run sampled).
+        """
+        if not prompts:
+            raise ValueError("generate() needs at least one prompt")
+        encoded = self.tokenizer(list(prompts), return_tensors="pt", padding=True)
+        prompt_ids = encoded["input_ids"].repeat_interleave(params.n, dim=0)
+        prompt_mask = encoded["attention_mask"].repeat_interleave(params.n, dim=0).bool()
+        sampling: dict[str, object] = (
+            {"do_sample": False}
+            if params.greedy
+            else {
+                "do_sample": True,
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "top_k": params.top_k,
+            }
+        )
+        with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            out = self.model.generate(  # type: ignore[operator]
+                input_ids=prompt_ids.to(self.device),
+                attention_mask=prompt_mask.to(self.device).long(),
+                max_new_tokens=params.max_new_tokens,
+                pad_token_id=self.pad_id,
+                eos_token_id=self.eos_id,
+                return_dict_in_generate=True,
+                output_logits=True,
+                **sampling,
+            )
+        width = prompt_ids.shape[1]
+        responses = out.sequences[:, width:].cpu()
+        logits = torch.stack(out.logits, dim=1).float().cpu()
+        temperature = 1.0 if params.greedy else params.temperature
+        logprobs = token_logprobs(logits, responses, temperature)
+        mask = response_mask(responses, self.eos_id)
+        texts = self.tokenizer.batch_decode(
+            [row[valid & (row != self.eos_id)] for row, valid in zip(responses, mask, strict=True)],
+            skip_special_tokens=True,
+        )
+        return RolloutBatch(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=responses,
+            response_mask=mask,
+            logprobs=torch.where(mask, logprobs, 0.0),
+            response_texts=tuple(texts),
+            group_size=params.n,
+        )

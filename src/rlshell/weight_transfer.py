@@ -1,0 +1,112 @@
+"""Moving encoded weights: in memory (collocated) or to rollout workers through Ray.
+
+`rlshell.weight_sync` encodes and decodes (pure); this module moves the
+records. `WeightSender` lives on the actor: in memory it applies each bucket
+or patch to the engine's tensors as soon as it is made; across processes
+actor rank 0 puts each record in the Ray object store once and every rollout
+worker applies it (`WeightReceiver`) before the next is made, so at most one
+record is in flight.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+from torch import Tensor
+
+from rlshell.weight_sync import (
+    Bucket,
+    BucketReceiver,
+    Patch,
+    PatchEncoder,
+    apply_patch,
+    bucket_bytes_for,
+    iter_buckets,
+)
+
+__all__ = ["WeightReceiver", "WeightSender"]
+
+
+class WeightSender:
+    """The actor's side: turns the current weights into buckets or patches and delivers them."""
+
+    def __init__(self, mode: Literal["bucket", "patch"], bucket_size_mb: float) -> None:
+        self.mode = mode
+        self.bucket_bytes = bucket_bytes_for(bucket_size_mb)
+        self.encoder = PatchEncoder()
+
+    def messages(
+        self, named_tensors: Iterable[tuple[str, Tensor]], full: bool
+    ) -> Iterator[Bucket | Patch]:
+        """The records of one sync, made lazily (one full tensor and one record at a time)."""
+        if self.mode == "bucket":
+            yield from iter_buckets(named_tensors, self.bucket_bytes)
+            return
+        if full:
+            self.encoder.reset()
+        yield from self.encoder.iter_patches(named_tensors, self.bucket_bytes)
+
+    def send_in_memory(
+        self,
+        named_tensors: Iterable[tuple[str, Tensor]],
+        targets: Mapping[str, Tensor],
+        full: bool,
+    ) -> dict[str, float]:
+        """Apply one sync to ``targets`` (the collocated engine's tensors) in this process."""
+        receiver = WeightReceiver(targets)
+        start = time.perf_counter()
+        count = 0
+        for message in self.messages(named_tensors, full):
+            receiver.receive(message)
+            count += 1
+        stats = receiver.finish(full or self.mode == "bucket")
+        stats.update(seconds=time.perf_counter() - start, messages=float(count))
+        return stats
+
+    def send_to_workers(
+        self, named_tensors: Iterable[tuple[str, Tensor]], handles: Sequence[Any], full: bool
+    ) -> dict[str, float]:
+        """Deliver one sync to every rollout worker's `receive_weights` via the object store."""
+        import ray
+
+        if not handles:
+            raise RuntimeError("no rollout workers to send weights to (set_rollout_handles)")
+        start = time.perf_counter()
+        count = 0
+        sent = 0
+        for message in self.messages(named_tensors, full):
+            ref = ray.put(message)
+            applied = ray.get([handle.receive_weights.remote(ref) for handle in handles])
+            sent += int(applied[0])
+            count += 1
+        return {"bytes": float(sent), "seconds": time.perf_counter() - start, "messages": count}
+
+
+class WeightReceiver:
+    """The engine's side: applies buckets or patches to its tensors in place."""
+
+    def __init__(self, targets: Mapping[str, Tensor]) -> None:
+        self.targets = targets
+        self.buckets = BucketReceiver(targets)
+        self.patch_bytes = 0
+
+    def receive(self, message: Bucket | Patch) -> int:
+        if isinstance(message, Bucket):
+            return self.buckets.apply(message)
+        if isinstance(message, Patch):
+            applied = apply_patch(self.targets, message)
+            self.patch_bytes += applied
+            return applied
+        raise TypeError(f"expected a weight Bucket or Patch, got {type(message).__name__}")
+
+    def finish(self, check_coverage: bool) -> dict[str, float]:
+        """End a sync; a bucket (or full) sync must have covered every tensor exactly once."""
+        received = self.buckets.bytes_applied + self.patch_bytes
+        if check_coverage and self.buckets.bytes_applied:
+            self.buckets.finish()
+        else:
+            self.buckets = BucketReceiver(self.targets)
+        self.patch_bytes = 0
+        return {"bytes": float(received)}

@@ -1,0 +1,1 @@
+"""Workers of the reasoning runner: actor (FSDP2, collocated rollout), rollout, reference."""

@@ -1,0 +1,346 @@
+"""The actor: FSDP2 training of the policy, and (collocated) the rollout engine beside it.
+
+Every rank of the actor group builds the same model from ``actor.seed``,
+shards it with `FSDPModelManager` and trains on its share of each batch:
+log-probs recomputed with `rlcore.logprobs`, advantages from
+``rlcore.registry.ADVANTAGES[algorithm.adv_type]``, the policy loss from
+``rlcore.registry.POLICY_LOSSES[algorithm.loss_type]``, the KL and entropy
+terms from `rlcore.losses`, micro-batches from
+`rlcore.rollout.balanced_micro_batches`. The rlshell side only moves tensors.
+
+When the rollout shares the actor's placement (``"actor,rollout": ...``)
+each actor rank also holds an `HFRolloutEngine` (a full copy of the policy)
+and weights are synced in memory; otherwise the rollout is a separate worker
+group and rank 0 streams the weights to it through the Ray object store.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from rlcore.advantages import AdvantageBatch, AdvantageConfig
+from rlcore.logprobs import token_stats
+from rlcore.losses import PolicyLossBatch, PolicyLossConfig, entropy_loss, kl_estimate
+from rlcore.masked import aggregate, aggregation_normalizer, masked_mean
+from rlcore.registry import ADVANTAGES, POLICY_LOSSES
+from rlcore.rollout import balanced_micro_batches, place_on_last_token, position_ids
+from rlcore.types import Advantages
+from rlshell.config import Config
+from rlshell.fsdp import FSDPModelManager, full_named_tensors
+from rlshell.rollout import RolloutBatch, SamplingParams
+from rlshell.weight_transfer import WeightSender
+from rlshell.worker import Worker
+
+__all__ = [
+    "ActorWorker",
+    "NonFiniteLossError",
+    "compute_advantages",
+    "policy_forward",
+    "worker_device",
+]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss (or gradient norm) of a step was NaN or infinite."""
+
+
+def worker_device() -> torch.device:
+    """The device a worker computes on: its (first visible) GPU, else the CPU."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def compute_advantages(batch: RolloutBatch, scores: Tensor, config: Config) -> Advantages:
+    """Token advantages of a batch from its outcome scores, by ``algorithm.adv_type``.
+
+    The score of each response is placed on its last valid token
+    (`rlcore.rollout.place_on_last_token`) and the registered estimator does
+    the rest (GRPO: (s − mean_group)/(std_group + ε) on every token).
+    """
+    algorithm = config.algorithm
+    token_rewards = place_on_last_token(scores.to(torch.float32), batch.response_mask)
+    estimator = ADVANTAGES.get(algorithm.adv_type)
+    return estimator(
+        AdvantageBatch(
+            token_rewards=token_rewards,
+            mask=batch.response_mask,
+            group_size=batch.group_size,
+        ),
+        AdvantageConfig(gamma=algorithm.gamma, lam=algorithm.lam),
+    )
+
+
+def policy_forward(
+    model: nn.Module, batch: RolloutBatch, temperature: float, chunk_size: int | None
+) -> tuple[Tensor, Tensor]:
+    """(log-probs, entropies) of the batch's response tokens under ``model``.
+
+    Positions count valid tokens only, as ``generate`` saw them with left padding.
+    """
+    input_ids = batch.input_ids
+    attention_mask = batch.attention_mask
+    device = next(model.parameters()).device
+    logits = model(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device).long(),
+        position_ids=position_ids(attention_mask).to(device),
+        use_cache=False,
+    ).logits
+    width = batch.prompt_ids.shape[1]
+    response_logits = logits[:, width - 1 : -1, :]
+    stats = token_stats(
+        response_logits.float(),
+        batch.response_ids.to(device),
+        temperature,
+        chunk_size,
+    )
+    return stats.logprobs, stats.entropy
+
+
+class ActorWorker(Worker):
+    """One FSDP rank of the policy; with ``hybrid`` also a rollout engine in the same process."""
+
+    def __init__(self, config: Config, total_steps: int, hybrid: bool) -> None:
+        self.config = config
+        self.total_steps = total_steps
+        self.hybrid = hybrid
+        self.global_step = 0
+        self.manager: FSDPModelManager | None = None
+        self.engine: Any = None
+        self.sender: WeightSender | None = None
+        self.rollout_handles: Sequence[Any] = ()
+
+    # -- set-up
+
+    def init_worker(self, tokenizer_path: str) -> None:
+        """Join the group's process group, build and shard the model (and the engine)."""
+        device = worker_device()
+        self.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        self.manager = FSDPModelManager(
+            self.config.actor, total_steps=self.total_steps, device=device
+        )
+        self.manager.setup_model_and_optimizer()
+        rollout = self.config.rollout
+        self.sender = WeightSender(mode=rollout.weight_sync, bucket_size_mb=rollout.bucket_size_mb)
+        if self.hybrid:
+            from rlshell.models import get_model
+            from rlshell.rollout.hf import HFRolloutEngine
+            from rlshell.tokenizer import load_tokenizer
+
+            torch.manual_seed(self.config.actor.seed)
+            model = get_model(self.config.actor.model)
+            self.engine = HFRolloutEngine(model, load_tokenizer(tokenizer_path), device)
+
+    def set_rollout_handles(self, handles: Sequence[Any]) -> None:
+        """The rollout workers rank 0 sends weights to (disaggregated placement)."""
+        self.rollout_handles = tuple(handles)
+
+    def set_global_step(self, step: int) -> None:
+        self.global_step = step
+
+    @property
+    def model(self) -> nn.Module:
+        if self.manager is None:
+            raise RuntimeError("init_worker() has not run")
+        return self.manager.module
+
+    # -- rollout (collocated)
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> RolloutBatch:
+        """Sample responses with the in-process engine (collocated placement only)."""
+        if self.engine is None:
+            raise RuntimeError(
+                "this actor has no rollout engine: the rollout runs in its own worker group"
+            )
+        batch: RolloutBatch = self.engine.generate(prompts, params, seed=seed)
+        return batch
+
+    # -- weights
+
+    def sync_model_to_rollout(self, full: bool = False) -> dict[str, float]:
+        """Send the current weights to the rollout: in memory, or rank 0 → rollout workers.
+
+        Every rank takes part (gathering the shards is collective).
+        ``full=True`` sends everything even in ``patch`` mode (start, resume).
+        """
+        if self.sender is None:
+            raise RuntimeError("init_worker() has not run")
+        tensors = full_named_tensors(self.model)
+        if self.hybrid:
+            return self.sender.send_in_memory(tensors, self.engine.weight_targets(), full=full)
+        if self.rank == 0:
+            return self.sender.send_to_workers(tensors, self.rollout_handles, full=full)
+        for _ in tensors:
+            pass
+        return {}
+
+    def rollout_weights(self) -> dict[str, Tensor]:
+        """The in-process rollout engine's weights (tests compare them with the actor's)."""
+        if self.engine is None:
+            raise RuntimeError("this actor has no rollout engine")
+        return {name: t.detach().clone() for name, t in self.engine.weight_targets().items()}
+
+    def full_weights(self) -> dict[str, Tensor]:
+        """The actor's full weights on every rank (collective)."""
+        return {name: t.detach().clone().cpu() for name, t in full_named_tensors(self.model)}
+
+    # -- training
+
+    def compute_advantages_and_returns(self, batch: RolloutBatch, scores: Tensor) -> Advantages:
+        return compute_advantages(batch, scores, self.config)
+
+    def run_training(
+        self,
+        batch: RolloutBatch,
+        scores: Tensor,
+        ref_logprobs: Tensor | None = None,
+    ) -> dict[str, float]:
+        """One update on this rank's rows of ``batch``; returns the step's ``train/`` metrics.
+
+        Losses of micro-batches and ranks are normalised by the whole batch's
+        aggregation normaliser, so the gradient is the full batch's whatever
+        the split (`rlcore.masked.aggregate`); FSDP averages gradients over
+        ranks, hence the factor of the world size.
+        """
+        manager = self.manager
+        if manager is None:
+            raise RuntimeError("init_worker() has not run")
+        algorithm = self.config.algorithm
+        advantages = self.compute_advantages_and_returns(batch, scores).advantages
+        horizon = self.config.rollout.max_new_tokens
+        normalizer = aggregation_normalizer(batch.response_mask, algorithm.loss_agg_mode, horizon)
+        mine = list(range(self.rank, batch.rows, self.world_size))
+        micro_batches = self._micro_batches(batch, mine)
+        model = self.model
+        model.train()
+        totals: dict[str, float] = {}
+        for index, rows in enumerate(micro_batches):
+            micro = batch.select(rows)
+            width = micro.response_ids.shape[1]
+            row_index = torch.as_tensor(rows)
+            micro_adv = advantages[row_index, :width]
+            micro_ref = None if ref_logprobs is None else ref_logprobs[row_index, :width]
+            manager.before_micro_batch(model, is_last=index == len(micro_batches) - 1)
+            loss, metrics = self._loss(micro, micro_adv, micro_ref, normalizer)
+            if not math.isfinite(float(loss)):
+                raise NonFiniteLossError(
+                    f"step {self.global_step + 1}: the loss is {float(loss)} on actor rank "
+                    f"{self.rank} (micro-batch {index}); stopping before the update"
+                )
+            torch.autograd.backward(loss * self.world_size)
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + value
+        grad_norm, lrs = manager.optimizer_step()
+        if not math.isfinite(grad_norm):
+            raise NonFiniteLossError(
+                f"step {self.global_step + 1}: the gradient norm is {grad_norm} on actor rank "
+                f"{self.rank}; the update was skipped"
+            )
+        reduced = self._all_reduce_sum(totals)
+        # Loss terms are normalised by the whole batch already: their sum is the batch's.
+        # The rest are per-micro-batch means, averaged over every micro-batch of every rank.
+        passes = len(micro_batches) * self.world_size
+        summed = {"pg_loss", "kl_loss", "entropy_loss", "loss"}
+        out = {
+            f"train/{key}": value if key in summed else value / passes
+            for key, value in reduced.items()
+        }
+        out["train/grad_norm"] = grad_norm
+        out["train/lr"] = lrs[0]
+        out["train/micro_batches"] = float(len(micro_batches))
+        self.global_step += 1
+        return out
+
+    def _micro_batches(self, batch: RolloutBatch, rows: list[int]) -> list[list[int]]:
+        lengths = (batch.prompt_mask.sum(1) + batch.response_mask.sum(1))[rows]
+        budget = self.config.actor.micro_batch_max_tokens
+        count = torch.tensor([len(balanced_micro_batches(lengths, budget))])
+        # Every rank must run as many forward/backward passes (FSDP's collectives pair up).
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        local = balanced_micro_batches(lengths, budget, min_micro_batches=int(count))
+        return [[rows[i] for i in micro] for micro in local]
+
+    def _loss(
+        self,
+        micro: RolloutBatch,
+        advantages: Tensor,
+        ref_logprobs: Tensor | None,
+        normalizer: Tensor,
+    ) -> tuple[Tensor, dict[str, float]]:
+        algorithm = self.config.algorithm
+        mode = algorithm.loss_agg_mode
+        logprobs, entropy = policy_forward(
+            self.model,
+            micro,
+            self.config.rollout.temperature,
+            self.config.actor.logprob_chunk_size,
+        )
+        mask = micro.response_mask.to(logprobs.device)
+        policy_loss = POLICY_LOSSES.get(algorithm.loss_type)(
+            PolicyLossBatch(
+                logprobs=logprobs,
+                old_logprobs=micro.logprobs.to(logprobs.device),
+                advantages=advantages.to(logprobs.device),
+                mask=mask,
+                normalizer=normalizer,
+            ),
+            PolicyLossConfig(
+                clip_low=algorithm.clip_low,
+                clip_high=algorithm.clip_high,
+                dual_clip=algorithm.dual_clip,
+                agg=mode,
+            ),
+        )
+        loss = policy_loss.loss
+        metrics = {f"{key}": float(value) for key, value in policy_loss.metrics.items()}
+        metrics["pg_loss"] = float(policy_loss.loss.detach())
+        metrics["entropy"] = float(masked_mean(entropy.detach(), mask))
+        if algorithm.entropy_coef > 0:
+            bonus = entropy_loss(entropy, mask, mode, normalizer)
+            loss = loss + algorithm.entropy_coef * bonus.loss
+            metrics["entropy_loss"] = float(bonus.loss.detach())
+        if ref_logprobs is not None:
+            kl = kl_estimate(logprobs, ref_logprobs.to(logprobs.device), algorithm.kl_kind)
+            kl_loss = aggregate(kl, mask, mode, normalizer)
+            metrics["kl"] = float(masked_mean(kl.detach(), mask))
+            metrics["kl_loss"] = float(kl_loss.detach())
+            if algorithm.kl_coef > 0:
+                loss = loss + algorithm.kl_coef * kl_loss
+        metrics["loss"] = float(loss.detach())
+        return loss, metrics
+
+    def _all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]:
+        keys = sorted(values)
+        tensor = torch.tensor([values[key] for key in keys], dtype=torch.float64)
+        dist.all_reduce(tensor)
+        return dict(zip(keys, tensor.tolist(), strict=True))
+
+    # -- checkpoints
+
+    def save_checkpoint(self, path: str, step: int) -> None:
+        """This rank's shard, optimizer, scheduler and RNG states; rank 0 adds the HF config."""
+        if self.manager is None:
+            raise RuntimeError("init_worker() has not run")
+        target = Path(path) / "actor"
+        self.manager.save_checkpoint(target, step)
+        if self.rank == 0:
+            config = getattr(self.model, "config", None)
+            if config is not None:
+                config.save_pretrained(Path(path) / "hf_config")
+
+    def load_checkpoint(self, path: str) -> int:
+        if self.manager is None:
+            raise RuntimeError("init_worker() has not run")
+        step = self.manager.load_checkpoint(Path(path) / "actor")
+        self.global_step = step
+        return step
+
+    def shutdown_distributed(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,89 @@
+"""Rollout and reference workers for placements where they do not share the actor's processes.
+
+`RolloutWorker` holds an `HFRolloutEngine` and receives weights from actor
+rank 0 (buckets or patches through the Ray object store). `ReferenceWorker`
+holds the frozen initial policy and computes the reference log-probs of the
+KL term; it is started only when ``algorithm.kl_coef`` > 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlshell.config import Config
+from rlshell.models import get_model
+from rlshell.rollout import RolloutBatch, SamplingParams
+from rlshell.weight_transfer import WeightReceiver
+from rlshell.worker import Worker
+from rlshell.workers.actor import policy_forward, worker_device
+
+__all__ = ["ReferenceWorker", "RolloutWorker"]
+
+
+class RolloutWorker(Worker):
+    """Samples with Hugging Face ``generate``; its weights arrive from the actor."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.engine: Any = None
+        self.receiver: WeightReceiver | None = None
+
+    def init_worker(self, tokenizer_path: str) -> None:
+        from rlshell.rollout.hf import HFRolloutEngine
+        from rlshell.tokenizer import load_tokenizer
+
+        torch.manual_seed(self.config.actor.seed)
+        model = get_model(self.config.actor.model)
+        self.engine = HFRolloutEngine(model, load_tokenizer(tokenizer_path), worker_device())
+        self.receiver = WeightReceiver(self.engine.weight_targets())
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> RolloutBatch:
+        batch: RolloutBatch = self.engine.generate(prompts, params, seed=seed)
+        return batch
+
+    def receive_weights(self, message: Any) -> int:
+        """Apply one bucket or patch sent by actor rank 0; returns the bytes applied."""
+        if self.receiver is None:
+            raise RuntimeError("init_worker() has not run")
+        return self.receiver.receive(message)
+
+    def finish_sync(self, full: bool) -> dict[str, float]:
+        """Check that a full sync covered every tensor; returns what was received."""
+        if self.receiver is None:
+            raise RuntimeError("init_worker() has not run")
+        return self.receiver.finish(check_coverage=True)
+
+    def rollout_weights(self) -> dict[str, Tensor]:
+        return {name: t.detach().clone() for name, t in self.engine.weight_targets().items()}
+
+
+class ReferenceWorker(Worker):
+    """The frozen initial policy: log-probs of sampled responses for the KL term."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.model: torch.nn.Module | None = None
+
+    def init_worker(self) -> None:
+        torch.manual_seed(self.config.actor.seed)
+        model = get_model(self.config.actor.model).to(worker_device()).eval()
+        for param in model.parameters():
+            param.requires_grad_(False)
+        self.model = model
+
+    @torch.no_grad()
+    def compute_ref_logprobs(self, batch: RolloutBatch) -> Tensor:
+        """log π_ref of every response token of ``batch`` (zeros where masked)."""
+        if self.model is None:
+            raise RuntimeError("init_worker() has not run")
+        logprobs, _ = policy_forward(
+            self.model,
+            batch,
+            self.config.rollout.temperature,
+            self.config.actor.logprob_chunk_size,
+        )
+        return torch.where(batch.response_mask, logprobs.cpu(), 0.0)
