@@ -195,9 +195,17 @@ class ActorConfig:
 
 @frozen
 class RolloutConfig:
-    """Sampling: the engine, its parallelism and the sampling parameters."""
+    """Sampling: the engine, its parallelism, the sampling parameters and the weight sync.
+
+    ``precision``: the engine's weights (null: the actor model's
+    ``precision``); the actor's weights are cast to it when synced, which is
+    what makes ``patch`` small (few bf16 values change per optimizer step).
+    ``weight_sync``: ``bucket`` sends every weight in flat buckets of
+    ``bucket_size_mb``; ``patch`` sends only the entries that changed.
+    """
 
     backend: Literal["hf", "vllm", "sglang"] = "hf"
+    precision: Precision | None = None
     tensor_parallel_size: int = field(default=1, metadata=POSITIVE_INT)
     temperature: float = field(default=1.0, metadata=POSITIVE)
     top_p: float = field(default=1.0, metadata=UNIT_OPEN_CLOSED)

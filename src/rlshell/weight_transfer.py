@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
+import torch
 from torch import Tensor
 
 from rlshell.weight_sync import (
@@ -32,15 +33,31 @@ __all__ = ["WeightReceiver", "WeightSender"]
 class WeightSender:
     """The actor's side: turns the current weights into buckets or patches and delivers them."""
 
-    def __init__(self, mode: Literal["bucket", "patch"], bucket_size_mb: float) -> None:
+    def __init__(
+        self,
+        mode: Literal["bucket", "patch"],
+        bucket_size_mb: float,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         self.mode = mode
         self.bucket_bytes = bucket_bytes_for(bucket_size_mb)
+        self.dtype = dtype
         self.encoder = PatchEncoder()
+
+    def _cast(self, named_tensors: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
+        for name, tensor in named_tensors:
+            if self.dtype is not None and tensor.is_floating_point():
+                tensor = tensor.to(self.dtype)
+            yield name, tensor
 
     def messages(
         self, named_tensors: Iterable[tuple[str, Tensor]], full: bool
     ) -> Iterator[Bucket | Patch]:
-        """The records of one sync, made lazily (one full tensor and one record at a time)."""
+        """The records of one sync, made lazily (one full tensor and one record at a time).
+
+        Floating-point tensors are cast to the engine's ``dtype`` first.
+        """
+        named_tensors = self._cast(named_tensors)
         if self.mode == "bucket":
             yield from iter_buckets(named_tensors, self.bucket_bytes)
             return

@@ -42,7 +42,14 @@ from rlshell.worker import WorkerGroup
 from rlshell.workers.actor import ActorWorker
 from rlshell.workers.rollout import ReferenceWorker, RolloutWorker
 
-__all__ = ["prepare_tokenizer", "rollout_shares_actor", "run", "with_tokenizer_ids"]
+__all__ = [
+    "ReasoningTrainer",
+    "arithmetic_task_of",
+    "prepare_tokenizer",
+    "rollout_shares_actor",
+    "run",
+    "with_tokenizer_ids",
+]
 
 
 def rollout_shares_actor(plan: PlacementPlan) -> bool:
@@ -75,7 +82,7 @@ def run(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) ->
     val_set = load_dataset(config.data, "val", task) if config.runner.eval_interval else []
     sampler = PromptSampler(train_set, config.runner.prompts_per_step, seed=config.runner.seed)
     with ExitStack() as stack:
-        trainer = stack.enter_context(_Trainer.launch(config, cluster, plan, tokenizer_dir))
+        trainer = stack.enter_context(ReasoningTrainer.launch(config, cluster, plan, tokenizer_dir))
         start_step = 0
         if resume_from is not None:
             state = read_trainer_state(resume_from)
@@ -195,8 +202,14 @@ def _seed(*parts: int) -> int:
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
 
-class _Trainer:
-    """The worker groups of a run and the one-step choreography between them."""
+class ReasoningTrainer:
+    """The worker groups of a run and the one-step choreography between them.
+
+    ``with ReasoningTrainer.launch(config, cluster, plan, tokenizer_dir) as t:``
+    starts every group the plan names; `step` runs one GRPO step and returns
+    its metrics; `evaluate`, `sync_weights`, `save_checkpoint` and
+    `load_checkpoint` do what they say. `run` is the loop around it.
+    """
 
     def __init__(self, config: Config, tokenizer_dir: Path) -> None:
         self.config = config
@@ -212,7 +225,7 @@ class _Trainer:
     @contextmanager
     def launch(
         cls, config: Config, cluster: Cluster, plan: PlacementPlan, tokenizer_dir: Path
-    ) -> Iterator[_Trainer]:
+    ) -> Iterator[ReasoningTrainer]:
         trainer = cls(config, tokenizer_dir)
         try:
             trainer._launch(cluster, plan)

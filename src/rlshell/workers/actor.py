@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from attrs import evolve
 from torch import Tensor, nn
 
 from rlcore.advantages import AdvantageBatch, AdvantageConfig
@@ -32,8 +33,9 @@ from rlcore.masked import aggregate, aggregation_normalizer, masked_mean
 from rlcore.registry import ADVANTAGES, POLICY_LOSSES
 from rlcore.rollout import balanced_micro_batches, place_on_last_token, position_ids
 from rlcore.types import Advantages
-from rlshell.config import Config
+from rlshell.config import Config, Precision
 from rlshell.fsdp import FSDPModelManager, full_named_tensors
+from rlshell.models import get_model, torch_dtype
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.weight_transfer import WeightSender
 from rlshell.worker import Worker
@@ -41,8 +43,10 @@ from rlshell.worker import Worker
 __all__ = [
     "ActorWorker",
     "NonFiniteLossError",
+    "build_rollout_model",
     "compute_advantages",
     "policy_forward",
+    "rollout_precision",
     "worker_device",
 ]
 
@@ -54,6 +58,18 @@ class NonFiniteLossError(FloatingPointError):
 def worker_device() -> torch.device:
     """The device a worker computes on: its (first visible) GPU, else the CPU."""
     return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def rollout_precision(config: Config) -> Precision:
+    """The rollout engine's precision: ``rollout.precision``, else the actor model's."""
+    return config.rollout.precision or config.actor.model.precision
+
+
+def build_rollout_model(config: Config) -> nn.Module:
+    """The policy as the rollout engine holds it: the actor's initial model, in its precision."""
+    torch.manual_seed(config.actor.seed)
+    model_cfg = evolve(config.actor.model, precision=rollout_precision(config))
+    return get_model(model_cfg)
 
 
 def compute_advantages(batch: RolloutBatch, scores: Tensor, config: Config) -> Advantages:
@@ -127,14 +143,16 @@ class ActorWorker(Worker):
         )
         self.manager.setup_model_and_optimizer()
         rollout = self.config.rollout
-        self.sender = WeightSender(mode=rollout.weight_sync, bucket_size_mb=rollout.bucket_size_mb)
+        self.sender = WeightSender(
+            mode=rollout.weight_sync,
+            bucket_size_mb=rollout.bucket_size_mb,
+            dtype=torch_dtype(rollout_precision(self.config)),
+        )
         if self.hybrid:
-            from rlshell.models import get_model
             from rlshell.rollout.hf import HFRolloutEngine
             from rlshell.tokenizer import load_tokenizer
 
-            torch.manual_seed(self.config.actor.seed)
-            model = get_model(self.config.actor.model)
+            model = build_rollout_model(self.config)
             self.engine = HFRolloutEngine(model, load_tokenizer(tokenizer_path), device)
 
     def set_rollout_handles(self, handles: Sequence[Any]) -> None:
@@ -228,9 +246,10 @@ class ActorWorker(Worker):
             micro_ref = None if ref_logprobs is None else ref_logprobs[row_index, :width]
             manager.before_micro_batch(model, is_last=index == len(micro_batches) - 1)
             loss, metrics = self._loss(micro, micro_adv, micro_ref, normalizer)
-            if not math.isfinite(float(loss)):
+            value = float(loss.detach())
+            if not math.isfinite(value):
                 raise NonFiniteLossError(
-                    f"step {self.global_step + 1}: the loss is {float(loss)} on actor rank "
+                    f"step {self.global_step + 1}: the loss is {value} on actor rank "
                     f"{self.rank} (micro-batch {index}); stopping before the update"
                 )
             torch.autograd.backward(loss * self.world_size)

@@ -19,7 +19,7 @@ from rlshell.models import get_model
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.weight_transfer import WeightReceiver
 from rlshell.worker import Worker
-from rlshell.workers.actor import policy_forward, worker_device
+from rlshell.workers.actor import build_rollout_model, policy_forward, worker_device
 
 __all__ = ["ReferenceWorker", "RolloutWorker"]
 
@@ -36,8 +36,7 @@ class RolloutWorker(Worker):
         from rlshell.rollout.hf import HFRolloutEngine
         from rlshell.tokenizer import load_tokenizer
 
-        torch.manual_seed(self.config.actor.seed)
-        model = get_model(self.config.actor.model)
+        model = build_rollout_model(self.config)
         self.engine = HFRolloutEngine(model, load_tokenizer(tokenizer_path), worker_device())
         self.receiver = WeightReceiver(self.engine.weight_targets())
 
