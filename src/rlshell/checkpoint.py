@@ -27,6 +27,7 @@ from typing import Any
 from attrs import Factory, asdict, frozen
 
 __all__ = [
+    "TRAINER_STATE",
     "CheckpointError",
     "TrainerState",
     "checkpoint_dir",

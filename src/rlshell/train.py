@@ -92,6 +92,7 @@ def _dry_run(config: Config, source: Path) -> int:
 
 
 def _run(config: Config) -> int:
+    from rlshell.checkpoint import CheckpointError
     from rlshell.cluster import Cluster, ReservationError
     from rlshell.placement import PlacementError, render_table, write_plan
     from rlshell.runners import get_runner
@@ -118,7 +119,16 @@ def _run(config: Config) -> int:
     except KeyboardInterrupt:
         print("interrupted: Ray was shut down, workers stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (WorkerError, TimeoutError, ReservationError, PlacementMismatchError) as error:
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    except (
+        WorkerError,
+        TimeoutError,
+        ReservationError,
+        PlacementMismatchError,
+        CheckpointError,
+    ) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_FAILED
     return 0

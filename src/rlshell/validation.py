@@ -296,6 +296,26 @@ def _in_config_terms(problem: str) -> str:
     )
 
 
+def _data_problems(config: Config) -> list[str]:
+    """Dataset files that are missing or lack a column: found before anything starts."""
+    data = config.data
+    if config.runner.runner_type != "reasoning" or data.task != "file":
+        return []
+    from rlshell.data import read_examples
+
+    if data.train_path is None:
+        return ["data.train_path: data.task is 'file' but no training file is given"]
+    problems = []
+    for key, path in (("data.train_path", data.train_path), ("data.val_path", data.val_path)):
+        if path is None or not Path(path).exists():
+            continue  # a missing file is reported with the other paths
+        try:
+            read_examples(path, data.prompt_key, data.answer_key)
+        except (OSError, ValueError) as error:
+            problems.append(f"{key}: {error}")
+    return problems
+
+
 def _run_only_problems(config: Config) -> list[str]:
     problems = []
     runner_module = f"rlshell.runners.{config.runner.runner_type}"
@@ -304,12 +324,13 @@ def _run_only_problems(config: Config) -> list[str]:
             f"runner.runner_type: the '{config.runner.runner_type}' runner ({runner_module}) "
             f"is not in this installation of rlshell; available: {', '.join(available_runners())}"
         )
-    model = config.actor.model
-    for key, value in (("actor.model.tokenizer_path", model.tokenizer_path),):
-        if value is not None and not Path(value).is_dir():
-            problems.append(
-                f"{key}: {value} does not exist (tokenizers are read from local directories)"
-            )
+    problems.extend(_data_problems(config))
+    if config.runner.runner_type == "reasoning" and config.rollout.backend != "hf":
+        problems.append(
+            f"rollout.backend: the reasoning runner of this version samples with 'hf' only; "
+            f"its '{config.rollout.backend}' engine is not implemented yet (it comes behind the "
+            "same rollout interface): use rollout.backend=hf"
+        )
     if config.cluster.simulate is not None:
         problems.append(
             f"cluster.simulate: '{config.cluster.simulate}' is a simulated cluster; "
@@ -319,6 +340,7 @@ def _run_only_problems(config: Config) -> list[str]:
         "data.train_path": config.data.train_path,
         "data.val_path": config.data.val_path,
         "actor.model.path": config.actor.model.path,
+        "actor.model.tokenizer_path": config.actor.model.tokenizer_path,
     }
     for key, value in files.items():
         if value is not None and not Path(value).exists():

@@ -2,8 +2,11 @@
 
 A rule-based reward is ``fn(response, answer) -> float``: the decoded
 response text and the reference answer in, a score out. The built-ins are
-``math`` (answer equivalence checked by the math-verify library) and
-``exact_match``. Runners call them in worker processes under a timeout.
+``math`` (answer equivalence checked by the math-verify library),
+``exact_match`` and ``format`` (the response states a final answer in a
+recognised format, right or wrong). Runners call them in worker processes
+under a timeout: `rlshell.rewards.pool.RewardPool`, which a
+`rlshell.rewards.worker.RewardWorker` owns.
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ def get_reward(name: str) -> RewardFn:
 
 
 def _register_builtins() -> None:
-    from rlshell.rewards.rule_based import exact_match_reward, math_reward
+    from rlshell.rewards.rule_based import exact_match_reward, format_reward, math_reward
 
     register_reward("math", math_reward)
     register_reward("exact_match", exact_match_reward)
+    register_reward("format", format_reward)
 
 
 _register_builtins()

@@ -1,8 +1,17 @@
-"""Rule-based rewards: math answer equivalence (math-verify) and exact match."""
+"""Rule-based rewards: math answer equivalence (math-verify), exact match, answer format."""
 
 from __future__ import annotations
 
-__all__ = ["exact_match_reward", "math_reward"]
+import re
+
+__all__ = ["exact_match_reward", "format_reward", "has_final_answer", "math_reward"]
+
+# A plain decimal number: optional sign, digits (thousands may be comma-grouped),
+# optional fraction part; "12", "-3.5", "1,000", ".5".
+_NUMBER = r"[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)"
+_BARE_NUMBER = re.compile(_NUMBER)
+_GSM8K_ANSWER_LINE = re.compile(rf"^[ \t]*####[ \t]*\$?{_NUMBER}[ \t]*$", re.MULTILINE)
+_BOXED = re.compile(r"\\boxed\s*\{")
 
 
 def math_reward(response: str, answer: str) -> float:
@@ -23,3 +32,44 @@ def math_reward(response: str, answer: str) -> float:
 def exact_match_reward(response: str, answer: str) -> float:
     """1.0 when the stripped response equals the stripped answer, else 0.0."""
     return 1.0 if response.strip() == answer.strip() else 0.0
+
+
+def format_reward(response: str, answer: str) -> float:
+    """1.0 when the response states a final answer in a recognised format, else 0.0.
+
+    Right or wrong does not matter (``answer`` is unused): this rewards a
+    policy for ending where `math_reward` can read it. See `has_final_answer`
+    for the formats.
+    """
+    del answer
+    return 1.0 if has_final_answer(response) else 0.0
+
+
+def has_final_answer(response: str) -> bool:
+    """Whether ``response`` states its final answer in one of three formats.
+
+    - a GSM8K answer line, ``#### <number>`` alone on its line (``#### 72``,
+      ``#### -3.5``, ``#### 1,000``, ``#### $18``);
+    - a LaTeX ``\\boxed{...}`` with balanced, non-empty braces (``\\boxed{\\frac{1}{2}}``);
+    - a bare number and nothing else, surrounding whitespace aside (``12``),
+      which is how the short arithmetic task asks to be answered.
+
+    math-verify also reads answers out of free text ("so the answer is 12"),
+    but that is not a format a policy should be rewarded for learning.
+    """
+    if _BARE_NUMBER.fullmatch(response.strip()) or _GSM8K_ANSWER_LINE.search(response):
+        return True
+    return any(_boxed_content(response, m.end()) for m in _BOXED.finditer(response))
+
+
+def _boxed_content(text: str, start: int) -> str:
+    """The stripped text from ``start`` (just after a "{") to its closing brace; "" if unclosed."""
+    depth = 1
+    for position in range(start, len(text)):
+        if text[position] == "{":
+            depth += 1
+        elif text[position] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:position].strip()
+    return ""

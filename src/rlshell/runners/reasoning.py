@@ -32,6 +32,7 @@ from rlshell.checkpoint import (
 )
 from rlshell.cluster import Cluster
 from rlshell.config import Config, DataConfig
+from rlshell.config_loading import ConfigError
 from rlshell.data import ArithmeticTask, PromptExample, PromptSampler, SamplerState, load_dataset
 from rlshell.metrics import MetricLogger, plot_learning_curve
 from rlshell.placement import ComponentPlan, PlacementPlan
@@ -103,14 +104,18 @@ def run(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) ->
         )
         if start_step == 0 and val_set:
             logger.log(0, trainer.evaluate(val_set, step=0))
+        saved: dict[str, float] = {}
         for step in range(start_step + 1, config.runner.max_steps + 1):
             metrics = trainer.step(step, sampler.next())
             if val_set and step % config.runner.eval_interval == 0:
                 metrics.update(trainer.evaluate(val_set, step=step))
+            # Logged before the checkpoint: a checkpoint of step N implies its metrics
+            # are on disk. The time a save took is reported with the step after it.
+            logger.log(step, {**metrics, **saved})
+            saved = {}
             if _checkpoint_due(config, step):
-                with _timed(metrics, "time/checkpoint"):
+                with _timed(saved, "time/checkpoint"):
                     trainer.save_checkpoint(run_dir, step, sampler.state())
-            logger.log(step, metrics)
     _plot(run_dir)
     if config.checkpoint.export_hf and config.checkpoint.interval:
         from rlshell.checkpoint import list_checkpoints
@@ -161,9 +166,11 @@ def with_tokenizer_ids(config: Config, tokenizer_dir: Path) -> Config:
     kwargs = dict(model.model_kwargs)
     given = kwargs.get("vocab_size")
     if given is not None and int(given) < size:
-        raise ValueError(
-            f"actor.model.model_kwargs.vocab_size: {given} is smaller than the tokenizer's "
-            f"{size} tokens ({tokenizer_dir}); remove it to use the tokenizer's size"
+        raise ConfigError(
+            [
+                f"actor.model.model_kwargs.vocab_size: {given} is smaller than the tokenizer's "
+                f"{size} tokens ({tokenizer_dir}); remove it to use the tokenizer's size"
+            ]
         )
     kwargs.setdefault("vocab_size", size)
     for key in ("pad_token_id", "bos_token_id", "eos_token_id"):

@@ -1,0 +1,34 @@
+"""GRPO on GSM8K with Qwen2.5-0.5B-Instruct on 2 nodes × 8 GPUs: the single-GPU config, scaled out.
+
+Start Ray on both nodes first (``ray start --head`` on one, ``ray start
+--address=HEAD:6379`` on the other), with the model and data at the same
+paths on every node; then run this on the head node. On a machine without
+that cluster, plan it with ``--dry-run cluster.simulate=2x8``.
+"""
+
+import runpy
+from pathlib import Path
+
+from attrs import evolve
+
+from rlshell.config import Config
+
+single_gpu: Config = runpy.run_path(str(Path(__file__).with_name("grpo_qwen2_5_0_5b_gsm8k.py")))[
+    "config"
+]
+
+config = evolve(
+    single_gpu,
+    cluster=evolve(
+        single_gpu.cluster,
+        address="auto",
+        num_nodes=2,
+        # 16 FSDP ranks, each time-sharing its GPU with a vLLM engine; a reward worker per node.
+        component_placement={"actor,rollout": "all", "reward": "0-1"},
+    ),
+    runner=evolve(
+        single_gpu.runner,
+        experiment_name="grpo_qwen2_5_0_5b_gsm8k_2x8",
+        prompts_per_step=512,
+    ),
+)

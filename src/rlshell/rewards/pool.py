@@ -1,0 +1,453 @@
+"""Reward pool: a registered reward scored in warm processes, each call under a timeout.
+
+    with RewardPool("math", timeout_s=5.0, num_processes=4) as pool:
+        result = pool.score(responses, answers)     # RewardResult
+        logger.log(step, result.metrics())          # reward/mean, reward/timeouts, ...
+
+The pool starts ``num_processes`` processes once (the "spawn" start method:
+a fresh interpreter, never a fork of a process that may hold threads, as Ray
+workers do) and keeps them for every later call. Each process loads
+``RLSHELL_EXT_MODULE`` before it looks the reward up, so rewards registered
+by extension modules work there too.
+
+Timeouts. Work goes out in chunks (a few samples per message keeps thousands
+of millisecond-long math-verify calls cheap), but every call has a deadline of
+its own: ``timeout_s`` after it started, which is when the process reported
+the call before it. A call past its deadline has its process killed
+(SIGKILL, so a sleep, a spin loop or a C loop all stop); that sample alone
+fails, the unstarted rest of its chunk (which waited behind it) goes back to
+the queue, and a fresh process starts in the background while the others
+keep scoring. Hung calls on different processes time out side by side, so a
+batch whose hangs each hit another process ends about ``timeout_s`` after
+the last hang began; hangs that fall on the same process follow one another
+(with a fresh process's start-up, a couple of seconds, in between). A
+process that dies mid-call (a crash, ``os._exit``) fails that one sample as
+an error the same way.
+
+A sample that times out, raises, or returns anything but a finite number
+scores ``failure_score`` (0.0 unless set) and is counted in the
+`RewardResult`, never raised. What does raise: mismatched lengths
+(ValueError), an unknown reward name (KeyError, at construction), and a
+process that cannot start (`RewardPoolError`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import math
+import multiprocessing
+import numbers
+import os
+import signal
+import threading
+import time
+import types
+from collections import deque
+from collections.abc import Sequence
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import SpawnContext
+from typing import Any, Self
+
+from attrs import frozen
+
+from rlshell.extensions import ENV_VAR, load_extensions
+from rlshell.rewards import RewardFn, get_reward
+
+__all__ = ["RewardPool", "RewardPoolError", "RewardResult"]
+
+# Samples per message at most: chunks cut the pool's overhead per fast call ~4x.
+_MAX_CHUNK = 64
+_ERROR_EXAMPLES = 3
+_ORPHAN_CHECK_S = 1.0
+# Imported by each process before it reports ready, so no first call is timed with it.
+_PRELOAD = ("math_verify",)
+
+
+class RewardPoolError(RuntimeError):
+    """A reward process could not start (its reward is unknown there, or it died or hung first)."""
+
+
+@frozen
+class RewardResult:
+    """The scores of one batch and what went wrong while computing them.
+
+    ``scores[i]`` is sample i's reward, or the pool's ``failure_score`` for a
+    sample listed in ``failed`` (its call timed out, raised, returned a
+    non-finite value or killed its process). ``timeouts + errors ==
+    len(failed)``; ``error_examples`` holds the messages of the first few
+    failed samples, for logs; ``seconds`` is the wall time of the batch.
+    """
+
+    scores: tuple[float, ...]
+    timeouts: int
+    errors: int
+    seconds: float
+    failed: tuple[int, ...] = ()
+    error_examples: tuple[str, ...] = ()
+
+    def metrics(self) -> dict[str, float]:
+        """``reward/mean``, ``reward/timeouts``, ``reward/errors`` and ``reward/seconds``.
+
+        The mean is that of ``scores``: failed samples count at the failure score.
+        """
+        mean = sum(self.scores) / len(self.scores) if self.scores else 0.0
+        return {
+            "reward/mean": mean,
+            "reward/timeouts": float(self.timeouts),
+            "reward/errors": float(self.errors),
+            "reward/seconds": self.seconds,
+        }
+
+
+class RewardPool:
+    """``num_processes`` warm processes scoring ``reward_type``, each call within ``timeout_s``.
+
+    ``failure_score`` is what a failed sample scores; ``start_timeout_s``
+    bounds a process's start-up (interpreter, imports, extensions). The reward
+    name is checked here, in this process, after loading ``RLSHELL_EXT_MODULE``:
+    a typo raises the registry's KeyError with close names before anything
+    starts. Use as a context manager or call `close`. One `score` runs at a
+    time; one that is interrupted (Ctrl-C) closes the pool.
+    """
+
+    def __init__(
+        self,
+        reward_type: str,
+        *,
+        timeout_s: float,
+        num_processes: int,
+        failure_score: float = 0.0,
+        start_timeout_s: float = 120.0,
+    ) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s}")
+        if num_processes < 1:
+            raise ValueError(f"num_processes: expected a positive integer, got {num_processes}")
+        if not math.isfinite(failure_score):
+            raise ValueError(f"failure_score: expected a finite float, got {failure_score}")
+        load_extensions(where="reward pool")
+        get_reward(reward_type)
+        self.reward_type = reward_type
+        self.timeout_s = float(timeout_s)
+        self.num_processes = num_processes
+        self.failure_score = float(failure_score)
+        self.start_timeout_s = start_timeout_s
+        self._context = multiprocessing.get_context("spawn")
+        self._lock = threading.Lock()
+        self._closed = False
+        self._processes: list[_RewardProcess] = []
+        try:
+            for _ in range(num_processes):
+                self._processes.append(self._start_process())
+            no_batch, no_queue = _Batch(0, self.failure_score), deque[int]()
+            while not all(process.ready for process in self._processes):
+                self._wait_and_read(no_batch, no_queue)
+                self._enforce_deadlines(no_batch, no_queue)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._processes)} processes"
+        return f"RewardPool({self.reward_type!r}, timeout_s={self.timeout_s}, {state})"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def score(self, responses: Sequence[str], answers: Sequence[str]) -> RewardResult:
+        """Score ``responses[i]`` against ``answers[i]`` for every i; failures are counted."""
+        if len(responses) != len(answers):
+            raise ValueError(
+                f"responses and answers must pair up: got {len(responses)} responses "
+                f"and {len(answers)} answers"
+            )
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"this RewardPool for '{self.reward_type}' is closed")
+            start = time.perf_counter()
+            batch = _Batch(len(responses), self.failure_score)
+            queue = deque(range(len(responses)))
+            try:
+                while batch.remaining:
+                    self._dispatch(queue, responses, answers)
+                    self._wait_and_read(batch, queue)
+                    self._enforce_deadlines(batch, queue)
+            except BaseException:
+                # Results of this batch may still be on their way; no later batch may read them.
+                self._close_now()
+                raise
+            return batch.result(time.perf_counter() - start)
+
+    def close(self) -> None:
+        """Stop every process (idempotent)."""
+        with self._lock:
+            self._close_now()
+
+    # -- the scheduler
+
+    def _start_process(self) -> _RewardProcess:
+        return _RewardProcess(self._context, self.reward_type, self.start_timeout_s)
+
+    def _dispatch(
+        self, queue: deque[int], responses: Sequence[str], answers: Sequence[str]
+    ) -> None:
+        """Send each idle, ready process its next chunk of samples."""
+        for process in self._processes:
+            if not queue:
+                return
+            if process.ready and not process.in_flight:
+                # Chunks shrink as the queue does, so that the processes finish together.
+                size = max(1, min(_MAX_CHUNK, len(queue) // (2 * len(self._processes))))
+                indices = [queue.popleft() for _ in range(size)]
+                chunk = [(index, responses[index], answers[index]) for index in indices]
+                try:
+                    process.conn.send(chunk)
+                except OSError:
+                    queue.extendleft(reversed(indices))
+                    continue  # it died; reading its connection finds out
+                process.in_flight.extend(indices)
+                process.call_started = time.monotonic()
+
+    def _wait_and_read(self, batch: _Batch, queue: deque[int]) -> None:
+        """Wait until a process reports or the nearest deadline; read every report."""
+        now = time.monotonic()
+        deadlines = [process.deadline(self.timeout_s) for process in self._processes]
+        timeout = max(0.0, min((d for d in deadlines if d is not None), default=now + 1.0) - now)
+        ready = wait([process.conn for process in self._processes], timeout)
+        for slot, process in enumerate(self._processes):
+            if process.conn in ready:
+                try:
+                    while process.conn.poll():
+                        self._handle(process, process.conn.recv(), batch)
+                except (EOFError, OSError):
+                    self._replace(slot, batch, queue, process.death(), timed_out=False)
+
+    def _handle(self, process: _RewardProcess, message: tuple[Any, ...], batch: _Batch) -> None:
+        kind = message[0]
+        if kind == "ready":
+            process.ready = True
+        elif kind == "failed":
+            raise RewardPoolError(
+                f"reward process (pid {process.pid}) for '{self.reward_type}' failed to start: "
+                f"{message[1]}"
+            )
+        else:
+            index = process.in_flight.popleft()
+            if message[1] != index:
+                raise RewardPoolError(
+                    f"reward process (pid {process.pid}) answered sample {message[1]}, "
+                    f"expected {index}"
+                )
+            if kind == "ok":
+                batch.scored(index, message[2])
+            else:
+                batch.failed(index, f"sample {index}: {message[2]}", timed_out=False)
+            process.call_started = time.monotonic()
+
+    def _enforce_deadlines(self, batch: _Batch, queue: deque[int]) -> None:
+        now = time.monotonic()
+        for slot, process in enumerate(self._processes):
+            deadline = process.deadline(self.timeout_s)
+            if deadline is None or now < deadline or process.conn.poll():
+                continue  # a report waiting to be read is read first
+            if not process.ready:
+                raise RewardPoolError(
+                    f"reward process (pid {process.pid}) for '{self.reward_type}' did not "
+                    f"start within {self.start_timeout_s:g} s"
+                )
+            reason = f"timed out after {self.timeout_s:g} s"
+            self._replace(slot, batch, queue, reason, timed_out=True)
+
+    def _replace(
+        self, slot: int, batch: _Batch, queue: deque[int], reason: str, *, timed_out: bool
+    ) -> None:
+        """Kill the process in ``slot``, fail its current call, requeue the rest, start another."""
+        process = self._processes[slot]
+        process.kill()
+        if not process.ready:
+            raise RewardPoolError(
+                f"{reason} before it was ready to score '{self.reward_type}' (see its stderr; "
+                "a common cause: spawn re-imports the main script, so a script that starts a "
+                "RewardPool must guard its top level with `if __name__ == '__main__':`)"
+            )
+        if process.in_flight:
+            index = process.in_flight.popleft()
+            batch.failed(index, f"sample {index}: {reason}", timed_out=timed_out)
+            queue.extendleft(reversed(process.in_flight))
+        self._processes[slot] = self._start_process()
+
+    def _close_now(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Killed, not asked to exit: a reward process holds nothing to save, and
+        # an interpreter that imported torch takes a second or two to wind down.
+        for process in self._processes:
+            process.kill()
+        self._processes = []
+
+
+class _Batch:
+    """Scores and failures of one `RewardPool.score` call, filled in as reports arrive."""
+
+    def __init__(self, size: int, failure_score: float) -> None:
+        self.scores: list[float] = [failure_score] * size
+        self.remaining = size
+        self.failure_score = failure_score
+        self.timeouts = 0
+        self.messages: dict[int, str] = {}
+
+    def scored(self, index: int, score: float) -> None:
+        self.scores[index] = score
+        self.remaining -= 1
+
+    def failed(self, index: int, message: str, *, timed_out: bool) -> None:
+        self.scores[index] = self.failure_score
+        self.remaining -= 1
+        if timed_out:
+            self.timeouts += 1
+        self.messages[index] = message
+
+    def result(self, seconds: float) -> RewardResult:
+        failed = tuple(sorted(self.messages))
+        return RewardResult(
+            scores=tuple(self.scores),
+            timeouts=self.timeouts,
+            errors=len(failed) - self.timeouts,
+            seconds=seconds,
+            failed=failed,
+            error_examples=tuple(self.messages[index] for index in failed[:_ERROR_EXAMPLES]),
+        )
+
+
+class _RewardProcess:
+    """One reward process as the pool sees it: its connection and the samples sent to it."""
+
+    def __init__(self, context: SpawnContext, reward_type: str, start_timeout_s: float) -> None:
+        parent_end, child_end = context.Pipe(duplex=True)
+        self.process = context.Process(
+            target=_serve,
+            args=(child_end, reward_type, os.getpid()),
+            name=f"reward:{reward_type}",
+            daemon=True,
+        )
+        self.process.start()
+        child_end.close()  # so that the child's exit reads as EOF here
+        assert self.process.pid is not None
+        self.pid = self.process.pid
+        self.conn: Connection = parent_end
+        self.ready = False
+        self.start_deadline = time.monotonic() + start_timeout_s
+        self.in_flight: deque[int] = deque()
+        self.call_started = 0.0
+
+    def deadline(self, timeout_s: float) -> float | None:
+        """When this process must have reported: start-up, or its current call's end."""
+        if not self.ready:
+            return self.start_deadline
+        return self.call_started + timeout_s if self.in_flight else None
+
+    def death(self) -> str:
+        """Why the process ended, once its connection has closed."""
+        self.process.join(1.0)
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            return f"reward process (pid {self.pid}) died of {signal.Signals(-code).name}"
+        return f"reward process (pid {self.pid}) exited with code {code}"
+
+    def kill(self) -> None:
+        if self.process.exitcode is None:
+            self.process.kill()
+            self.process.join(5.0)
+        self.conn.close()
+
+
+# -- the reward process
+
+
+def _serve(conn: Connection, reward_type: str, parent_pid: int) -> None:
+    """Score chunks of ``(index, response, answer)`` sent on ``conn`` until it closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
+    try:
+        load_extensions(where="reward process")
+        reward = get_reward(reward_type)
+    except Exception as error:
+        hint = (
+            f"; a reward must be registered by a module named in {ENV_VAR} "
+            "to exist in reward processes"
+            if isinstance(error, KeyError)
+            else ""
+        )
+        conn.send(("failed", _describe(error) + hint))
+        return
+    for module in _PRELOAD:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+    _hide_math_verify_timeout_notice()
+    try:
+        conn.send(("ready",))
+        while True:
+            for index, response, answer in conn.recv():
+                conn.send(_call(reward, index, response, answer))
+    except (EOFError, OSError):
+        return  # the pool closed its end, or its process is gone
+
+
+def _call(reward: RewardFn, index: int, response: str, answer: str) -> tuple[str, int, Any]:
+    try:
+        value: object = reward(response, answer)
+    except Exception as error:
+        return ("error", index, _describe(error))
+    try:
+        score = float(value) if isinstance(value, numbers.Real) else math.nan
+    except OverflowError:  # an int beyond float range
+        score = math.nan
+    if not math.isfinite(score):
+        return ("error", index, f"returned {_short_repr(value)}, expected a finite float")
+    return ("ok", index, score)
+
+
+def _hide_math_verify_timeout_notice() -> None:
+    """math-verify warns once per process that its own timeouts are off; here the pool's count."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).addFilter(keep)
+
+
+def _describe(error: BaseException) -> str:
+    text = error.args[0] if isinstance(error, KeyError) and error.args else error
+    return _shorten(f"{type(error).__name__}: {text}", 500)
+
+
+def _short_repr(value: object) -> str:
+    return _shorten(repr(value), 80)
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _exit_when_orphaned(parent_pid: int) -> None:
+    """End this process when its parent is gone, even in the middle of a hung call."""
+    while True:
+        time.sleep(_ORPHAN_CHECK_S)
+        if os.getppid() != parent_pid:
+            os._exit(1)

@@ -1,0 +1,40 @@
+"""An extension module for the reward pool tests: ``chaos``, a reward that misbehaves on cue.
+
+``RLSHELL_EXT_MODULE=reward_ext_chaos`` (with this directory on the path)
+registers it in every process. It scores exact match unless the response is
+a cue: HANG sleeps forever, SPIN loops on the CPU forever, SLOW takes 0.4 s,
+BOOM raises, NAN / NONE / TEXT return a bad value, EXIT ends the process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import cast
+
+from rlshell.rewards import register_reward
+
+SLOW_S = 0.4
+
+
+def chaos_reward(response: str, answer: str) -> float:
+    if response == "HANG":
+        time.sleep(10_000)
+    if response == "SPIN":
+        while True:
+            pass
+    if response == "SLOW":
+        time.sleep(SLOW_S)
+        return 1.0
+    if response == "BOOM":
+        raise ValueError(f"boom on {answer!r}")
+    if response == "EXIT":
+        os._exit(3)
+    bad: dict[str, object] = {"NAN": float("nan"), "NONE": None, "TEXT": "1.0"}
+    if response in bad:
+        return cast(float, bad[response])
+    return 1.0 if response == answer else 0.0
+
+
+def register() -> None:
+    register_reward("chaos", chaos_reward)

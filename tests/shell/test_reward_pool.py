@@ -1,0 +1,208 @@
+"""Rewards scored in a RewardPool: math, timeouts, errors, a RewardWorker on Ray; the format reward.
+
+Misbehaving rewards come from `reward_ext_chaos`, an extension module beside
+this file, so spawned reward processes (and a Ray worker's) register them too.
+Pools start once per module: a reward process takes a couple of seconds to
+import torch and math-verify.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from rlshell.cluster import Cluster
+from rlshell.config import RewardConfig
+from rlshell.placement import ComponentPlan
+from rlshell.rewards import REWARDS, get_reward, register_reward
+from rlshell.rewards.pool import RewardPool, RewardPoolError, RewardResult
+from rlshell.rewards.rule_based import format_reward, has_final_answer, math_reward
+from rlshell.rewards.worker import RewardWorker
+
+PlanFactory = Callable[..., ComponentPlan]
+
+HERE = Path(__file__).resolve().parent
+TIMEOUT_S = 1.0
+# A hung call is noticed at its deadline; reading and killing take well under this.
+SLACK_S = 2.5
+FAILED = -1.0
+
+
+@pytest.fixture(scope="module")
+def chaos_extension() -> Iterator[None]:
+    """RLSHELL_EXT_MODULE names reward_ext_chaos, importable here and in every child process."""
+    with pytest.MonkeyPatch.context() as patch:
+        path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+        patch.setenv("PYTHONPATH", path)
+        patch.setenv("RLSHELL_EXT_MODULE", "reward_ext_chaos")
+        patch.syspath_prepend(str(HERE))
+        yield
+
+
+@pytest.fixture(scope="module")
+def math_pool() -> Iterator[RewardPool]:
+    with RewardPool("math", timeout_s=30.0, num_processes=1) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def chaos_pool(chaos_extension: None) -> Iterator[RewardPool]:
+    with RewardPool("chaos", timeout_s=TIMEOUT_S, num_processes=2, failure_score=FAILED) as pool:
+        yield pool
+
+
+# ------------------------------------------------------------- math
+
+
+def test_math_scores_equivalent_answers_and_reports_metrics(math_pool: RewardPool) -> None:
+    responses = ["12", "#### 12", "so it is \\boxed{\\frac{1}{2}}", "13", "no idea"]
+    answers = ["12", "12", "0.5", "12", "12"]
+    result = math_pool.score(responses, answers)
+    assert result.scores == (1.0, 1.0, 1.0, 0.0, 0.0)
+    assert (result.timeouts, result.errors, result.failed, result.error_examples) == (0, 0, (), ())
+    metrics = result.metrics()
+    assert metrics.pop("reward/seconds") == result.seconds > 0
+    assert metrics == {"reward/mean": 0.6, "reward/timeouts": 0.0, "reward/errors": 0.0}
+
+
+def test_math_scores_in_the_pool_match_direct_calls(math_pool: RewardPool) -> None:
+    responses = ["#### 1,000", "1000", "\\boxed{2^{3}}", "x = 8", "-4", "0.25", "1/4", ""] * 4
+    answers = ["1000", "1000", "8", "8", "-4", "\\frac{1}{4}", "0.25", "3"] * 4
+    result = math_pool.score(responses, answers)
+    expected = tuple(math_reward(r, a) for r, a in zip(responses, answers, strict=True))
+    assert result.scores == expected
+    assert result.failed == ()
+
+
+# ------------------------------------------------------------- failures
+
+
+def test_hung_and_spinning_calls_are_killed_and_the_pool_scores_on(chaos_pool: RewardPool) -> None:
+    start = time.monotonic()
+    result = chaos_pool.score(["a", "b", "SPIN", "HANG"], ["a", "x", "-", "-"])
+    elapsed = time.monotonic() - start
+    assert result.scores == (1.0, 0.0, FAILED, FAILED)
+    assert (result.timeouts, result.errors, result.failed) == (2, 0, (2, 3))
+    assert result.error_examples == tuple(f"sample {i}: timed out after 1 s" for i in (2, 3))
+    # Two processes, two hangs: they time out side by side, not one after the other.
+    assert elapsed < TIMEOUT_S + SLACK_S, elapsed
+    # Both processes were killed; the next batch waits for their replacements.
+    again = chaos_pool.score(["a", "b", "c"], ["a", "b", "x"])
+    assert again.scores == (1.0, 1.0, 0.0)
+    assert again.failed == ()
+
+
+def test_each_call_of_a_chunk_has_its_own_deadline(chaos_pool: RewardPool) -> None:
+    # The first process gets samples 0-9 in one chunk: three SLOW calls take
+    # 1.2 s together, longer than the timeout, but each is well inside it.
+    responses = ["SLOW"] * 3 + ["a"] * 37
+    result = chaos_pool.score(responses, ["a"] * 40)
+    assert result.scores == (1.0,) * 40
+    assert result.timeouts == 0
+
+
+def test_raising_and_bad_values_count_as_errors(chaos_pool: RewardPool) -> None:
+    result = chaos_pool.score(["BOOM", "NAN", "NONE", "TEXT", "ok"], ["a", "b", "c", "d", "ok"])
+    assert result.scores == (FAILED,) * 4 + (1.0,)
+    assert (result.timeouts, result.errors, result.failed) == (0, 4, (0, 1, 2, 3))
+    assert result.error_examples == (
+        "sample 0: ValueError: boom on 'a'",
+        "sample 1: returned nan, expected a finite float",
+        "sample 2: returned None, expected a finite float",
+    )
+    assert result.metrics()["reward/errors"] == 4.0
+
+
+def test_a_process_that_dies_mid_call_fails_that_sample_and_is_replaced(
+    chaos_pool: RewardPool,
+) -> None:
+    result = chaos_pool.score(["EXIT", "a"], ["-", "a"])
+    assert result.scores == (FAILED, 1.0)
+    assert (result.timeouts, result.errors) == (0, 1)
+    assert "exited with code 3" in result.error_examples[0]
+    assert chaos_pool.score(["b"], ["b"]).scores == (1.0,)
+
+
+def test_mismatched_lengths_and_empty_batches(chaos_pool: RewardPool) -> None:
+    with pytest.raises(ValueError, match="got 2 responses and 1 answers"):
+        chaos_pool.score(["a", "b"], ["a"])
+    empty = chaos_pool.score([], [])
+    assert empty == RewardResult(scores=(), timeouts=0, errors=0, seconds=empty.seconds)
+    assert empty.metrics()["reward/mean"] == 0.0
+
+
+def test_an_unknown_reward_fails_at_construction_with_close_names() -> None:
+    with pytest.raises(KeyError, match="unknown reward type 'maht' \\(did you mean 'math'"):
+        RewardPool("maht", timeout_s=1.0, num_processes=1)
+    with pytest.raises(ValueError, match="timeout_s: expected a positive number"):
+        RewardPool("math", timeout_s=0.0, num_processes=1)
+    with pytest.raises(ValueError, match="num_processes: expected a positive integer, got 0"):
+        RewardPool("math", timeout_s=1.0, num_processes=0)
+
+
+def test_a_reward_registered_outside_an_extension_cannot_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RLSHELL_EXT_MODULE", raising=False)
+    register_reward("only_in_this_process", math_reward)
+    try:
+        with pytest.raises(RewardPoolError, match="failed to start: KeyError: unknown") as info:
+            RewardPool("only_in_this_process", timeout_s=1.0, num_processes=1)
+        assert "registered by a module named in RLSHELL_EXT_MODULE" in str(info.value)
+    finally:
+        REWARDS.unregister("only_in_this_process")
+
+
+# ------------------------------------------------------------- on Ray
+
+
+def test_a_reward_worker_scores_in_a_ray_worker_with_extensions(
+    ray_cluster: Cluster, plan_component: PlanFactory, chaos_extension: None
+) -> None:
+    cfg = RewardConfig(reward_type="chaos", timeout_s=TIMEOUT_S, num_processes=1)
+    group = RewardWorker.create_group(cfg).launch(ray_cluster, plan_component("reward", 1))
+    try:
+        (result,) = group.score(["a", "b", "HANG"], ["a", "x", "-"]).wait()
+        assert result.scores == (1.0, 0.0, 0.0)
+        assert (result.timeouts, result.errors) == (1, 0)
+        group.close().wait()
+        with pytest.raises(RuntimeError, match="RewardPool for 'chaos' is closed"):
+            group.score(["a"], ["a"]).wait()
+    finally:
+        group.shutdown()
+
+
+# ------------------------------------------------------------- the format reward
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "12",
+        " -3.5\n",
+        "1,000",
+        "Add them.\n#### 72",
+        "#### $18\n",
+        "so the answer is $\\boxed{\\frac{1}{2}}$.",
+        "\\boxed {7}",
+    ],
+)
+def test_format_rewards_a_stated_final_answer(response: str) -> None:
+    assert has_final_answer(response)
+    assert format_reward(response, "anything") == 1.0
+
+
+@pytest.mark.parametrize(
+    "response",
+    ["", "the answer is 12", "12 apples", "12.", "1,00", "#### twelve", "x #### 12", "\\boxed{}"],
+)
+def test_format_rejects_answers_in_no_recognised_format(response: str) -> None:
+    assert format_reward(response, "12") == 0.0
+
+
+def test_format_is_a_registered_reward() -> None:
+    assert get_reward("format") is format_reward
