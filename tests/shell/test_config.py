@@ -206,7 +206,7 @@ def test_a_runner_that_is_not_installed_fails_a_run_but_not_a_dry_run() -> None:
     config = attrs.evolve(config, runner=attrs.evolve(config.runner, runner_type="embodied"))
     assert validate(config, for_run=True)[-1] == (
         "runner.runner_type: the 'embodied' runner (rlshell.runners.embodied) is not in this "
-        "installation of rlshell; available: probe"
+        "installation of rlshell; available: probe, reasoning"
     )
 
 

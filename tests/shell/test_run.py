@@ -152,7 +152,7 @@ def test_a_runner_that_is_not_installed_is_named_before_ray_starts(
     assert result.returncode == 2
     assert result.stderr.splitlines()[1:] == [
         "  - runner.runner_type: the 'embodied' runner (rlshell.runners.embodied) is not in "
-        "this installation of rlshell; available: probe"
+        "this installation of rlshell; available: probe, reasoning"
     ]
     assert ray_processes_using(ray_tmpdir) == []
 

@@ -1,0 +1,325 @@
+"""The reasoning runner's parts in one process: batches, advantages, FSDP manager, checkpoints."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from attrs import evolve
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rlcore.advantages import group_normalized
+from rlshell.checkpoint import (
+    CheckpointError,
+    TrainerState,
+    clean_partials,
+    commit,
+    list_checkpoints,
+    prune,
+    resolve_resume,
+    staging_dir,
+    write_trainer_state,
+)
+from rlshell.config import Config, OptimConfig, WrapPolicyConfig
+from rlshell.config_loading import ConfigError, load_config
+from rlshell.fsdp import FSDPModelManager, build_lr_lambda, wrap_units
+from rlshell.models import get_model
+from rlshell.rollout import RolloutBatch, SamplingParams
+from rlshell.rollout.hf import HFRolloutEngine
+from rlshell.runners.reasoning import _interleave_order, prepare_tokenizer, with_tokenizer_ids
+from rlshell.workers.actor import compute_advantages, policy_forward
+
+GRPO = Path("configs/grpo.py")
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Path]:
+    run_dir = tmp_path_factory.mktemp("run")
+    base = load_config(GRPO, ["rollout.max_new_tokens=6"])
+    tokenizer_dir = prepare_tokenizer(base, run_dir)
+    return with_tokenizer_ids(base, tokenizer_dir), tokenizer_dir
+
+
+@pytest.fixture(scope="module")
+def engine(config: tuple[Config, Path]) -> HFRolloutEngine:
+    from rlshell.tokenizer import load_tokenizer
+
+    cfg, tokenizer_dir = config
+    torch.manual_seed(0)
+    return HFRolloutEngine(
+        get_model(cfg.actor.model), load_tokenizer(tokenizer_dir), torch.device("cpu")
+    )
+
+
+# -- rollout
+
+
+def test_behaviour_logprobs_equal_a_forward_recompute(engine: HFRolloutEngine) -> None:
+    params = SamplingParams(n=3, temperature=0.7, max_new_tokens=6)
+    batch = engine.generate(["1+2=", "13+40=", "7+7="], params, seed=5)
+    assert batch.rows == 9
+    assert batch.group_size == 3
+    logprobs, entropy = policy_forward(engine.model, batch, temperature=0.7, chunk_size=4)
+    mask = batch.response_mask
+    torch.testing.assert_close(logprobs[mask], batch.logprobs[mask], atol=1e-5, rtol=0)
+    assert torch.all(entropy[mask] > 0)
+
+
+def test_sampling_is_reproducible_from_its_seed_and_leaves_the_global_rng_alone(
+    engine: HFRolloutEngine,
+) -> None:
+    params = SamplingParams(n=4, max_new_tokens=6)
+    state = torch.get_rng_state()
+    first = engine.generate(["3+4="], params, seed=11)
+    assert torch.equal(torch.get_rng_state(), state)
+    again = engine.generate(["3+4="], params, seed=11)
+    assert torch.equal(first.response_ids, again.response_ids)
+    assert first.response_texts == again.response_texts
+
+
+def test_the_response_mask_ends_at_the_first_eos_and_texts_drop_it(
+    engine: HFRolloutEngine,
+) -> None:
+    batch = engine.generate(["1+1=", "2+2="], SamplingParams(n=8, max_new_tokens=6), seed=3)
+    for row, mask, text in zip(
+        batch.response_ids, batch.response_mask, batch.response_texts, strict=True
+    ):
+        eos = (row == engine.eos_id).nonzero()
+        valid = int(mask.sum())
+        assert valid == (int(eos[0]) + 1 if eos.numel() else row.numel())
+        assert len(text) <= valid
+
+
+def test_greedy_decoding_is_deterministic(engine: HFRolloutEngine) -> None:
+    params = SamplingParams(n=1, max_new_tokens=6, greedy=True)
+    a = engine.generate(["12+3="], params, seed=1)
+    b = engine.generate(["12+3="], params, seed=2)
+    assert torch.equal(a.response_ids, b.response_ids)
+
+
+def _batch(prompt_lengths: list[int], response_lengths: list[int], group: int = 1) -> RolloutBatch:
+    rows = len(prompt_lengths)
+    width, span = max(prompt_lengths), max(response_lengths)
+    prompt_mask = torch.tensor([[i >= width - n for i in range(width)] for n in prompt_lengths])
+    response_mask = torch.tensor([[i < n for i in range(span)] for n in response_lengths])
+    return RolloutBatch(
+        prompt_ids=torch.arange(rows * width).view(rows, width) * prompt_mask,
+        prompt_mask=prompt_mask,
+        response_ids=(torch.arange(rows * span).view(rows, span) + 1) * response_mask,
+        response_mask=response_mask,
+        logprobs=-torch.rand(rows, span) * response_mask,
+        response_texts=tuple(str(i) for i in range(rows)),
+        group_size=group,
+    )
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 5), st.integers(1, 5)), min_size=1, max_size=6),
+    st.integers(1, 3),
+)
+def test_concat_then_select_gives_back_each_part(rows: list[tuple[int, int]], cut: int) -> None:
+    cut = min(cut, len(rows))
+    a = _batch([p for p, _ in rows[:cut]], [r for _, r in rows[:cut]])
+    if cut == len(rows):
+        parts = [a]
+    else:
+        parts = [a, _batch([p for p, _ in rows[cut:]], [r for _, r in rows[cut:]])]
+    merged = RolloutBatch.concat(parts, pad_id=0)
+    assert merged.rows == len(rows)
+    assert merged.num_tokens == sum(p.num_tokens for p in parts)
+    back = merged.select(range(cut))
+    assert torch.equal(back.prompt_ids, a.prompt_ids)
+    assert torch.equal(back.response_mask, a.response_mask)
+    assert torch.equal(back.logprobs, a.logprobs)
+    assert back.response_texts == a.response_texts
+
+
+def test_a_batch_with_mismatched_shapes_is_refused() -> None:
+    good = _batch([2, 3], [1, 2])
+    with pytest.raises(ValueError, match=r"RolloutBatch\.logprobs has shape"):
+        RolloutBatch(
+            good.prompt_ids,
+            good.prompt_mask,
+            good.response_ids,
+            good.response_mask,
+            good.logprobs[:, :1],
+            good.response_texts,
+        )
+
+
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=4), st.integers(1, 3))
+def test_interleave_order_undoes_a_round_robin_split(counts: list[int], n: int) -> None:
+    # Prompt p went to rank p % R (only ranks with prompts answer, in rank order).
+    total = sum(counts)
+    ranks = len(counts)
+    counts = [len(range(rank, total, ranks)) for rank in range(ranks)]
+    rows = [p for rank in range(ranks) for p in range(rank, total, ranks) for _ in range(n)]
+    busy = [c for c in counts if c]
+    order = _interleave_order(busy, n)
+    assert [rows[i] for i in order] == [p for p in range(total) for _ in range(n)]
+
+
+# -- advantages
+
+
+def test_grpo_advantages_are_rlcores_group_normalised_scores_on_every_token(
+    config: tuple[Config, Path],
+) -> None:
+    cfg, _ = config
+    batch = _batch([2] * 8, [1, 2, 3, 4, 4, 3, 2, 1], group=4)
+    scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0])
+    advantages = compute_advantages(batch, scores, cfg).advantages
+    expected = group_normalized(scores.view(2, 4)).reshape(-1)
+    for row in range(8):
+        valid = batch.response_mask[row]
+        assert torch.allclose(advantages[row][valid], expected[row].expand(int(valid.sum())))
+        assert torch.all(advantages[row][~valid] == 0)
+
+
+# -- schedule and wrapping
+
+
+@given(
+    st.sampled_from(["constant", "linear", "cosine"]),
+    st.integers(0, 10),
+    st.floats(0, 1),
+    st.integers(1, 50),
+)
+def test_the_lr_multiplier_warms_up_then_stays_within_its_bounds(
+    kind: str, warmup: int, floor: float, total: int
+) -> None:
+    optim = OptimConfig(lr_scheduler=kind, lr_warmup_steps=warmup, min_lr_ratio=floor)  # type: ignore[arg-type]
+    multiplier = build_lr_lambda(optim, total)
+    values = [multiplier(step) for step in range(total + warmup + 2)]
+    for step in range(warmup):
+        assert values[step] == pytest.approx((step + 1) / warmup)
+    after = values[warmup:]
+    assert all(min(floor, 1.0) - 1e-12 <= v <= 1.0 + 1e-12 for v in after)
+    assert all(b <= a + 1e-12 for a, b in itertools.pairwise(after))
+    if kind == "constant":
+        assert all(v == 1.0 for v in after)
+
+
+def test_wrap_units_follow_the_policy_then_the_models_no_split_modules(
+    config: tuple[Config, Path],
+) -> None:
+    cfg, _ = config
+    model = get_model(cfg.actor.model)
+    default = wrap_units(model, WrapPolicyConfig())
+    assert [type(m).__name__ for m in default] == ["Qwen2DecoderLayer"] * 2
+    by_class = wrap_units(model, WrapPolicyConfig(module_classes_to_wrap=("Qwen2MLP",)))
+    assert [type(m).__name__ for m in by_class] == ["Qwen2MLP"] * 2
+    model.model.norm._fsdp_wrap_name = "final_norm"  # type: ignore[union-attr]
+    named = wrap_units(model, WrapPolicyConfig(no_split_names=("final_norm",)))
+    assert named == [model.model.norm]  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="no module of Qwen2ForCausalLM matches"):
+        wrap_units(model, WrapPolicyConfig(transformer_layer_cls_to_wrap=("LlamaDecoderLayer",)))
+
+
+def test_a_vocabulary_smaller_than_the_tokenizer_is_a_config_error(
+    config: tuple[Config, Path],
+) -> None:
+    cfg, tokenizer_dir = config
+    kwargs = {**cfg.actor.model.model_kwargs, "vocab_size": 4}
+    small = evolve(cfg, actor=evolve(cfg.actor, model=evolve(cfg.actor.model, model_kwargs=kwargs)))
+    with pytest.raises(ConfigError, match="vocab_size: 4 is smaller than the tokenizer's"):
+        with_tokenizer_ids(small, tokenizer_dir)
+
+
+# -- the FSDP manager on one gloo rank
+
+
+@pytest.fixture
+def process_group() -> Iterator[None]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _train_once(manager: FSDPModelManager) -> tuple[float, list[float]]:
+    ids = torch.randint(0, 10, (2, 5))
+    logits = manager.module(input_ids=ids).logits
+    manager.before_micro_batch(manager.module, is_last=True)
+    logits.float().square().mean().backward()
+    return manager.optimizer_step()
+
+
+def test_the_fsdp_manager_trains_saves_and_reloads_exactly(
+    config: tuple[Config, Path], process_group: None, tmp_path: Path
+) -> None:
+    cfg, _ = config
+    actor = evolve(cfg.actor, optim=evolve(cfg.actor.optim, lr_scheduler="linear"))
+    manager = FSDPModelManager(actor, total_steps=4, device=torch.device("cpu"))
+    manager.setup_model_and_optimizer()
+    grad_norm, lrs = _train_once(manager)
+    assert grad_norm > 0
+    assert lrs == [actor.optim.lr]
+    manager.save_checkpoint(tmp_path / "ckpt", step=1)
+    saved = {k: v.clone() for k, v in manager.get_model_state_dict().items()}
+    manager.offload_param_and_grad(offload_grad=True)
+    manager.offload_optimizer()
+    manager.load_param_and_grad("cpu", load_grad=True)
+    manager.load_optimizer("cpu")
+    after_save = _train_once(manager)
+    weights_after = {k: v.clone() for k, v in manager.get_model_state_dict().items()}
+    assert any(not torch.equal(saved[k], weights_after[k]) for k in saved)
+
+    assert manager.load_checkpoint(tmp_path / "ckpt") == 1
+    restored = manager.get_model_state_dict()
+    assert all(torch.equal(saved[k], restored[k]) for k in saved)
+    torch.manual_seed(0)
+    replay = _train_once(manager)
+    torch.manual_seed(0)
+    assert replay[1] == after_save[1]  # the schedule continued from step 1
+
+
+def test_loading_a_checkpoint_that_is_not_there_names_the_file(
+    config: tuple[Config, Path], process_group: None, tmp_path: Path
+) -> None:
+    cfg, _ = config
+    manager = FSDPModelManager(cfg.actor, total_steps=4, device=torch.device("cpu"))
+    manager.setup_model_and_optimizer()
+    with pytest.raises(FileNotFoundError, match=r"extra_state_rank0\.pt"):
+        manager.load_checkpoint(tmp_path / "missing")
+
+
+# -- checkpoint directories
+
+
+def _fake_checkpoint(run_dir: Path, step: int) -> Path:
+    staging = staging_dir(run_dir, step)
+    write_trainer_state(staging, TrainerState(step, 0, step, "test"))
+    return commit(staging, run_dir, step)
+
+
+def test_checkpoints_commit_atomically_resume_from_the_newest_and_prune(tmp_path: Path) -> None:
+    for step in (2, 4, 6):
+        _fake_checkpoint(tmp_path, step)
+    half_written = staging_dir(tmp_path, 8)  # a save interrupted before commit
+    assert [step for step, _ in list_checkpoints(tmp_path)] == [2, 4, 6]
+    assert resolve_resume("auto", tmp_path) == tmp_path / "checkpoints" / "global_step_6"
+    assert resolve_resume(None, tmp_path) is None
+    assert clean_partials(tmp_path) == [half_written]
+    assert not half_written.exists()
+    removed = prune(tmp_path, keep_last=2)
+    assert removed == [tmp_path / "checkpoints" / "global_step_2"]
+    with pytest.raises(CheckpointError, match="does not exist"):
+        resolve_resume(str(tmp_path / "nope"), tmp_path)
+    incomplete = staging_dir(tmp_path, 10)
+    with pytest.raises(CheckpointError, match="refusing to commit"):
+        commit(incomplete, tmp_path, 10)
+
+
+def test_resume_auto_without_checkpoints_starts_fresh(tmp_path: Path) -> None:
+    assert resolve_resume("auto", tmp_path) is None

@@ -1,0 +1,236 @@
+"""`python -m rlshell.train` with the reasoning runner, for real: short GRPO runs on Ray.
+
+One uninterrupted run is shared (module fixture); the other tests interrupt,
+resume, export and break runs and compare with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlshell.metrics import read_metrics
+from tests.shell.test_run import ROOT, cli_env, train
+
+pytestmark = pytest.mark.slow
+
+SHORT = [
+    "configs/grpo.py",
+    "runner.max_steps=6",
+    "runner.prompts_per_step=4",
+    "algorithm.group_size=4",
+    "rollout.max_new_tokens=4",
+    "runner.eval_interval=3",
+    "data.num_val=16",
+    "checkpoint.interval=2",
+    "checkpoint.keep_last=null",
+    # A gradient at every step, whatever the rewards: runs diverge if anything is lost.
+    "algorithm.entropy_coef=0.01",
+]
+# Wall-clock figures differ between runs; everything else must not.
+CLOCK_KEYS = ("time/", "perf/", "reward/seconds", "rollout/sync_seconds")
+
+
+def _deterministic(records: list[dict[str, float]]) -> list[dict[str, float]]:
+    return [{k: v for k, v in record.items() if not k.startswith(CLOCK_KEYS)} for record in records]
+
+
+@pytest.fixture(scope="module")
+def ray_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="rr", dir="/tmp"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, ray_tmp: Path) -> Path:
+    out = tmp_path_factory.mktemp("runs")
+    result = train(*SHORT, f"runner.output_dir={out}", env=cli_env(ray_tmp), timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out / "grpo"
+
+
+def test_a_short_run_leaves_metrics_checkpoints_a_curve_and_a_hugging_face_model(
+    uninterrupted: Path,
+) -> None:
+    records = read_metrics(uninterrupted / "metrics.jsonl")
+    steps = [int(r["step"]) for r in records]
+    assert steps == [0, 1, 2, 3, 4, 5, 6]
+    assert [int(r["step"]) for r in records if "eval/accuracy" in r] == [0, 3, 6]
+    for key in ("reward/mean", "train/pg_loss", "train/entropy", "perf/tokens_per_s"):
+        assert key in records[-1], key
+    for key in ("time/rollout", "time/reward", "time/update", "time/sync", "time/step"):
+        assert records[-1][key] >= 0, key
+    assert sorted(p.name for p in (uninterrupted / "checkpoints").iterdir()) == [
+        "global_step_2",
+        "global_step_4",
+        "global_step_6",
+    ]
+    assert list((uninterrupted / "tensorboard").glob("events.out.tfevents.*"))
+    assert (uninterrupted / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (uninterrupted / "hf_model" / "config.json").is_file()
+
+
+def test_the_exported_model_loads_with_transformers_and_matches_the_checkpoint(
+    uninterrupted: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlshell.export import load_policy
+
+    checkpoint = uninterrupted / "checkpoints" / "global_step_4"
+    out = tmp_path / "exported"
+    result = subprocess.run(
+        [sys.executable, "-m", "rlshell.export", str(checkpoint), str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    reference, _ = load_policy(checkpoint)
+    ids = tokenizer(["12+30="], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference(ids).logits)
+    # The end-of-run export is the last checkpoint's policy.
+    final = AutoModelForCausalLM.from_pretrained(uninterrupted / "hf_model", local_files_only=True)
+    last, _ = load_policy(uninterrupted / "checkpoints" / "global_step_6")
+    with torch.no_grad():
+        assert torch.equal(final(ids).logits, last(ids).logits)
+
+
+def test_export_of_a_missing_checkpoint_fails_clearly(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "rlshell.export", str(tmp_path / "nope"), str(tmp_path / "out")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "does not exist" in result.stderr
+
+
+def test_ctrl_c_then_resume_auto_reproduces_the_uninterrupted_run_exactly(
+    uninterrupted: Path, tmp_path: Path, ray_tmp: Path
+) -> None:
+    args = [sys.executable, "-m", "rlshell.train", *SHORT, f"runner.output_dir={tmp_path}"]
+    run_dir = tmp_path / "grpo"
+    process = subprocess.Popen(
+        args, cwd=ROOT, env=cli_env(ray_tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    deadline = time.monotonic() + 300
+    while not (run_dir / "checkpoints" / "global_step_2").is_dir():
+        assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
+        assert time.monotonic() < deadline, "no checkpoint of step 2 in 300 s"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    output = process.communicate(timeout=120)[0].decode()
+    if process.returncode == 0:
+        pytest.fail("the run finished before Ctrl-C reached it; nothing was interrupted")
+    assert process.returncode == 130, output[-3000:]
+    names = [p.name for p in (run_dir / "checkpoints").iterdir()]
+    assert "global_step_2" in names
+    assert "global_step_6" not in names
+
+    resumed = train(
+        *SHORT,
+        f"runner.output_dir={tmp_path}",
+        "checkpoint.resume=auto",
+        env=cli_env(ray_tmp),
+        timeout=400,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+    assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.endswith(".partial")]
+    expected = _deterministic(read_metrics(uninterrupted / "metrics.jsonl"))
+    got = _deterministic(read_metrics(run_dir / "metrics.jsonl"))
+    assert got == expected
+
+
+def _fault_env(ray_tmp: Path, fault: str, at: int, marker: Path) -> dict[str, str]:
+    return cli_env(
+        ray_tmp,
+        RLSHELL_EXT_MODULE="fault_ext",
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT / "tests" / "shell"), os.environ.get("PYTHONPATH", "")]
+        ),
+        RLSHELL_TEST_FAULT=fault,
+        RLSHELL_TEST_FAULT_AT=str(at),
+        RLSHELL_TEST_FAULT_MARKER=str(marker),
+    )
+
+
+FAULTY = [*SHORT[:1], "actor.model.model_type=faulty_lm", *SHORT[1:], "checkpoint.interval=1"]
+
+
+def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_checkpoint(
+    tmp_path: Path, ray_tmp: Path
+) -> None:
+    result = train(
+        *FAULTY,
+        f"runner.output_dir={tmp_path}",
+        env=_fault_env(ray_tmp, "nan", at=3, marker=tmp_path / "marker"),
+        timeout=400,
+    )
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "step 3: the loss is nan" in result.stderr
+    names = sorted(p.name for p in (tmp_path / "grpo" / "checkpoints").iterdir())
+    assert names == ["global_step_1", "global_step_2"]
+
+
+def test_a_worker_killed_mid_step_is_named_and_resume_auto_continues(
+    tmp_path: Path, ray_tmp: Path
+) -> None:
+    env = _fault_env(ray_tmp, "kill", at=3, marker=tmp_path / "killed")
+    result = train(*FAULTY, f"runner.output_dir={tmp_path}", env=env, timeout=400)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert (tmp_path / "killed").is_file()
+    assert "component 'actor' rank 1" in result.stderr
+    assert "died while running run_training()" in result.stderr
+    resumed = train(
+        *FAULTY, f"runner.output_dir={tmp_path}", "checkpoint.resume=auto", env=env, timeout=400
+    )
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stdout
+    steps = [int(r["step"]) for r in read_metrics(tmp_path / "grpo" / "metrics.jsonl")]
+    assert steps == [0, 1, 2, 3, 4, 5, 6]
+
+
+def test_bad_inputs_stop_before_training_with_the_key_named(tmp_path: Path, ray_tmp: Path) -> None:
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "solution": "2"}) + "\n")
+    missing_column = train(
+        "configs/grpo.py", "data.task=file", f"data.train_path={data}", env=cli_env(ray_tmp)
+    )
+    assert missing_column.returncode == 2
+    assert "data.train_path" in missing_column.stderr
+    assert "answer" in missing_column.stderr
+
+    no_checkpoint = train(
+        "configs/grpo.py", f"checkpoint.resume={tmp_path / 'nope'}", env=cli_env(ray_tmp)
+    )
+    assert no_checkpoint.returncode == 2
+    assert "checkpoint.resume" in no_checkpoint.stderr
+
+    too_small = train(
+        "configs/grpo.py",
+        "actor.model.model_kwargs.vocab_size=8",
+        f"runner.output_dir={tmp_path}",
+        env=cli_env(ray_tmp),
+        timeout=300,
+    )
+    assert too_small.returncode == 2, too_small.stderr[-2000:]
+    assert "actor.model.model_kwargs.vocab_size: 8 is smaller than the tokenizer's" in (
+        too_small.stderr
+    )
