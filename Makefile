@@ -10,7 +10,7 @@ CONSTRAINTS := requirements/constraints.txt
 EXTRAS := dev,jax,bench
 STAMP := $(VENV)/.installed
 # Tests use every core; hypothesis uses the fast CI profile unless told otherwise.
-PYTEST_ARGS ?= -n 2
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 export HYPOTHESIS_PROFILE ?= ci
 export RAY_AUTH_MODE ?= disabled
 

@@ -56,6 +56,17 @@ RUN_HERE = {
     "rollout.backend=vllm rollout.tensor_parallel_size=4 cluster.component_placement="
     """'{"actor": "all", "rollout": "16-31", "reward": "0-3"}' runner.experiment_name=grpo_4x8""",
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run cluster.simulate=1x0x2",
+    # docs/grpo.md
+    ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run algorithm.adv_type=dr_grpo "
+    "algorithm.loss_agg_mode=seq-mean-token-sum-norm runner.experiment_name=dr_grpo",
+    ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run algorithm.clip_low=0.2 "
+    "algorithm.clip_high=0.28 algorithm.loss_agg_mode=token-mean "
+    "runner.experiment_name=clip_higher",
+    ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run algorithm.adv_type=rloo "
+    "algorithm.loss_type=vanilla algorithm.loss_agg_mode=seq-mean-token-sum "
+    "runner.experiment_name=rloo",
+    ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run algorithm.adv_type=reinforce_pp "
+    "algorithm.kl_coef=0.001 algorithm.kl_kind=k2 runner.experiment_name=reinforce_pp_kl",
     # docs/extending.md
     "PYTHONPATH=examples/extension RLSHELL_EXT_MODULE=rlshell_example_ext .venv/bin/python -m "
     "rlshell.train configs/grpo.py --dry-run reward.reward_type=contains_answer",

@@ -94,7 +94,8 @@ def build_lr_lambda(optim: OptimConfig, total_steps: int) -> Callable[[int], flo
     """
     warmup = optim.lr_warmup_steps
     floor = optim.min_lr_ratio
-    decay_steps = max(1, total_steps - warmup)
+    # The last of ``total_steps`` updates (index total_steps − 1) runs at the floor.
+    decay_steps = max(1, total_steps - warmup - 1)
 
     def multiplier(step: int) -> float:
         if step < warmup:

@@ -70,7 +70,8 @@ HEADLINE_METRICS: Mapping[str, str] = {
 
 
 def tokens_per_second(total_tokens: int, step_seconds: float) -> float:
-    """Throughput of one step, as verl reports it (``perf/tokens_per_s``).
+    """Throughput of one step (``perf/tokens_per_s``): verl's ``perf/throughput`` before it
+    divides by the number of GPUs.
 
     tokens/s = (prompt + response tokens processed in the step) ÷ the step's wall time
 

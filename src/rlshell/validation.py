@@ -37,7 +37,12 @@ __all__ = [
 ]
 
 # Estimators whose baseline is the other samples of the same prompt.
-GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo"}
+GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}
+# What the reasoning runner cannot feed: value estimates, teacher or proximal log-probs.
+REASONING_UNSUPPORTED = {
+    "algorithm.adv_type": {"gae": "a value model", "opd": "teacher log-probs"},
+    "algorithm.loss_type": {"decoupled_ppo": "proximal log-probs"},
+}
 GPU_ROLLOUT_BACKENDS = {"vllm", "sglang"}
 
 
@@ -129,8 +134,22 @@ def _algorithm_problems(config: Config) -> list[str]:
             f"so it needs at least 2 per prompt, got {algorithm.group_size}"
         )
     low, high = algorithm.clip_low, algorithm.clip_high
-    if low is not None and high is not None and high < low:
+    if low is not None and low >= 1:
+        problems.append(f"algorithm.clip_low: expected a number in (0, 1), got {low}")
+    # An unset clip_low takes the loss's default (0.2 for the PPO family).
+    effective_low = low if low is not None else 0.2
+    if high is not None and algorithm.loss_type == "ppo" and high < effective_low:
+        problems.append(f"algorithm.clip_high: expected ≥ clip_low ({effective_low}), got {high}")
+    elif high is not None and low is not None and high < low:
         problems.append(f"algorithm.clip_high: expected ≥ clip_low ({low}), got {high}")
+    if config.runner.runner_type == "reasoning":
+        for key, unsupported in REASONING_UNSUPPORTED.items():
+            name = algorithm.adv_type if key.endswith("adv_type") else algorithm.loss_type
+            if name in unsupported:
+                problems.append(
+                    f"{key}: '{name}' needs {unsupported[name]}, which the reasoning runner "
+                    "does not compute"
+                )
     if algorithm.dual_clip is not None and algorithm.dual_clip <= 1:
         problems.append(f"algorithm.dual_clip: expected a number > 1, got {algorithm.dual_clip}")
     return problems

@@ -20,7 +20,8 @@ import torch
 from rlshell.metrics import read_metrics
 from tests.shell.test_run import ROOT, cli_env, train
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs the whole module, so the shared run happens once (make test: --dist loadgroup).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("reasoning_run")]
 
 SHORT = [
     "configs/grpo.py",

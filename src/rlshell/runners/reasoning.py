@@ -34,7 +34,7 @@ from rlshell.cluster import Cluster
 from rlshell.config import Config, DataConfig
 from rlshell.config_loading import ConfigError
 from rlshell.data import ArithmeticTask, PromptExample, PromptSampler, SamplerState, load_dataset
-from rlshell.metrics import MetricLogger, plot_learning_curve
+from rlshell.metrics import MetricLogger, plot_learning_curve, tokens_per_second
 from rlshell.placement import ComponentPlan, PlacementPlan
 from rlshell.rewards.worker import RewardWorker
 from rlshell.rollout import RolloutBatch, SamplingParams
@@ -312,8 +312,10 @@ class ReasoningTrainer:
         metrics.update(sync)
         metrics.update(_rollout_metrics(batch, scores, params.n))
         metrics["time/step"] = step_time
-        metrics["perf/tokens_per_s"] = batch.num_tokens / step_time
-        metrics["perf/completion_tokens_per_s"] = float(batch.response_mask.sum()) / step_time
+        metrics["perf/tokens_per_s"] = tokens_per_second(batch.num_tokens, step_time)
+        metrics["perf/completion_tokens_per_s"] = tokens_per_second(
+            int(batch.response_mask.sum()), step_time
+        )
         return metrics
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, step: int) -> RolloutBatch:
