@@ -20,7 +20,7 @@ import torch
 from rlshell.metrics import read_metrics
 from tests.shell.test_run import ROOT, cli_env, train
 
-# One xdist worker runs the whole module, so the shared run happens once (make test: --dist loadgroup).
+# One xdist worker runs the whole module, so the shared run happens once (--dist loadgroup).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("reasoning_run")]
 
 SHORT = [
