@@ -3,8 +3,10 @@
 from rlshell.config import (
     ActorConfig,
     AlgorithmConfig,
+    CheckpointConfig,
     ClusterConfig,
     Config,
+    DataConfig,
     ModelConfig,
     OptimConfig,
     RewardConfig,
@@ -31,10 +33,18 @@ config = Config(
         ),
         optim=OptimConfig(lr=3e-4),
     ),
-    rollout=RolloutConfig(backend="hf", temperature=1.0, max_new_tokens=8),
+    # Answers are at most two digits and the end token: 4 new tokens leave room to be wrong.
+    rollout=RolloutConfig(backend="hf", temperature=1.0, max_new_tokens=4),
     reward=RewardConfig(reward_type="math", timeout_s=5.0),
     algorithm=AlgorithmConfig(adv_type="grpo", loss_type="ppo", group_size=8),
+    # Sums of three one-digit numbers: 1,000 prompts, 200 held out (never trained on).
+    data=DataConfig(task="arithmetic", num_terms=3, max_operand=9, num_val=200),
     runner=RunnerConfig(
-        runner_type="reasoning", experiment_name="grpo", max_steps=200, prompts_per_step=16
+        runner_type="reasoning",
+        experiment_name="grpo",
+        max_steps=1500,
+        prompts_per_step=16,
+        eval_interval=100,
     ),
+    checkpoint=CheckpointConfig(interval=500, keep_last=2, export_hf=True),
 )

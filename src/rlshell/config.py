@@ -256,8 +256,8 @@ class DataConfig:
     val_path: str | None = None
     prompt_key: str = "prompt"
     answer_key: str = "answer"
-    num_terms: int = field(default=2, metadata=POSITIVE_INT)
-    max_operand: int = field(default=49, metadata=POSITIVE_INT)
+    num_terms: int = field(default=3, metadata=POSITIVE_INT)
+    max_operand: int = field(default=9, metadata=POSITIVE_INT)
     num_val: int = field(default=200, metadata=NON_NEGATIVE_INT)
     num_train: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     seed: int = 0

@@ -13,6 +13,7 @@ import argparse
 import os
 import shutil
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,7 +42,10 @@ def load_policy(checkpoint: Path) -> tuple[nn.Module, object]:
     )
     model: nn.Module = transformers.AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
     state = {"model": model.state_dict()}
-    dcp_load(state, checkpoint_id=str(checkpoint / "actor"), no_dist=True)
+    with warnings.catch_warnings():
+        # Reading shards in one process without a process group is the intent here.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp_load(state, checkpoint_id=str(checkpoint / "actor"), no_dist=True)
     model.load_state_dict(state["model"])
     tokenizer = transformers.AutoTokenizer.from_pretrained(
         checkpoint / "tokenizer", local_files_only=True

@@ -235,3 +235,25 @@ def test_bad_inputs_stop_before_training_with_the_key_named(tmp_path: Path, ray_
     assert "actor.model.model_kwargs.vocab_size: 8 is smaller than the tokenizer's" in (
         too_small.stderr
     )
+
+
+def test_evaluate_scores_a_checkpoint_and_the_export_as_the_run_did(uninterrupted: Path) -> None:
+    logged = [r for r in read_metrics(uninterrupted / "metrics.jsonl") if r["step"] == 6]
+    accuracy = next(r["eval/accuracy"] for r in logged if "eval/accuracy" in r)
+    for target, extra in (
+        (uninterrupted / "checkpoints" / "global_step_6", []),
+        (uninterrupted / "hf_model", ["--config", str(uninterrupted / "config.json")]),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "rlshell.evaluate", str(target), *extra],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        report = json.loads(result.stdout.strip().splitlines()[-1])
+        assert report["eval/examples"] == 16
+        # Greedy decoding of the same weights; batches are padded differently, so allow
+        # one example's worth of difference for a tie broken the other way.
+        assert abs(report["eval/accuracy"] - accuracy) <= 1 / 16 + 1e-9

@@ -17,6 +17,7 @@ from rlshell.config_loading import load_config
 from rlshell.data import arithmetic_task
 from rlshell.runners.reasoning import (
     ReasoningTrainer,
+    arithmetic_task_of,
     prepare_tokenizer,
     rollout_shares_actor,
     with_tokenizer_ids,
@@ -57,7 +58,7 @@ def test_rollout_weights_equal_the_actors_after_every_sync(
     config = with_tokenizer_ids(config, tokenizer_dir)
     plan = plan_for(config, ray_cluster.spec())
     assert rollout_shares_actor(plan) == (placement == COLLOCATED)
-    prompts = arithmetic_task("train")[:4]
+    prompts = arithmetic_task("train", arithmetic_task_of(config.data))[:4]
     with ReasoningTrainer.launch(config, ray_cluster, plan, tokenizer_dir) as trainer:
         first = trainer.sync_weights(full=True)
         before = _assert_synced(trainer)
