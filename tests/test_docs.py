@@ -74,6 +74,11 @@ RUN_HERE = {
 COVERED_ELSEWHERE = {
     EXAMPLE_COMMAND: "test_custom_estimator_example_runs_and_prints_what_core_md_shows",
     "make test": "the CI entry point .ci/run; this test is part of it",
+    "make install": "the CI entry point .ci/run (make test installs from nothing first)",
+    ".venv/bin/python -m rlshell.train configs/grpo.py": (
+        "tests/shell/test_reasoning_run.py runs it shortened (runner.max_steps=6, small "
+        "batches); the full run takes minutes and its figures are in docs/quickstart.md"
+    ),
     "make bench": "minutes of benchmarks; their --quick forms below are run by tests",
     ".venv/bin/python benchmarks/core_advantages.py --quick": (
         "tests/test_benchmarks_smoke.py::test_core_advantages_quick_run_prints_the_expected_json"
