@@ -74,6 +74,10 @@ RUN_HERE = {
 COVERED_ELSEWHERE = {
     EXAMPLE_COMMAND: "test_custom_estimator_example_runs_and_prints_what_core_md_shows",
     "make test": "the CI entry point .ci/run; this test is part of it",
+    ".venv/bin/python examples/custom_trainer/grpo_arithmetic.py --steps 2000": (
+        "tests/shell/test_reasoning_parts.py::test_the_custom_trainer_example_trains_and_evaluates"
+        " runs it for 3 steps"
+    ),
     "make install": "the CI entry point .ci/run (make test installs from nothing first)",
     ".venv/bin/python -m rlshell.train configs/grpo.py": (
         "tests/shell/test_reasoning_run.py runs it shortened (runner.max_steps=6, small "

@@ -97,7 +97,7 @@ def test_missing_parquet_column_names_file_and_columns_present(tmp_path: Path) -
 def test_non_string_value_is_named(tmp_path: Path) -> None:
     path = tmp_path / "data.jsonl"
     path.write_text('{"prompt": ["a"], "answer": "1"}\n')
-    with pytest.raises(ValueError, match=r"line 1: 'prompt' must be a string"):
+    with pytest.raises(ValueError, match=r"data\.jsonl:1: 'prompt' must be a string"):
         read_examples(path)
 
 

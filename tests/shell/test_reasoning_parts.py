@@ -323,3 +323,27 @@ def test_checkpoints_commit_atomically_resume_from_the_newest_and_prune(tmp_path
 
 def test_resume_auto_without_checkpoints_starts_fresh(tmp_path: Path) -> None:
     assert resolve_resume("auto", tmp_path) is None
+
+
+def test_the_custom_trainer_example_trains_and_evaluates() -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [
+            sys.executable,
+            "examples/custom_trainer/grpo_arithmetic.py",
+            "--steps",
+            "3",
+            "--eval-every",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("75,392 parameters, vocabulary 17")
+    assert lines[-1].startswith("step    3  reward")
+    assert "held-out accuracy" in lines[-1]
