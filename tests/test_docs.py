@@ -69,7 +69,8 @@ RUN_HERE = {
     "algorithm.kl_coef=0.001 algorithm.kl_kind=k2 runner.experiment_name=reinforce_pp_kl",
     # docs/extending.md
     "PYTHONPATH=examples/extension RLSHELL_EXT_MODULE=rlshell_example_ext .venv/bin/python -m "
-    "rlshell.train configs/grpo.py --dry-run reward.reward_type=contains_answer",
+    "rlshell.train configs/grpo.py --dry-run reward.reward_type=contains_answer "
+    "runner.experiment_name=ext_example",
 }
 COVERED_ELSEWHERE = {
     EXAMPLE_COMMAND: "test_custom_estimator_example_runs_and_prints_what_core_md_shows",
