@@ -78,3 +78,27 @@ def test_shell_workers_quick_run_prints_the_expected_json() -> None:
     assert set(report["noop_call_ms"]) == {"worker_group", "raw_ray"}
     assert report["ray_startup_s"] > 0
     subprocess.run(["rm", "-rf", ray_tmpdir], check=False)
+
+
+def test_grpo_step_quick_run_prints_the_expected_json() -> None:
+    import os
+    import tempfile
+
+    ray_tmpdir = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # Ray's socket paths must stay short
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "grpo_step.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+        env={**os.environ, "RAY_TMPDIR": ray_tmpdir, "RAY_AUTH_MODE": "disabled"},
+    )
+    subprocess.run(["rm", "-rf", ray_tmpdir], check=False)
+    report = json.loads(completed.stdout)
+    assert report["benchmark"] == "grpo_step"
+    assert report["quick"] is True
+    assert isinstance(report["met"], bool)
+    (size,) = report["sizes"].values()
+    assert size["rlstack"]["completion_tokens"] == size["trl"]["completion_tokens"]
+    assert size["rlstack"]["completion_tokens_per_s"] > 0
+    assert report["weight_sync"]["synced_equal"] is True
