@@ -46,7 +46,23 @@ def run_dir_of(config: Config) -> Path:
     return Path(config.runner.output_dir) / config.runner.experiment_name
 
 
+def _listen_for_ctrl_c() -> None:
+    """Make Ctrl-C raise KeyboardInterrupt here, whatever this process inherited.
+
+    A process started by one that ignores or blocks SIGINT (some test runners,
+    job launchers, ``nohup``) inherits that, and Python then leaves Ctrl-C
+    ignored; the clean shutdown below depends on receiving it.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _listen_for_ctrl_c()
     parser = _parser()
     args = parser.parse_intermixed_args(argv)
     try:

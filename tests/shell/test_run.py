@@ -99,6 +99,11 @@ def test_a_probe_run_places_every_worker_as_planned_with_extensions_loaded(
     assert wait_for_no_ray_processes(ray_tmpdir) == []
 
 
+def _deaf_to_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_shuts_ray_down_and_exits_130(ray_tmpdir: Path, tmp_path: Path) -> None:
     process = subprocess.Popen(
         [
@@ -115,6 +120,9 @@ def test_ctrl_c_shuts_ray_down_and_exits_130(ray_tmpdir: Path, tmp_path: Path) -
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Started the way some launchers start jobs: SIGINT ignored and blocked. The
+        # command line must still hear Ctrl-C.
+        preexec_fn=_deaf_to_ctrl_c,
     )
     try:
         assert process.stdout is not None
