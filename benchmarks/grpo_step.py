@@ -8,9 +8,10 @@
 
     - rlstack: `rlshell.runners.reasoning.ReasoningTrainer` with
       ``configs/grpo.py``: two FSDP2 actor ranks (gloo) with the HF rollout
-      engine collocated in each (each rank samples half the prompts), the
-      reward in a worker of its own, the weights synced in memory after the
-      update (``rollout.weight_sync``, default ``bucket``);
+      engine collocated in each (each rank samples half the prompts, with
+      ``rollout.weight_sync=shared``: the engine borrows the rank's gathered
+      FSDP weights, so there is nothing to sync), the reward in a worker of
+      its own;
     - TRL (the baseline): `trl.GRPOTrainer` with ``GRPOConfig(use_cpu=True)``,
       everything in the trainer process (``model.generate``, the reward
       function, the update), ``per_device_train_batch_size`` = prompts ×
@@ -38,7 +39,9 @@
     a ``bucket`` sync against a ``patch`` sync, with the engine in bf16 (what
     ``rollout.precision="bf16"`` does) and in fp32. Target: patch ≤ 0.1× the
     bucket bytes (bf16). And the time of an fp32 bucket sync against a plain
-    ``Tensor.copy_`` of every tensor into the same targets (the bound).
+    ``Tensor.copy_`` of every tensor into the same targets (the bound), the
+    targets laid out as a collocated engine lays out its weights
+    (`rlshell.weight_sync.FlatBuckets`: the buckets are packed into them).
     Target: bucket time ≤ 1.25× the plain copy (≥ 0.8× its speed).
 
 Prints one JSON object. ``--quick`` is a smoke run (the small model, a small
@@ -76,6 +79,8 @@ PATCH_BYTES_TARGET = 0.1  # patch bytes ≤ 0.1× bucket bytes after one step (b
 COPY_TIME_TARGET = 1.25  # bucket sync time ≤ 1.25× a plain copy of every tensor
 LEARNING_RATE = 1e-6  # a typical RL learning rate; both trainers and the sync measurement use it
 BUCKET_SIZE_MB = 64.0  # rollout.bucket_size_mb's default
+# The collocated HF engine borrows each actor rank's gathered weights: nothing to sync.
+WEIGHT_SYNC = "shared"
 
 # Qwen2Config arguments; vocabulary size and special ids come from the tokenizer.
 SIZES: dict[str, dict[str, int]] = {
@@ -200,6 +205,7 @@ def rlstack_trainer(spec: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]
         f"algorithm.group_size={spec['group_size']}",
         f"rollout.max_new_tokens={spec['max_new_tokens']}",
         f"actor.optim.lr={LEARNING_RATE}",
+        f"rollout.weight_sync={WEIGHT_SYNC}",
         *(f"actor.model.model_kwargs.{key}={value}" for key, value in kwargs.items()),
     ]
     config = load_config(CONFIG, overrides)
@@ -383,6 +389,7 @@ def run_sync(spec: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     from rlshell.tokenizer import build_char_tokenizer
+    from rlshell.weight_sync import FlatBuckets, bucket_bytes_for
     from rlshell.weight_transfer import WeightSender
 
     tokenizer = build_char_tokenizer()
@@ -423,8 +430,10 @@ def run_sync(spec: dict[str, Any]) -> dict[str, Any]:
         int((t.to(torch.bfloat16) != before_bf16[name]).sum()) for name, t in state.items()
     )
 
-    # Time: an fp32 bucket sync against copy_ of every tensor into the same targets.
+    # Time: an fp32 bucket sync against copy_ of every tensor into the same targets, laid out
+    # as the collocated engine lays them out (FlatBuckets: buckets are packed into them).
     fp32 = targets["fp32"]
+    flat = FlatBuckets(fp32, bucket_bytes_for(BUCKET_SIZE_MB))
 
     def plain_copy() -> None:
         with torch.no_grad():
@@ -432,7 +441,7 @@ def run_sync(spec: dict[str, Any]) -> dict[str, Any]:
                 fp32[name].copy_(tensor)
 
     def bucket_sync() -> None:
-        senders["bucket", "fp32"].send_in_memory(state.items(), fp32, full=False)
+        senders["bucket", "fp32"].send_in_memory(state.items(), fp32, full=False, flat=flat)
 
     samples: dict[str, list[float]] = {"bucket": [], "plain_copy": []}
     for fn in (plain_copy, bucket_sync):  # warm-up
@@ -442,10 +451,15 @@ def run_sync(spec: dict[str, Any]) -> dict[str, Any]:
             start = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - start)
+    with torch.no_grad():  # the in-place sync on its own: from zeros to the weights
+        for tensor in fp32.values():
+            tensor.zero_()
+    bucket_sync()
+    timed_synced = all(torch.equal(fp32[name], t) for name, t in state.items())
     numel = sum(t.numel() for t in state.values())
     return {
         "parameters": numel,
-        "synced_equal": synced,
+        "synced_equal": synced and timed_synced,
         "bf16_elements_changed": changed_bf16,
         "after_one_step": syncs,
         "time_ms": {name: statistics.median(s) * 1000.0 for name, s in samples.items()},
@@ -554,8 +568,9 @@ def main() -> None:
         },
         "rlstack_setup": (
             "ReasoningTrainer, configs/grpo.py: 2 FSDP2 actor ranks (gloo, 1 thread each) with "
-            "the HF rollout collocated (each rank generates half the prompts), reward in its own "
-            "worker, weights synced in memory each step; Ray on 2 CPUs, workers at nice 0; "
+            "the HF rollout collocated (each rank generates half the prompts with its own "
+            f"gathered weights: rollout.weight_sync={WEIGHT_SYNC}), reward in its own worker "
+            "(2 scoring processes); Ray on 2 CPUs, workers at nice 0; "
             "alternating step by step with TRL in one driver process"
         ),
         "baseline": (

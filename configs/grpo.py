@@ -35,7 +35,8 @@ config = Config(
     ),
     # Answers are at most two digits and the end token: 4 new tokens leave room to be wrong.
     rollout=RolloutConfig(backend="hf", temperature=1.0, max_new_tokens=4),
-    reward=RewardConfig(reward_type="math", timeout_s=5.0),
+    # Two scoring processes: both cores are free while the rewards are computed.
+    reward=RewardConfig(reward_type="math", timeout_s=5.0, num_processes=2),
     algorithm=AlgorithmConfig(adv_type="grpo", loss_type="ppo", group_size=8),
     # Sums of three one-digit numbers: 1,000 prompts, 200 held out (never trained on).
     data=DataConfig(task="arithmetic", num_terms=3, max_operand=9, num_val=200),

@@ -201,7 +201,10 @@ class RolloutConfig:
     ``precision``); the actor's weights are cast to it when synced, which is
     what makes ``patch`` small (few bf16 values change per optimizer step).
     ``weight_sync``: ``bucket`` sends every weight in flat buckets of
-    ``bucket_size_mb``; ``patch`` sends only the entries that changed.
+    ``bucket_size_mb``; ``patch`` sends only the entries that changed;
+    ``shared`` keeps no copy at all: the hf engine generates with the actor's
+    own FSDP module, its units gathered once per rollout (the rollout must
+    share the actor's placement and precision).
     """
 
     backend: Literal["hf", "vllm", "sglang"] = "hf"
@@ -213,7 +216,7 @@ class RolloutConfig:
     max_new_tokens: int = field(default=16, metadata=POSITIVE_INT)
     gpu_memory_utilization: float = field(default=0.5, metadata=UNIT_OPEN_CLOSED)
     enable_offload: bool = True
-    weight_sync: Literal["bucket", "patch"] = "bucket"
+    weight_sync: Literal["bucket", "patch", "shared"] = "bucket"
     bucket_size_mb: float = field(default=64.0, metadata=POSITIVE)
     cpus_per_worker: float = field(default=0.25, metadata=POSITIVE)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +224,32 @@ class FSDPModelManager:
         if self.model is None:
             raise RuntimeError("call setup_model_and_optimizer() first")
         return self.model
+
+    @contextmanager
+    def unsharded(self) -> Iterator[nn.Module]:
+        """The model with every unit's full parameters gathered once, for inference.
+
+        Each FSDP unit is all-gathered on entry and kept gathered through any
+        number of forward passes (``generate`` runs one per new token, which
+        would otherwise gather every unit again each time); on exit every unit
+        is resharded and its own reshard-after-forward setting restored.
+        Collective: every rank enters and leaves together. Gradients are not
+        tracked inside (``torch.no_grad``).
+        """
+        model = self.module
+        units = [module for module in model.modules() if isinstance(module, FSDPModule)]
+        root = model if isinstance(model, FSDPModule) else None
+        reshard = self.cfg.fsdp_config.reshard_after_forward
+        try:
+            with torch.no_grad():
+                for unit in units:
+                    unit.set_reshard_after_forward(False, recurse=False)
+                    unit.unshard()
+                yield model
+        finally:
+            for unit in units:
+                unit.reshard()
+                unit.set_reshard_after_forward(reshard and unit is not root, recurse=False)
 
     def before_micro_batch(self, model: nn.Module, is_last: bool) -> None:
         """Reduce gradients across ranks only after the last micro-batch of a step."""

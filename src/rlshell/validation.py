@@ -173,12 +173,46 @@ def _cluster_problems(config: Config) -> list[str]:
 
 def _rollout_problems(config: Config) -> list[str]:
     rollout = config.rollout
+    problems = []
     if rollout.tensor_parallel_size > 1 and rollout.backend == "hf":
-        return [
+        problems.append(
             f"rollout.tensor_parallel_size: the hf backend runs one device per process; "
             f"tensor_parallel_size {rollout.tensor_parallel_size} needs backend vllm or sglang"
-        ]
-    return []
+        )
+    if rollout.weight_sync == "shared":
+        problems += _shared_weight_problems(config)
+    return problems
+
+
+def _shared_weight_problems(config: Config) -> list[str]:
+    """``weight_sync='shared'``: the hf engine must live in the actor's processes, in its dtype."""
+    rollout, actor_dtype = config.rollout, config.actor.fsdp_config.mixed_precision
+    engine_dtype = rollout.precision or config.actor.model.precision
+    problems = []
+    if rollout.backend != "hf":
+        problems.append(
+            f"rollout.weight_sync: 'shared' generates with the actor's own module, which only "
+            f"the hf backend can do; the {rollout.backend} engine needs 'bucket' or 'patch'"
+        )
+    keys = [key for key in config.cluster.component_placement if "rollout" in _names(key)]
+    if keys and "actor" not in _names(keys[0]):
+        problems.append(
+            f"rollout.weight_sync: 'shared' needs the rollout in the actor's processes "
+            f"(one placement key such as 'actor,rollout'), but the rollout is placed by "
+            f"'{keys[0]}'; use 'bucket' or 'patch' for a rollout of its own"
+        )
+    if engine_dtype != actor_dtype:
+        problems.append(
+            f"rollout.precision: 'shared' generates with the actor's gathered parameters, "
+            f"which are {actor_dtype} (actor.fsdp_config.mixed_precision), not {engine_dtype} "
+            "(rollout.precision, else actor.model.precision); make them agree or use "
+            "'bucket'/'patch' to cast on sync"
+        )
+    return problems
+
+
+def _names(placement_key: str) -> list[str]:
+    return [name.strip() for name in placement_key.split(",")]
 
 
 def required_components(config: Config) -> tuple[str, ...]:

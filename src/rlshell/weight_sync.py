@@ -31,10 +31,12 @@ stay on the device of the tensors they were made from.
 ``patch``: only what changed since the last sync
     `encode_entry` compares a parameter with the copy the engine was last
     sent, bit for bit (an integer view, so a NaN that stays the same NaN is
-    unchanged and ``0.0`` → ``-0.0`` is a change), and sends the flat indices
-    that differ and the new values there. An entry is sent whole instead
-    when that is no larger (a dense update, e.g. fp32 under AdamW). A
-    parameter with no change sends nothing. `encode_patch` does this for a
+    unchanged and ``0.0`` → ``-0.0`` is a change), and sends the new values
+    where the bits differ, their positions as 16-bit offsets within blocks of
+    `PATCH_BLOCK` (65,536) elements plus a count per block: 2 bytes per change
+    and 4 per block on top of the values. An entry is sent whole instead when
+    that is no larger (a dense update, e.g. fp32 under AdamW). A parameter
+    with no change sends nothing. `encode_patch` does this for a
     mapping; `PatchEncoder` keeps the snapshot between syncs, sends everything
     whole on the first sync and after `PatchEncoder.reset` (after a resume),
     and streams: `PatchEncoder.iter_patches` pulls parameters one at a time
@@ -62,8 +64,10 @@ __all__ = [
     "ALIGNMENT",
     "BYTES_PER_MB",
     "MIN_BUCKET_BYTES",
+    "PATCH_BLOCK",
     "Bucket",
     "BucketReceiver",
+    "FlatBuckets",
     "Patch",
     "PatchEncoder",
     "PatchEntry",
@@ -77,7 +81,7 @@ __all__ = [
     "encode_entry",
     "encode_patch",
     "iter_buckets",
-    "patch_index_dtype",
+    "plan_buckets",
     "sync_coverage",
 ]
 
@@ -198,10 +202,13 @@ class Bucket:
 
 
 def bucket_bytes_for(mb: float) -> int:
-    """The bucket size in bytes for ``rollout.bucket_size_mb`` (1 MB = 2**20 bytes)."""
+    """The bucket size in bytes for ``rollout.bucket_size_mb`` (1 MB = 2**20 bytes).
+
+    Rounded down to a multiple of `ALIGNMENT`, as `FlatBuckets` needs.
+    """
     if isinstance(mb, bool) or not isinstance(mb, int | float) or not math.isfinite(mb) or mb <= 0:
         raise WeightSyncError(f"rollout.bucket_size_mb: expected a positive number, got {mb!r}")
-    nbytes = int(mb * BYTES_PER_MB)
+    nbytes = int(mb * BYTES_PER_MB) // ALIGNMENT * ALIGNMENT
     if nbytes < MIN_BUCKET_BYTES:
         raise WeightSyncError(
             f"rollout.bucket_size_mb: {mb!r} MB is {nbytes} bytes, below the "
@@ -218,51 +225,235 @@ def _check_nbytes(label: str, nbytes: int) -> None:
         )
 
 
-class _BucketBuilder:
-    """The bucket being filled: a preallocated buffer, the pieces written, the bytes used."""
+class _Cursor:
+    """Where the next piece of a bucket stream goes: the bucket's index and its bytes used."""
 
-    def __init__(self, bucket_bytes: int, device: torch.device | None) -> None:
+    def __init__(self, bucket_bytes: int) -> None:
         self.bucket_bytes = bucket_bytes
-        self.device = device
         self.index = 0
-        self.buffer: Tensor | None = None
-        self.pieces: list[TensorPiece] = []
         self.used = 0
 
-    def room(self, itemsize: int) -> int:
-        """How many elements of ``itemsize`` bytes fit at the next aligned offset."""
-        return max(0, (self.bucket_bytes - _align(self.used)) // itemsize)
+    def next_bucket(self) -> None:
+        self.index, self.used = self.index + 1, 0
 
-    @property
-    def full(self) -> bool:
-        return _align(self.used) >= self.bucket_bytes
 
-    def add(self, name: str, tensor: Tensor, raw: Tensor, element_offset: int, count: int) -> None:
-        itemsize = tensor.element_size()
-        start = _align(self.used) if count else self.used
-        if count:
-            if self.buffer is None:
-                device = tensor.device if self.device is None else self.device
-                self.buffer = torch.empty(self.bucket_bytes, dtype=torch.uint8, device=device)
-            begin = element_offset * itemsize
-            self.buffer[start : start + count * itemsize].copy_(
-                raw[begin : begin + count * itemsize]
+def _place(
+    cursor: _Cursor, name: str, shape: Sequence[int], dtype: torch.dtype
+) -> Iterator[TensorPiece | None]:
+    """The pieces of one tensor in stream order, advancing ``cursor``; None where a bucket closes.
+
+    The consumer calls ``cursor.next_bucket()`` at each None (after taking
+    the bucket it closes). This is the one place the layout rules live:
+    `iter_buckets` writes by them and `plan_buckets` predicts them.
+    """
+    itemsize, numel, dtype_name = dtype.itemsize, math.prod(shape), _dtype_name(dtype)
+    if numel == 0:
+        yield TensorPiece(name, shape, dtype_name, 0, 0, cursor.used)
+        return
+    offset = 0
+    while offset < numel:
+        start = _align(cursor.used)
+        count = min(max(0, (cursor.bucket_bytes - start) // itemsize), numel - offset)
+        if count == 0:
+            yield None
+            continue
+        yield TensorPiece(name, shape, dtype_name, offset, count, start)
+        cursor.used = start + count * itemsize
+        offset += count
+        if _align(cursor.used) >= cursor.bucket_bytes:
+            yield None
+
+
+def plan_buckets(
+    specs: Iterable[tuple[str, Sequence[int], torch.dtype]], bucket_bytes: int
+) -> list[tuple[TensorPiece, ...]]:
+    """The pieces of each bucket `iter_buckets` makes of tensors with these names, shapes, dtypes.
+
+    ``specs`` in the order the tensors will be sent; with ``dtype=`` given to
+    `iter_buckets`, list the dtypes after that cast.
+    """
+    _check_nbytes("bucket_bytes", bucket_bytes)
+    cursor = _Cursor(bucket_bytes)
+    buckets: list[tuple[TensorPiece, ...]] = []
+    pieces: list[TensorPiece] = []
+    for name, shape, dtype in specs:
+        for piece in _place(cursor, name, shape, dtype):
+            if piece is None:
+                buckets.append(tuple(pieces))
+                pieces = []
+                cursor.next_bucket()
+            else:
+                pieces.append(piece)
+    if pieces:
+        buckets.append(tuple(pieces))
+    return buckets
+
+
+@frozen(eq=False)
+class _Slot:
+    """One target's place in `FlatBuckets`: its view there, and the buckets it is the last of."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    view: Tensor
+    completes: list[int]
+
+
+class FlatBuckets:
+    """Targets re-homed into one flat buffer laid out as the bucket stream: syncs pack into them.
+
+    Built once by the receiver of in-memory syncs (the collocated engine):
+    it plans the buckets its targets will arrive in (`plan_buckets`, in the
+    mapping's order), allocates one uint8 buffer of all of them back to back,
+    copies each target's values to its place there and makes the target a
+    view of that place (``tensor.data = view``: a module holding the tensor
+    keeps it, parameters stay parameters). `iter_buckets` given ``into=``
+    then copies each tensor straight to its place (after checking it
+    against the plan) and yields each bucket as that window of the buffer,
+    and `apply_bucket` finds every piece already in place: one copy per
+    byte instead of two, and no buffer of the sender's own. The bucket size
+    must be a multiple of `ALIGNMENT`, so that a tensor split between
+    buckets is contiguous in the buffer.
+    """
+
+    def __init__(self, targets: Mapping[str, Tensor], bucket_bytes: int) -> None:
+        _check_nbytes("bucket_bytes", bucket_bytes)
+        if bucket_bytes % ALIGNMENT:
+            raise WeightSyncError(
+                f"bucket_bytes: in-place buckets need a multiple of {ALIGNMENT}, got {bucket_bytes}"
             )
-            self.used = start + count * itemsize
-        dtype = _dtype_name(tensor.dtype)
-        self.pieces.append(TensorPiece(name, tensor.shape, dtype, element_offset, count, start))
+        if not targets:
+            raise WeightSyncError("FlatBuckets needs at least one target")
+        self.bucket_bytes = bucket_bytes
+        self.layout = plan_buckets(
+            ((n, t.shape, t.dtype) for n, t in targets.items()), bucket_bytes
+        )
+        self.sizes = [max((p.byte_offset + p.nbytes for p in b), default=0) for b in self.layout]
+        total = bucket_bytes * (len(self.sizes) - 1) + self.sizes[-1]
+        device = next(iter(targets.values())).device
+        self.buffer = torch.empty(total, dtype=torch.uint8, device=device)
+        starts: dict[str, int] = {}
+        for index, bucket in enumerate(self.layout):
+            for piece in bucket:
+                begin = index * bucket_bytes + piece.byte_offset
+                first = starts.setdefault(
+                    piece.name, begin - piece.element_offset * piece.torch_dtype.itemsize
+                )
+                if begin != first + piece.element_offset * piece.torch_dtype.itemsize:
+                    raise WeightSyncError(
+                        f"parameter {piece.name!r}: its pieces are not contiguous"
+                    )
+        # Bytes of all pieces of a sync (alignment gaps not counted).
+        self.payload_bytes = sum(piece.nbytes for bucket in self.layout for piece in bucket)
+        completes: dict[str, list[int]] = defaultdict(list)
+        for index, bucket in enumerate(self.layout):
+            completes[bucket[-1].name].append(index)
+        self.slots: list[_Slot] = []
+        with torch.no_grad():
+            for name, target in targets.items():
+                start = starts[name]
+                view = self.buffer[start : start + target.numel() * target.element_size()]
+                view = view.view(target.dtype).view(target.shape) if target.numel() else target
+                self.slots.append(
+                    _Slot(name, tuple(target.shape), target.dtype, view, completes[name])
+                )
+                if target.numel() and target.device == device:  # else copied there on apply
+                    view.copy_(target)
+                    target.data = view
+
+    def holds(self, bucket: Bucket) -> bool:
+        """Whether ``bucket`` was packed into this layout (so its bytes are in place already)."""
+        return (
+            0 <= bucket.index < len(self.layout)
+            and bucket.pieces is self.layout[bucket.index]
+            and bucket.nbytes == self.sizes[bucket.index]
+            and (
+                bucket.nbytes == 0 or bucket.data.data_ptr() == self.window(bucket.index).data_ptr()
+            )
+        )
+
+    def finish(self, indices: Sequence[int], targets: Mapping[str, Tensor]) -> int:
+        """End a sync of buckets it `holds`: each bucket exactly once; returns the bytes.
+
+        A target that no longer lives in its place (its ``.data`` replaced
+        since) gets a copy from there, so the targets always end up synced.
+        """
+        if sorted(indices) != list(range(len(self.layout))):
+            counts = {index: list(indices).count(index) for index in range(len(self.layout))}
+            missing = [index for index, count in counts.items() if count == 0]
+            repeated = [index for index, count in counts.items() if count > 1]
+            raise WeightSyncError(
+                f"weight sync incomplete: of {len(self.layout)} in-place buckets, missing "
+                f"{missing or 'none'}, repeated {repeated or 'none'}"
+            )
+        with torch.no_grad():
+            for slot in self.slots:
+                target = targets.get(slot.name)
+                if (
+                    target is not None
+                    and target.data_ptr() == slot.view.data_ptr()
+                    and target.shape == slot.shape
+                    and target.dtype == slot.dtype
+                ):
+                    continue  # it is the view itself, or one just like it
+                flat = _target_flat(
+                    targets, slot.name, slot.shape, _dtype_name(slot.dtype), "the layout"
+                )
+                if flat.numel():
+                    flat.copy_(slot.view.reshape(-1))
+        return self.payload_bytes
+
+    def window(self, index: int) -> UInt8[Tensor, "bytes"]:
+        """Bucket ``index``'s bytes in the buffer."""
+        if not 0 <= index < len(self.layout):
+            raise WeightSyncError(
+                f"bucket {index} is past the {len(self.layout)} buckets the targets are laid out in"
+            )
+        start = index * self.bucket_bytes
+        return self.buffer[start : start + self.sizes[index]]
+
+
+class _Packer:
+    """The bucket being filled: a buffer of its own and the pieces written into it."""
+
+    def __init__(self, bucket_bytes: int, device: torch.device | None) -> None:
+        self.cursor = _Cursor(bucket_bytes)
+        self.device = device
+        self.buffer: Tensor | None = None
+        self.pieces: list[TensorPiece] = []
+
+    def add(self, piece: TensorPiece, source: Tensor) -> None:
+        """Write ``piece``'s elements of ``source`` (flat, any dtype: cast on the way in)."""
+        if piece.numel:
+            if self.buffer is None:
+                device = source.device if self.device is None else self.device
+                self.buffer = torch.empty(
+                    self.cursor.bucket_bytes, dtype=torch.uint8, device=device
+                )
+            end = piece.element_offset + piece.numel
+            dest = self.buffer[piece.byte_offset : piece.byte_offset + piece.nbytes]
+            if source.dtype == piece.torch_dtype:  # bytes as they are (any dtype, NaN payloads)
+                size = source.element_size()
+                raw = source.view(torch.uint8)
+                dest.copy_(raw[piece.element_offset * size : end * size])
+            else:
+                dest.view(piece.torch_dtype).copy_(source[piece.element_offset : end])
+        self.pieces.append(piece)
 
     def take(self, last: bool = False) -> Bucket:
-        """The bucket filled so far; the builder starts the next one.
+        """The bucket filled so far; the packer starts the next one.
 
         A pickled tensor carries its whole storage, so the last bucket, often
-        far from full, is copied out of the buffer; the others leave less than
-        one aligned element of it unused.
+        far from full, is copied out of the buffer; the others leave less
+        than one aligned element of it unused.
         """
+        used = self.cursor.used
         data = torch.empty(0, dtype=torch.uint8) if self.buffer is None else self.buffer
-        data = data[: self.used].clone() if last and self.used < data.numel() else data[: self.used]
-        bucket = Bucket(self.index, self.pieces, data)
-        self.index, self.buffer, self.pieces, self.used = self.index + 1, None, [], 0
+        data = data[:used].clone() if last and used < data.numel() else data[:used]
+        bucket = Bucket(self.cursor.index, self.pieces, data)
+        self.cursor.next_bucket()
+        self.buffer, self.pieces = None, []
         return bucket
 
 
@@ -271,46 +462,83 @@ def iter_buckets(
     bucket_bytes: int,
     *,
     device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    into: FlatBuckets | None = None,
 ) -> Iterator[Bucket]:
     """Pack full parameters into flat byte buckets of at most ``bucket_bytes``, lazily.
 
     Pulls one ``(name, tensor)`` at a time and yields each bucket as soon as
     it is full, so only one bucket is held here at a time (plus the tensor
     being packed). Any dtype, any shape (0-d and empty included); a
-    non-contiguous tensor is made contiguous first. Each bucket is a fresh
-    buffer on ``device`` (default: the device of its first tensor); the
-    layout rules are in the module docstring. ``bucket_bytes`` is checked
-    here, before anything is pulled.
+    non-contiguous tensor is made contiguous first. ``dtype``: floating-point
+    tensors are cast to it as they are packed (no cast copy of their own).
+    Each bucket is a fresh buffer on ``device`` (default: the device of its
+    first tensor), or, with ``into``, the receiver's own window (see
+    `FlatBuckets`; every piece must match its plan). The layout rules are
+    in the module docstring. ``bucket_bytes`` is checked here, before
+    anything is pulled.
     """
     _check_nbytes("bucket_bytes", bucket_bytes)
-    return _pack(named_tensors, bucket_bytes, None if device is None else torch.device(device))
+    if into is not None:
+        if into.bucket_bytes != bucket_bytes:
+            raise WeightSyncError(
+                f"bucket_bytes {bucket_bytes} differs from the {into.bucket_bytes} the "
+                "receiver's FlatBuckets were laid out for"
+            )
+        return _pack_into(named_tensors, into, dtype)
+    packer = _Packer(bucket_bytes, None if device is None else torch.device(device))
+    return _pack(named_tensors, packer, dtype)
 
 
 def _pack(
-    named_tensors: Iterable[tuple[str, Tensor]], bucket_bytes: int, device: torch.device | None
+    named_tensors: Iterable[tuple[str, Tensor]], packer: _Packer, dtype: torch.dtype | None
 ) -> Iterator[Bucket]:
-    builder = _BucketBuilder(bucket_bytes, device)
     seen: set[str] = set()
     for name, tensor in named_tensors:
         if name in seen:
             raise WeightSyncError(f"parameter {name!r} given twice; a sync sends each one once")
         seen.add(name)
-        flat = tensor.detach().reshape(-1)
-        raw = flat.view(torch.uint8)
-        if flat.numel() == 0:
-            builder.add(name, tensor, raw, 0, 0)
-        offset = 0
-        while offset < flat.numel():
-            count = min(builder.room(flat.element_size()), flat.numel() - offset)
-            if count == 0:
-                yield builder.take()
-                continue
-            builder.add(name, tensor, raw, offset, count)
-            offset += count
-            if builder.full:
-                yield builder.take()
-    if builder.pieces:
-        yield builder.take(last=True)
+        source = tensor.detach().reshape(-1)
+        cast = dtype if dtype is not None and source.is_floating_point() else source.dtype
+        for piece in _place(packer.cursor, name, tensor.shape, cast):
+            if piece is None:
+                yield packer.take()
+            else:
+                packer.add(piece, source)
+    if packer.pieces:
+        yield packer.take(last=True)
+
+
+def _pack_into(
+    named_tensors: Iterable[tuple[str, Tensor]], into: FlatBuckets, dtype: torch.dtype | None
+) -> Iterator[Bucket]:
+    """`iter_buckets` into a receiver's `FlatBuckets`: one copy per tensor, to its planned place.
+
+    Every tensor is checked against the plan (name, order, shape, dtype after
+    the cast) before anything of it is written; each bucket is yielded, as
+    its window and its planned pieces, once its last piece is written.
+    """
+    slots = iter(into.slots)
+    for count, (name, tensor) in enumerate(named_tensors):
+        slot = next(slots, None)
+        cast = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+        if slot is None or slot.name != name or slot.shape != tensor.shape or slot.dtype != cast:
+            planned = "nothing" if slot is None else f"{slot.name!r} {slot.shape} {slot.dtype}"
+            raise WeightSyncError(
+                f"tensor {count} of the sync is {name!r} {tuple(tensor.shape)} {cast}, where the "
+                f"receiver's layout has {planned}; the models differ (names, order, shapes or "
+                "dtypes), so the receiver must lay its targets out again (a new FlatBuckets)"
+            )
+        if tensor.numel():
+            slot.view.copy_(tensor.detach())  # neither side needs grad: nothing is recorded
+        for index in slot.completes:
+            yield Bucket(index, into.layout[index], into.window(index))
+    missing = [slot.name for slot in slots]
+    if missing:
+        raise WeightSyncError(
+            f"sync incomplete: the receiver's layout has {len(missing)} more tensor(s): "
+            f"{_listed(missing)}"
+        )
 
 
 def decode_bucket(bucket: Bucket) -> Iterator[tuple[TensorPiece, Shaped[Tensor, "piece"]]]:
@@ -371,7 +599,9 @@ def apply_bucket(targets: Mapping[str, Tensor], bucket: Bucket) -> int:
                     f"parameter {piece.name!r}: {source} carries elements "
                     f"[{piece.element_offset}, {end}), outside its {flat.numel()} elements"
                 )
-            flat[piece.element_offset : end].copy_(values)
+            dest = flat[piece.element_offset : end]
+            if dest.data_ptr() != values.data_ptr():  # packed into the target itself: in place
+                dest.copy_(values)
             applied += piece.nbytes
     return applied
 
@@ -494,59 +724,100 @@ class BucketReceiver:
 # Patch mode
 
 
-def patch_index_dtype(numel: int) -> torch.dtype:
-    """The dtype of a patch's flat indices into a tensor of ``numel`` elements: int32 if it fits."""
-    return torch.int32 if numel < 2**31 else torch.int64
+# A patch locates changes within blocks of this many elements, so a 16-bit offset suffices.
+PATCH_BLOCK = 2**16
+
+
+def _patch_blocks(numel: int) -> int:
+    return -(-numel // PATCH_BLOCK)
+
+
+def _flat_indices(offsets: Tensor, block_counts: Tensor, device: torch.device) -> Tensor:
+    """Flat int64 indices from int16 ``offsets`` (read as unsigned) and changes per block."""
+    offsets = offsets.to(device=device, dtype=torch.int64) & 0xFFFF
+    blocks = torch.repeat_interleave(block_counts.to(device), output_size=offsets.numel())
+    return blocks.to(torch.int64) * PATCH_BLOCK + offsets
 
 
 @frozen(eq=False)
 class PatchEntry:
-    """The new values of one parameter: at flat ``indices``, or whole when ``indices`` is None.
+    """The new values of one parameter: at the changed positions, or whole when ``offsets`` is None.
 
-    ``values`` is flat, in the parameter's dtype; with indices it holds the
-    new value at each index (int32 indices below 2**31 elements, else int64,
-    see `patch_index_dtype`), without them every element in row-major order.
+    ``values`` is flat, in the parameter's dtype. Whole, it holds every
+    element in row-major order, and ``offsets`` and ``block_counts`` are
+    None. Otherwise it holds the new values in increasing order of flat
+    index: ``block_counts`` (int32) counts the changes in each block of
+    `PATCH_BLOCK` elements, and ``offsets`` (int16, read as unsigned) holds
+    each change's index modulo `PATCH_BLOCK`; `indices` decodes them.
     """
 
     name: str
     shape: tuple[int, ...] = field(converter=_ints)
     dtype: str
-    indices: Int[Tensor, "changed"] | None = field(repr=False)
+    offsets: Int[Tensor, "changed"] | None = field(repr=False)
+    block_counts: Int[Tensor, "blocks"] | None = field(repr=False)
     values: Shaped[Tensor, "changed"] = field(repr=False)
 
     def __attrs_post_init__(self) -> None:
         where = f"patch entry {self.name!r}"
+        numel = math.prod(self.shape)
         if self.values.ndim != 1 or _dtype_name(self.values.dtype) != self.dtype:
             raise WeightSyncError(
                 f"{where}: values must be flat {self.dtype}, got "
                 f"{_dtype_name(self.values.dtype)} of shape {tuple(self.values.shape)}"
             )
-        if self.indices is None:
-            if self.values.numel() != math.prod(self.shape):
+        if self.offsets is None or self.block_counts is None:
+            if self.offsets is not None or self.block_counts is not None:
                 raise WeightSyncError(
-                    f"{where}: a whole entry needs {math.prod(self.shape)} values for shape "
+                    f"{where}: offsets and block_counts must be both given or both None"
+                )
+            if self.values.numel() != numel:
+                raise WeightSyncError(
+                    f"{where}: a whole entry needs {numel} values for shape "
                     f"{self.shape}, got {self.values.numel()}"
                 )
-        elif (
-            self.indices.ndim != 1
-            or self.indices.dtype not in (torch.int32, torch.int64)
-            or self.indices.numel() != self.values.numel()
-        ):
+            return
+        if self.offsets.ndim != 1 or self.offsets.dtype != torch.int16:
             raise WeightSyncError(
-                f"{where}: indices must be flat int32 or int64, one per value "
-                f"({self.values.numel()}), got {_dtype_name(self.indices.dtype)} "
-                f"of shape {tuple(self.indices.shape)}"
+                f"{where}: offsets must be flat int16, got {_dtype_name(self.offsets.dtype)} "
+                f"of shape {tuple(self.offsets.shape)}"
+            )
+        blocks = _patch_blocks(numel)
+        if self.block_counts.dtype != torch.int32 or self.block_counts.shape != (blocks,):
+            raise WeightSyncError(
+                f"{where}: block_counts must be flat int32 with one count per block of "
+                f"{PATCH_BLOCK} elements ({blocks} for shape {self.shape}), got "
+                f"{_dtype_name(self.block_counts.dtype)} of shape {tuple(self.block_counts.shape)}"
+            )
+        if blocks and int(self.block_counts.min()) < 0:
+            raise WeightSyncError(f"{where}: block_counts must not be negative")
+        total = int(self.block_counts.sum())
+        if not total == self.offsets.numel() == self.values.numel():
+            raise WeightSyncError(
+                f"{where}: block_counts add up to {total} changes, with "
+                f"{self.offsets.numel()} offsets and {self.values.numel()} values; "
+                "all three must agree"
             )
 
     @property
     def whole(self) -> bool:
-        return self.indices is None
+        return self.offsets is None
+
+    @property
+    def indices(self) -> Int[Tensor, "changed"] | None:
+        """The flat int64 indices of the changes, increasing; None when whole."""
+        if self.offsets is None or self.block_counts is None:
+            return None
+        return _flat_indices(self.offsets, self.block_counts, self.offsets.device)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of indices and values: what the entry costs to send."""
-        indices = 0 if self.indices is None else self.indices.numel() * self.indices.element_size()
-        return indices + self.values.numel() * self.values.element_size()
+        """Bytes of offsets, block counts and values: what the entry costs to send."""
+        return sum(
+            tensor.numel() * tensor.element_size()
+            for tensor in (self.offsets, self.block_counts, self.values)
+            if tensor is not None
+        )
 
 
 @frozen(eq=False)
@@ -555,7 +826,7 @@ class Patch:
 
     A full patch holds every entry whole (it needs no snapshot to apply
     against). A patch that is not full may still hold whole entries, where
-    sending indices would have cost more. Parameters without a change have
+    sending positions would have cost more. Parameters without a change have
     no entry.
     """
 
@@ -571,7 +842,7 @@ class Patch:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of all indices and values."""
+        """Bytes of all entries."""
         return sum(entry.nbytes for entry in self.entries)
 
 
@@ -588,7 +859,7 @@ def _bits(name: str, flat: Tensor) -> Tensor:
 
 def _whole_entry(name: str, tensor: Tensor) -> PatchEntry:
     values = tensor.detach().reshape(-1).clone()
-    return PatchEntry(name, tensor.shape, _dtype_name(tensor.dtype), None, values)
+    return PatchEntry(name, tensor.shape, _dtype_name(tensor.dtype), None, None, values)
 
 
 def _check_agree(name: str, current: Tensor, previous: Tensor) -> None:
@@ -607,10 +878,11 @@ def _check_agree(name: str, current: Tensor, previous: Tensor) -> None:
 def encode_entry(name: str, current: Tensor, previous: Tensor | None = None) -> PatchEntry | None:
     """The patch entry taking ``previous`` to ``current``, or None when they are bitwise equal.
 
-    With ``previous`` None the entry is whole. Otherwise it lists the flat
-    indices whose bits differ and the new values there, or is whole when
-    that costs no more bytes than indices and values. Compared on
-    ``current``'s device (``previous`` is copied there if it lives elsewhere).
+    With ``previous`` None the entry is whole. Otherwise it locates the
+    elements whose bits differ (offsets within blocks, see `PatchEntry`) and
+    holds the new values there, or is whole when that costs no more bytes.
+    Compared on ``current``'s device (``previous`` is copied there if it
+    lives elsewhere).
     """
     if previous is None:
         return _whole_entry(name, current)
@@ -621,13 +893,19 @@ def encode_entry(name: str, current: Tensor, previous: Tensor | None = None) -> 
     changed = torch.nonzero(bits != before).view(-1)
     if changed.numel() == 0:
         return None
-    index_dtype = patch_index_dtype(flat.numel())
-    sparse_bytes = changed.numel() * (index_dtype.itemsize + flat.element_size())
+    blocks = _patch_blocks(flat.numel())
+    sparse_bytes = (
+        changed.numel() * (torch.int16.itemsize + flat.element_size())
+        + blocks * torch.int32.itemsize
+    )
     if sparse_bytes >= flat.numel() * flat.element_size():
         return _whole_entry(name, current)
+    # index mod PATCH_BLOCK as a signed 16-bit number with the same bits
+    offsets = (((changed & 0xFFFF) ^ 0x8000) - 0x8000).to(torch.int16)
+    block_counts = torch.bincount(changed // PATCH_BLOCK, minlength=blocks).to(torch.int32)
     values = bits[changed].view(flat.dtype)
     return PatchEntry(
-        name, current.shape, _dtype_name(current.dtype), changed.to(index_dtype), values
+        name, current.shape, _dtype_name(current.dtype), offsets, block_counts, values
     )
 
 
@@ -664,11 +942,11 @@ def encode_patch(
 
 def _write(flat: Tensor, entry: PatchEntry, name: str) -> None:
     """Write ``entry`` into the flat tensor ``flat`` in place, bit for bit."""
-    if entry.indices is None:
+    if entry.offsets is None or entry.block_counts is None:
         flat.copy_(entry.values)
         return
     bits = _bits(name, flat)
-    indices = entry.indices.to(device=flat.device, dtype=torch.int64)
+    indices = _flat_indices(entry.offsets, entry.block_counts, flat.device)
     bits.index_copy_(0, indices, _bits(name, entry.values.to(flat.device)))
 
 

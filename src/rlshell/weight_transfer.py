@@ -20,8 +20,10 @@ from torch import Tensor
 from rlshell.weight_sync import (
     Bucket,
     BucketReceiver,
+    FlatBuckets,
     Patch,
     PatchEncoder,
+    WeightSyncError,
     apply_patch,
     bucket_bytes_for,
     iter_buckets,
@@ -51,16 +53,21 @@ class WeightSender:
             yield name, tensor
 
     def messages(
-        self, named_tensors: Iterable[tuple[str, Tensor]], full: bool
+        self,
+        named_tensors: Iterable[tuple[str, Tensor]],
+        full: bool,
+        into: FlatBuckets | None = None,
     ) -> Iterator[Bucket | Patch]:
         """The records of one sync, made lazily (one full tensor and one record at a time).
 
-        Floating-point tensors are cast to the engine's ``dtype`` first.
+        Floating-point tensors are cast to the engine's ``dtype`` (buckets: as
+        they are packed). ``into``: buckets are packed straight into the
+        in-memory receiver's weights (see `rlshell.weight_sync.FlatBuckets`).
         """
-        named_tensors = self._cast(named_tensors)
         if self.mode == "bucket":
-            yield from iter_buckets(named_tensors, self.bucket_bytes)
+            yield from iter_buckets(named_tensors, self.bucket_bytes, dtype=self.dtype, into=into)
             return
+        named_tensors = self._cast(named_tensors)
         if full:
             self.encoder.reset()
         yield from self.encoder.iter_patches(named_tensors, self.bucket_bytes)
@@ -70,12 +77,17 @@ class WeightSender:
         named_tensors: Iterable[tuple[str, Tensor]],
         targets: Mapping[str, Tensor],
         full: bool,
+        flat: FlatBuckets | None = None,
     ) -> dict[str, float]:
-        """Apply one sync to ``targets`` (the collocated engine's tensors) in this process."""
-        receiver = WeightReceiver(targets)
+        """Apply one sync to ``targets`` (the collocated engine's tensors) in this process.
+
+        ``flat``: the targets' `FlatBuckets`, so that a bucket sync writes
+        each byte once, straight into them (ignored by ``patch``).
+        """
+        receiver = WeightReceiver(targets, flat if self.mode == "bucket" else None)
         start = time.perf_counter()
         count = 0
-        for message in self.messages(named_tensors, full):
+        for message in self.messages(named_tensors, full, into=flat):
             receiver.receive(message)
             count += 1
         stats = receiver.finish(full or self.mode == "bucket")
@@ -102,15 +114,24 @@ class WeightSender:
 
 
 class WeightReceiver:
-    """The engine's side: applies buckets or patches to its tensors in place."""
+    """The engine's side: applies buckets or patches to its tensors in place.
 
-    def __init__(self, targets: Mapping[str, Tensor]) -> None:
+    ``flat``: the targets' `FlatBuckets`; a bucket packed into it is in
+    place already, and the sync is checked by `FlatBuckets.finish`.
+    """
+
+    def __init__(self, targets: Mapping[str, Tensor], flat: FlatBuckets | None = None) -> None:
         self.targets = targets
+        self.flat = flat
+        self.in_place: list[int] = []
         self.buckets = BucketReceiver(targets)
         self.patch_bytes = 0
 
     def receive(self, message: Bucket | Patch) -> int:
         if isinstance(message, Bucket):
+            if self.flat is not None and self.flat.holds(message):
+                self.in_place.append(message.index)
+                return sum(piece.nbytes for piece in message.pieces)
             return self.buckets.apply(message)
         if isinstance(message, Patch):
             applied = apply_patch(self.targets, message)
@@ -120,6 +141,15 @@ class WeightReceiver:
 
     def finish(self, check_coverage: bool) -> dict[str, float]:
         """End a sync; a bucket (or full) sync must have covered every tensor exactly once."""
+        if self.in_place:
+            assert self.flat is not None
+            if self.buckets.bytes_applied or self.patch_bytes:
+                raise WeightSyncError(
+                    "a sync mixed buckets packed in place with others; send all of one kind"
+                )
+            received = self.flat.finish(self.in_place, self.targets)
+            self.in_place = []
+            return {"bytes": float(received)}
         received = self.buckets.bytes_applied + self.patch_bytes
         if check_coverage and self.buckets.bytes_applied:
             self.buckets.finish()

@@ -265,6 +265,24 @@ def test_the_hf_backend_has_no_tensor_parallelism() -> None:
     assert problems[0].startswith("rollout.tensor_parallel_size: the hf backend")
 
 
+def test_shared_weights_need_the_hf_engine_in_the_actors_processes_and_dtype() -> None:
+    assert load_config(GRPO, ["rollout.weight_sync=shared"]).rollout.weight_sync == "shared"
+    problems = problems_of(
+        [
+            "rollout.weight_sync=shared",
+            'cluster.component_placement={"actor": "0:0-1", "rollout": "0:0", "reward": "0"}',
+            "rollout.precision=bf16",
+            "rollout.backend=vllm",
+        ]
+    )
+    assert [p.split(":")[0] for p in problems if "'shared'" in p] == [
+        "rollout.weight_sync",
+        "rollout.weight_sync",
+        "rollout.precision",
+    ]
+    assert any("placed by 'rollout'" in p for p in problems)
+
+
 def test_a_placement_that_does_not_fit_the_cluster_is_an_error() -> None:
     problems = problems_of(
         [

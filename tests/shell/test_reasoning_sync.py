@@ -72,3 +72,43 @@ def test_rollout_weights_equal_the_actors_after_every_sync(
             assert (
                 metrics["rollout/sync_messages"] > 1
             )  # a 0.05 MB bucket is smaller than the model
+
+
+def test_shared_engine_samples_and_trains_as_a_synced_copy_does(
+    ray_cluster: Cluster, tmp_path: Path
+) -> None:
+    """``weight_sync=shared`` (generate with the FSDP module itself) changes nothing but cost.
+
+    Two collocated runs, one with a synced copy (bucket) and one sharing the
+    actor's module: the same seeds sample the same tokens with the same
+    behaviour log-probs, and the updates give the same weights, step by step.
+    """
+    prompts = arithmetic_task(
+        "train", arithmetic_task_of(load_config(Path("configs/grpo.py")).data)
+    )
+    prompts = prompts[:4]
+    runs: dict[str, list[dict[str, float]]] = {}
+    weights: dict[str, dict[str, torch.Tensor]] = {}
+    for mode in ("bucket", "shared"):
+        overrides = [
+            *TINY,
+            f"rollout.weight_sync={mode}",
+            f"cluster.component_placement={COLLOCATED}",
+        ]
+        config = load_config(Path("configs/grpo.py"), overrides)
+        tokenizer_dir = prepare_tokenizer(config, tmp_path / mode)
+        config = with_tokenizer_ids(config, tokenizer_dir)
+        plan = plan_for(config, ray_cluster.spec())
+        with ReasoningTrainer.launch(config, ray_cluster, plan, tokenizer_dir) as trainer:
+            trainer.sync_weights(full=True)
+            runs[mode] = [trainer.step(step, prompts) for step in (1, 2, 3)]
+            weights[mode] = trainer._actor().full_weights().wait()[0]
+            if mode == "shared":
+                # The engine reads the actor's own parameters: nothing to sync, nothing sent.
+                assert runs[mode][-1]["rollout/sync_bytes"] == 0.0
+    compared = ("reward/mean", "rollout/response_length", "train/pg_loss", "train/entropy")
+    for bucket, shared in zip(runs["bucket"], runs["shared"], strict=True):
+        for key in compared:
+            assert shared[key] == pytest.approx(bucket[key], rel=1e-5, abs=1e-7), key
+    for name, tensor in weights["bucket"].items():
+        torch.testing.assert_close(weights["shared"][name], tensor, rtol=1e-5, atol=1e-6)

@@ -78,6 +78,19 @@ def test_math_scores_in_the_pool_match_direct_calls(math_pool: RewardPool) -> No
     assert result.failed == ()
 
 
+def test_memoised_math_verdicts_equal_fresh_math_verify_ones() -> None:
+    """The parse and verdict caches change cost only: every call agrees with math-verify's own."""
+    from math_verify import parse, verify
+
+    responses = ["#### 1,000", "1000", "\\boxed{2^{3}}", "x = 8", "-4", "0.25", "1/4", "", "7"]
+    answers = ["1000", "1000", "8", "8", "-4", "\\frac{1}{4}", "0.25", "3", "7"]
+    for _ in range(2):  # cold caches, then warm ones
+        for response, answer in zip(responses, answers, strict=True):
+            gold, predicted = parse(answer), parse(response)
+            fresh = 1.0 if gold and predicted and verify(gold, predicted) else 0.0
+            assert math_reward(response, answer) == fresh, (response, answer)
+
+
 # ------------------------------------------------------------- failures
 
 

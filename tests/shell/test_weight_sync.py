@@ -25,8 +25,10 @@ from rlshell.weight_sync import (
     ALIGNMENT,
     BYTES_PER_MB,
     MIN_BUCKET_BYTES,
+    PATCH_BLOCK,
     Bucket,
     BucketReceiver,
+    FlatBuckets,
     Patch,
     PatchEncoder,
     PatchEntry,
@@ -40,7 +42,7 @@ from rlshell.weight_sync import (
     encode_entry,
     encode_patch,
     iter_buckets,
-    patch_index_dtype,
+    plan_buckets,
     sync_coverage,
 )
 
@@ -297,6 +299,93 @@ def test_buckets_are_built_on_the_requested_device() -> None:
 def test_bucket_bytes_for_converts_mebibytes() -> None:
     assert bucket_bytes_for(64) == 64 * BYTES_PER_MB
     assert bucket_bytes_for(0.5) == BYTES_PER_MB // 2
+    assert bucket_bytes_for(0.05) == 52416  # 52428.8 rounded down to a multiple of 16
+
+
+# ---------------------------------------------------------------------------
+# Bucket mode in place: the receiver's weights laid out as the bucket stream
+
+aligned_bucket_bytes = st.integers(1, 80).map(lambda n: n * ALIGNMENT)
+
+
+@given(tensor_dicts(), st.integers(MIN_BUCKET_BYTES, 1200), st.sampled_from([None, torch.float16]))
+def test_plan_buckets_predicts_the_pieces_iter_buckets_makes(
+    source: dict[str, Tensor], bucket_bytes: int, cast: torch.dtype | None
+) -> None:
+    def after_cast(tensor: Tensor) -> torch.dtype:
+        return cast if cast is not None and tensor.is_floating_point() else tensor.dtype
+
+    specs = [(name, tuple(t.shape), after_cast(t)) for name, t in source.items()]
+    made = [b.pieces for b in iter_buckets(source.items(), bucket_bytes, dtype=cast)]
+    assert plan_buckets(specs, bucket_bytes) == made
+
+
+@given(tensor_dicts(), aligned_bucket_bytes, seeds)
+def test_a_sync_into_flat_buckets_writes_the_targets_in_place(
+    source: dict[str, Tensor], bucket_bytes: int, seed: int
+) -> None:
+    targets = {name: random_tensor(tuple(t.shape), t.dtype, seed) for name, t in source.items()}
+    before = clone_all(targets)
+    if not targets:
+        return
+    flat = FlatBuckets(targets, bucket_bytes)
+    for name, target in targets.items():  # re-homed, values kept
+        assert bitwise_equal(target, before[name]), name
+    receiver = BucketReceiver(targets)
+    for bucket in iter_buckets(source.items(), bucket_bytes, into=flat):
+        assert bucket.nbytes == 0 or bucket.data.data_ptr() == flat.window(bucket.index).data_ptr()
+        receiver.apply(bucket)
+    receiver.finish()
+    for name, tensor in source.items():
+        assert bitwise_equal(targets[name], tensor), name
+
+
+def test_flat_buckets_re_home_a_modules_parameters() -> None:
+    """The module keeps its Parameter objects, now views of one buffer, and computes the same."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3)).requires_grad_(False)
+    x = torch.randn(4, 5)
+    expected = model(x)
+    params = list(model.parameters())
+    flat = FlatBuckets(model.state_dict(keep_vars=True), bucket_bytes=64)
+    assert list(model.parameters()) == params
+    assert all(isinstance(p, torch.nn.Parameter) for p in model.parameters())
+    buffer = flat.buffer.untyped_storage().data_ptr()
+    assert all(p.untyped_storage().data_ptr() == buffer for p in model.parameters())
+    assert torch.equal(model(x), expected)
+    source = {name: t + 1 for name, t in model.state_dict().items()}
+    receiver = BucketReceiver(model.state_dict(keep_vars=True))
+    for bucket in iter_buckets(source.items(), 64, into=flat):
+        receiver.apply(bucket)
+    receiver.finish()
+    assert all(torch.equal(model.state_dict()[n], t) for n, t in source.items())
+
+
+def test_a_sender_whose_model_differs_from_the_plan_is_stopped_before_it_writes() -> None:
+    targets = {"a": torch.zeros(4), "b": torch.zeros(4)}
+    flat = FlatBuckets(targets, bucket_bytes=64)
+    swapped = {"b": torch.ones(4), "a": torch.ones(4)}
+    with pytest.raises(WeightSyncError, match=r"tensor 0 of the sync is 'b' .* layout has 'a'"):
+        list(iter_buckets(swapped.items(), 64, into=flat))
+    assert all(torch.equal(t, torch.zeros(4)) for t in targets.values())
+    cast = r"'a' \(4,\) torch.float16, where .* 'a' \(4,\) torch.float32"
+    with pytest.raises(WeightSyncError, match=cast):
+        list(iter_buckets(targets.items(), 64, dtype=torch.float16, into=flat))
+    with pytest.raises(WeightSyncError, match=r"sync incomplete: .* 1 more tensor.*'b'"):
+        list(iter_buckets([("a", torch.ones(4))], 64, into=flat))
+    with pytest.raises(WeightSyncError, match="differs from the 64 the receiver"):
+        iter_buckets(targets.items(), 128, into=flat)
+    with pytest.raises(WeightSyncError, match="multiple of 16, got 72"):
+        FlatBuckets(targets, bucket_bytes=72)
+
+
+def test_buckets_cast_floating_tensors_as_they_pack() -> None:
+    source = {"w": torch.randn(40), "i": torch.arange(5)}
+    cast = {"w": source["w"].to(torch.bfloat16), "i": source["i"]}
+    packed = [b.data for b in iter_buckets(source.items(), 64, dtype=torch.bfloat16)]
+    expected = [b.data for b in iter_buckets(cast.items(), 64)]
+    assert len(packed) == len(expected) > 1
+    assert all(torch.equal(a, b) for a, b in zip(packed, expected, strict=True))
 
 
 def test_a_receiver_holds_state_between_syncs_only_until_finish() -> None:
@@ -458,18 +547,37 @@ def test_a_patch_holds_exactly_the_changed_positions(
             continue
         entry = entries[name]
         assert entry.shape == tuple(tensor.shape)
-        if entry.indices is None:  # whole: only when indices would cost as much
-            assert changed.numel() * (4 + tensor.element_size()) >= entry.values.nbytes
+        sparse_bytes = changed.numel() * (2 + tensor.element_size()) + 4 * blocks_of(tensor)
+        if entry.indices is None:  # whole: only when offsets would cost as much
+            assert entry.whole
+            assert sparse_bytes >= entry.values.nbytes
             assert bitwise_equal(entry.values, tensor.reshape(-1))
         else:
-            assert entry.indices.dtype == torch.int32
-            assert torch.equal(entry.indices.long(), changed)
+            assert entry.offsets is not None
+            assert entry.offsets.dtype == torch.int16
+            assert entry.block_counts is not None
+            assert entry.block_counts.dtype == torch.int32
+            assert entry.nbytes == sparse_bytes
+            assert torch.equal(entry.indices, changed)
             assert bitwise_equal(entry.values, tensor.reshape(-1)[changed])
-    assert patch_nbytes(entries) == sum(entry.nbytes for entry in entries.values())
+    assert Patch(list(entries.values()), full=False).nbytes == patch_nbytes(entries)
+
+
+def blocks_of(tensor: Tensor) -> int:
+    return math.ceil(tensor.numel() / PATCH_BLOCK)
 
 
 def patch_nbytes(entries: dict[str, PatchEntry]) -> int:
-    return Patch(list(entries.values()), full=False).nbytes
+    """What the entries cost: 2 bytes per change and 4 per block on top of the values."""
+    return sum(
+        entry.values.nbytes
+        + (
+            0
+            if entry.whole
+            else 2 * entry.values.numel() + 4 * math.ceil(math.prod(entry.shape) / PATCH_BLOCK)
+        )
+        for entry in entries.values()
+    )
 
 
 @given(tensor_dicts())
@@ -544,7 +652,7 @@ def test_signed_zeros_and_nan_payloads_are_compared_bitwise() -> None:
     assert entry is not None
     assert entry.indices is not None
     assert entry.indices.tolist() == [1, 3, 4]
-    assert entry.nbytes == 3 * (4 + 4)
+    assert entry.nbytes == 3 * (2 + 4) + 4
     engine = before.clone()
     apply_patch({"w": engine}, Patch([entry], full=False))
     assert bitwise_equal(engine, after)
@@ -559,16 +667,97 @@ def test_an_unchanged_tensor_has_no_entry() -> None:
 def test_a_dense_change_is_sent_whole() -> None:
     before = torch.zeros(10, dtype=torch.bfloat16)
     after = before.clone()
-    after[:4] = 1.0  # 4 × (4 + 2) bytes of indices and values ≥ 20 bytes whole
+    after[:4] = 1.0  # 4 × (2 + 2) bytes of offsets and values + 4 of block count ≥ 20 whole
     entry = encode_entry("w", after, before)
     assert entry is not None
     assert entry.whole
     assert entry.nbytes == 20
 
 
-def test_index_dtype_grows_past_int32() -> None:
-    assert patch_index_dtype(2**31 - 1) == torch.int32
-    assert patch_index_dtype(2**31) == torch.int64
+def flipped(before: Tensor, positions: list[int]) -> Tensor:
+    """``before`` with the lowest bit of each element at the flat ``positions`` flipped."""
+    bits = before.reshape(-1).view(INT_OF_SIZE[before.element_size()]).clone()
+    where = torch.tensor(sorted(set(positions)), dtype=torch.int64)
+    bits[where] ^= 1
+    return bits.view(before.dtype).reshape(before.shape)
+
+
+def test_changes_in_several_blocks_round_trip() -> None:
+    numel = 3 * PATCH_BLOCK + 100  # the last block is partial
+    before = random_tensor((numel,), torch.bfloat16, seed=1)
+    positions = [0, 40_000, 65_535, 65_536, 65_537, 2 * PATCH_BLOCK + 5, 3 * PATCH_BLOCK, numel - 1]
+    after = flipped(before, positions)
+    entry = encode_entry("w", after, before)
+    assert entry is not None
+    assert entry.offsets is not None
+    assert entry.block_counts is not None
+    assert entry.block_counts.tolist() == [3, 2, 1, 2]
+    assert (entry.offsets.int() & 0xFFFF).tolist() == [0, 40_000, 65_535, 0, 1, 5, 0, 99]
+    assert entry.indices is not None
+    assert entry.indices.tolist() == positions
+    assert entry.nbytes == len(positions) * (2 + 2) + 4 * 4
+    engine = before.clone()
+    apply_patch({"w": engine}, pickle.loads(pickle.dumps(Patch([entry], full=False))))
+    assert bitwise_equal(engine, after)
+
+
+def test_changes_in_one_block_of_many_round_trip() -> None:
+    before = random_tensor((500, 400), torch.float32, seed=2)  # 200,000 elements: 4 blocks
+    positions = [PATCH_BLOCK + 3, PATCH_BLOCK + 1_000, 2 * PATCH_BLOCK - 1]
+    after = flipped(before, positions)
+    entry = encode_entry("w", after, before)
+    assert entry is not None
+    assert entry.block_counts is not None
+    assert entry.block_counts.tolist() == [0, 3, 0, 0]
+    assert entry.indices is not None
+    assert entry.indices.tolist() == positions
+    engine = before.clone()
+    apply_patch({"w": engine}, Patch([entry], full=False))
+    assert bitwise_equal(engine, after)
+
+
+@st.composite
+def multi_block_changes(draw: st.DrawFn) -> tuple[Tensor, list[int]]:
+    """A tensor of up to four blocks and positions to change, many at block edges."""
+    numel = draw(st.integers(1, 4 * PATCH_BLOCK))
+    dtype = draw(st.sampled_from(DTYPES))
+    edges = [i for k in range(1, 5) for i in (k * PATCH_BLOCK - 1, k * PATCH_BLOCK) if i < numel]
+    position = st.integers(0, numel - 1) | st.sampled_from([0, numel - 1, *edges])
+    return random_tensor((numel,), dtype, draw(seeds)), draw(st.lists(position, max_size=40))
+
+
+@given(multi_block_changes())
+def test_a_patch_across_blocks_takes_the_snapshot_to_current_bitwise(
+    case: tuple[Tensor, list[int]],
+) -> None:
+    before, positions = case
+    after = flipped(before, positions) if positions else before.clone()
+    entry = encode_entry("w", after, before)
+    if not positions:
+        assert entry is None
+        return
+    assert entry is not None
+    changed = sorted(set(positions))
+    if entry.indices is None:  # whole: only when offsets would cost as much
+        sparse_bytes = len(changed) * (2 + before.element_size()) + 4 * blocks_of(before)
+        assert sparse_bytes >= before.numel() * before.element_size()
+    else:
+        assert entry.indices.tolist() == changed
+    engine = before.clone()
+    apply_patch({"w": engine}, Patch([entry], full=False))
+    assert bitwise_equal(engine, after)
+
+
+def test_a_bf16_step_changing_4_percent_costs_under_a_tenth_of_the_weights() -> None:
+    """A bf16 AdamW step at lr 1e-6 changes about 4.3% of the weights."""
+    generator = torch.Generator().manual_seed(0)
+    numel = 300_000
+    before = torch.randn(numel, generator=generator).bfloat16()
+    positions = torch.randperm(numel, generator=generator)[: round(0.043 * numel)]
+    entry = encode_entry("w", flipped(before, positions.tolist()), before)
+    assert entry is not None
+    assert not entry.whole
+    assert entry.nbytes <= 0.1 * numel * 2
 
 
 def test_patches_pickle() -> None:
@@ -694,15 +883,52 @@ def test_an_encoder_rejects_a_parameter_missing_or_new_since_the_full_sync() -> 
         encoder.encode({"a": torch.zeros(2), "c": torch.zeros(2)})
 
 
+def offsets_of(*offsets: int) -> Tensor:
+    return torch.tensor(offsets, dtype=torch.int16)
+
+
+def counts_of(*counts: int) -> Tensor:
+    return torch.tensor(counts, dtype=torch.int32)
+
+
 def test_records_reject_inconsistent_fields() -> None:
     with pytest.raises(WeightSyncError, match="'w': values must be flat float32, got float16"):
-        PatchEntry("w", (2,), "float32", None, torch.zeros(2, dtype=torch.float16))
+        PatchEntry("w", (2,), "float32", None, None, torch.zeros(2, dtype=torch.float16))
     with pytest.raises(WeightSyncError, match="'w': a whole entry needs 4 values"):
-        PatchEntry("w", (2, 2), "float32", None, torch.zeros(3))
-    with pytest.raises(WeightSyncError, match="'w': indices must be flat int32 or int64"):
-        PatchEntry("w", (4,), "float32", torch.tensor([0.0]), torch.zeros(1))
-    partial = PatchEntry("w", (4,), "float32", torch.tensor([1], dtype=torch.int32), torch.ones(1))
+        PatchEntry("w", (2, 2), "float32", None, None, torch.zeros(3))
+    with pytest.raises(WeightSyncError, match="'w': offsets and block_counts must be both given"):
+        PatchEntry("w", (4,), "float32", offsets_of(1), None, torch.ones(1))
+    with pytest.raises(WeightSyncError, match="'w': offsets must be flat int16, got int32"):
+        PatchEntry("w", (4,), "float32", counts_of(1), counts_of(1), torch.ones(1))
+    partial = PatchEntry("w", (4,), "float32", offsets_of(1), counts_of(1), torch.ones(1))
     with pytest.raises(WeightSyncError, match=r"a full patch holds every entry whole.*'w'"):
         Patch([partial], full=True)
     with pytest.raises(WeightSyncError, match="max_bytes: expected an integer ≥ 16"):
         PatchEncoder().iter_patches([], max_bytes=0)
+
+
+def test_patch_entries_reject_inconsistent_block_counts() -> None:
+    numel = PATCH_BLOCK + 1  # two blocks
+    values = torch.ones(2)
+    with pytest.raises(
+        WeightSyncError,
+        match=re.escape(
+            "'w': block_counts must be flat int32 with one count per block of 65536 "
+            "elements (2 for shape (65537,)), got int32 of shape (1,)"
+        ),
+    ):
+        PatchEntry("w", (numel,), "float32", offsets_of(0, 1), counts_of(2), values)
+    with pytest.raises(WeightSyncError, match="'w': block_counts must be flat int32"):
+        PatchEntry("w", (numel,), "float32", offsets_of(0, 1), counts_of(1, 1).long(), values)
+    with pytest.raises(WeightSyncError, match="'w': block_counts must not be negative"):
+        PatchEntry("w", (numel,), "float32", offsets_of(0, 1), counts_of(3, -1), values)
+    with pytest.raises(
+        WeightSyncError,
+        match=re.escape("'w': block_counts add up to 3 changes, with 2 offsets and 2 values"),
+    ):
+        PatchEntry("w", (numel,), "float32", offsets_of(0, 1), counts_of(2, 1), values)
+    with pytest.raises(WeightSyncError, match="with 3 offsets and 2 values"):
+        PatchEntry("w", (numel,), "float32", offsets_of(0, 1, 2), counts_of(2, 1), values)
+    entry = PatchEntry("w", (numel,), "float32", offsets_of(-1, 0), counts_of(1, 1), values)
+    assert entry.indices is not None
+    assert entry.indices.tolist() == [65_535, 65_536]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
+from typing import Any
 
 __all__ = ["exact_match_reward", "format_reward", "has_final_answer", "math_reward"]
 
@@ -19,14 +21,28 @@ def math_reward(response: str, answer: str) -> float:
 
     math-verify's own signal-based timeouts only work on a main thread, so
     they are off here; callers bound the time of each call themselves.
+    Verdicts are memoised per (response, answer) and parses per text: a
+    group's answer is the same for all its samples, and short responses repeat.
     """
-    from math_verify import parse, verify
+    return 1.0 if _math_equivalent(response, answer) else 0.0
 
-    gold = parse(answer, parsing_timeout=None)
-    predicted = parse(response, parsing_timeout=None)
+
+@lru_cache(maxsize=8192)
+def _math_equivalent(response: str, answer: str) -> bool:
+    from math_verify import verify
+
+    gold, predicted = _parsed(answer), _parsed(response)
     if not gold or not predicted:
-        return 0.0
-    return 1.0 if verify(gold, predicted, timeout_seconds=None) else 0.0
+        return False
+    # Fresh lists around the cached (immutable) parse results: verify reads lists only.
+    return bool(verify(list(gold), list(predicted), timeout_seconds=None))
+
+
+@lru_cache(maxsize=8192)
+def _parsed(text: str) -> tuple[Any, ...]:
+    from math_verify import parse
+
+    return tuple(parse(text, parsing_timeout=None))
 
 
 def exact_match_reward(response: str, answer: str) -> float:

@@ -5,12 +5,14 @@
 log-probs come from the logits ``generate`` returns, scaled by the sampling
 temperature exactly as the actor recomputes them (`rlcore.logprobs`);
 top-p/top-k truncation is not reflected in them, as in verl. Weights arrive
-from the actor through `weight_targets` (`rlshell.weight_sync`).
+from the actor through `weight_targets` (`rlshell.weight_sync`), or are lent
+for each rollout by `HFRolloutEngine.borrowing` (``weight_sync='shared'``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -36,14 +38,57 @@ class HFRolloutEngine:
         self.model = model.to(device).eval()
         for param in self.model.parameters():
             param.requires_grad_(False)
+        # What `borrowing` checks lent weights against (the parameters may be released).
+        self.param_specs = {
+            name: (param.shape, param.dtype) for name, param in self.model.named_parameters()
+        }
         self.tokenizer = tokenizer
         self.device = device
         self.pad_id = int(tokenizer.pad_token_id)
         self.eos_id = int(tokenizer.eos_token_id)
 
     def weight_targets(self) -> dict[str, Tensor]:
-        """The model's tensors by state-dict name; a sync writes into them in place."""
-        return dict(self.model.state_dict())
+        """The model's own tensors by state-dict name (not detached copies): syncs write into them.
+
+        They may be re-homed (``tensor.data = ...``, `rlshell.weight_sync.FlatBuckets`).
+        """
+        return dict(self.model.state_dict(keep_vars=True))
+
+    @contextmanager
+    def borrowing(self, weights: Mapping[str, Tensor]) -> Iterator[None]:
+        """Generate with ``weights`` (full tensors by parameter name) instead of weights of its own.
+
+        ``rollout.weight_sync='shared'``: inside, each parameter of the
+        engine's model is an alias of the tensor of its name (for FSDP2, the
+        unsharded parameters of `FSDPModelManager.unsharded`), so nothing is
+        copied; on exit they are released again (`release_weights`). Names,
+        shapes and dtypes must match exactly.
+        """
+        params = dict(self.model.named_parameters())
+        problems = [f"{name!r} missing" for name in params if name not in weights]
+        problems += [f"{name!r} unexpected" for name in weights if name not in params]
+        for name, (shape, dtype) in self.param_specs.items():
+            lent = weights.get(name)
+            if lent is not None and (lent.shape != shape or lent.dtype != dtype):
+                problems.append(
+                    f"{name!r} is {tuple(lent.shape)} {lent.dtype}, the engine's "
+                    f"{tuple(shape)} {dtype}"
+                )
+        if problems:
+            raise ValueError(
+                "the borrowed weights do not fit the engine's model: " + "; ".join(problems[:5])
+            )
+        try:
+            for name, param in params.items():
+                param.data = weights[name].detach()
+            yield
+        finally:
+            self.release_weights()
+
+    def release_weights(self) -> None:
+        """Drop the model's weights (parameters become empty) until `borrowing` lends others."""
+        for param in self.model.parameters():
+            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
 
     @torch.no_grad()
     def generate(

@@ -349,6 +349,8 @@ class ReasoningTrainer:
         }
 
     def sync_weights(self, full: bool) -> dict[str, float]:
+        if self.hybrid and self.config.rollout.weight_sync == "shared":
+            return {"rollout/sync_bytes": 0.0}  # the engine generates with the actor's module
         actor = self._actor()
         results = actor.sync_model_to_rollout(full=full).wait()
         if not self.hybrid:

@@ -9,9 +9,12 @@ terms from `rlcore.losses`, micro-batches from
 `rlcore.rollout.balanced_micro_batches`. The rlshell side only moves tensors.
 
 When the rollout shares the actor's placement (``"actor,rollout": ...``)
-each actor rank also holds an `HFRolloutEngine` (a full copy of the policy)
-and weights are synced in memory; otherwise the rollout is a separate worker
-group and rank 0 streams the weights to it through the Ray object store.
+each actor rank also holds an `HFRolloutEngine`: a full copy of the policy
+synced in memory (``bucket``, ``patch``), or, with ``weight_sync='shared'``,
+a model without weights of its own that borrows the rank's gathered FSDP
+parameters while it generates (`FSDPModelManager.unsharded`). Otherwise the
+rollout is a separate worker group and rank 0 streams the weights to it
+through the Ray object store.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from rlshell.config import Config, Precision
 from rlshell.fsdp import FSDPModelManager, full_named_tensors
 from rlshell.models import get_model, torch_dtype
 from rlshell.rollout import RolloutBatch, SamplingParams
+from rlshell.weight_sync import FlatBuckets
 from rlshell.weight_transfer import WeightSender
 from rlshell.worker import Worker
 
@@ -130,6 +134,7 @@ class ActorWorker(Worker):
         self.manager: FSDPModelManager | None = None
         self.engine: Any = None
         self.sender: WeightSender | None = None
+        self.flat: FlatBuckets | None = None
         self.rollout_handles: Sequence[Any] = ()
 
     # -- set-up
@@ -143,8 +148,8 @@ class ActorWorker(Worker):
         )
         self.manager.setup_model_and_optimizer()
         rollout = self.config.rollout
-        self.sender = WeightSender(
-            mode=rollout.weight_sync,
+        self.sender = WeightSender(  # unused by 'shared', whose engine borrows the weights
+            mode="patch" if rollout.weight_sync == "patch" else "bucket",
             bucket_size_mb=rollout.bucket_size_mb,
             dtype=torch_dtype(rollout_precision(self.config)),
         )
@@ -154,6 +159,16 @@ class ActorWorker(Worker):
 
             model = build_rollout_model(self.config)
             self.engine = HFRolloutEngine(model, load_tokenizer(tokenizer_path), device)
+            if self.shared:
+                self.engine.release_weights()  # it borrows this rank's own, gathered, to generate
+            elif rollout.weight_sync == "bucket":
+                # The engine's weights become the bucket layout: syncs pack straight into them.
+                self.flat = FlatBuckets(self.engine.weight_targets(), self.sender.bucket_bytes)
+
+    @property
+    def shared(self) -> bool:
+        """Whether the engine generates with this rank's own FSDP module (no copy, no sync)."""
+        return self.hybrid and self.config.rollout.weight_sync == "shared"
 
     def set_rollout_handles(self, handles: Sequence[Any]) -> None:
         """The rollout workers rank 0 sends weights to (disaggregated placement)."""
@@ -176,6 +191,14 @@ class ActorWorker(Worker):
             raise RuntimeError(
                 "this actor has no rollout engine: the rollout runs in its own worker group"
             )
+        if self.shared:
+            assert self.manager is not None
+            with (
+                self.manager.unsharded() as model,
+                self.engine.borrowing(dict(model.named_parameters())),
+            ):
+                shared_batch: RolloutBatch = self.engine.generate(prompts, params, seed=seed)
+            return shared_batch
         batch: RolloutBatch = self.engine.generate(prompts, params, seed=seed)
         return batch
 
@@ -189,9 +212,12 @@ class ActorWorker(Worker):
         """
         if self.sender is None:
             raise RuntimeError("init_worker() has not run")
+        if self.shared:
+            return {"bytes": 0.0, "seconds": 0.0, "messages": 0.0}
         tensors = full_named_tensors(self.model)
         if self.hybrid:
-            return self.sender.send_in_memory(tensors, self.engine.weight_targets(), full=full)
+            targets = self.engine.weight_targets()
+            return self.sender.send_in_memory(tensors, targets, full=full, flat=self.flat)
         if self.rank == 0:
             return self.sender.send_to_workers(tensors, self.rollout_handles, full=full)
         for _ in tensors:
