@@ -7,11 +7,13 @@ from rlshell.config import (
     ClusterConfig,
     Config,
     DataConfig,
+    FSDPConfig,
     ModelConfig,
     OptimConfig,
     RewardConfig,
     RolloutConfig,
     RunnerConfig,
+    WrapPolicyConfig,
 )
 
 config = Config(
@@ -32,6 +34,9 @@ config = Config(
             },
         ),
         optim=OptimConfig(lr=3e-4),
+        # Layers under a million parameters are not worth an FSDP unit (collectives per
+        # pass each): a model this small is sharded as one unit.
+        fsdp_config=FSDPConfig(wrap_policy=WrapPolicyConfig(min_num_params=1_000_000)),
     ),
     # Answers are at most two digits and the end token: 4 new tokens leave room to be wrong.
     rollout=RolloutConfig(backend="hf", temperature=1.0, max_new_tokens=4),

@@ -158,12 +158,16 @@ class WrapPolicyConfig:
     Modules whose class name is in ``transformer_layer_cls_to_wrap`` or
     ``module_classes_to_wrap``, or whose ``_fsdp_wrap_name`` is in
     ``no_split_names``, become FSDP units; with all three empty the model's
-    ``_no_split_modules`` is used.
+    ``_no_split_modules`` is used. ``min_num_params`` (verl's name) keeps only
+    units holding at least that many parameters: each unit costs collectives
+    per pass, which a small model does not repay (with no unit left the whole
+    model is one, the root).
     """
 
     transformer_layer_cls_to_wrap: tuple[str, ...] = ()
     module_classes_to_wrap: tuple[str, ...] = ()
     no_split_names: tuple[str, ...] = ()
+    min_num_params: int = field(default=0, metadata=NON_NEGATIVE_INT)
 
 
 @frozen

@@ -61,6 +61,7 @@ def wrap_units(model: nn.Module, policy: WrapPolicyConfig) -> list[nn.Module]:
     or ``module_classes_to_wrap``, or its ``_fsdp_wrap_name`` is in
     ``no_split_names``. With all three empty, the model's own
     ``_no_split_modules`` (Hugging Face's list of decoder-layer classes) is used.
+    Of those, only modules with at least ``min_num_params`` parameters are kept.
     """
     classes = set(policy.transformer_layer_cls_to_wrap) | set(policy.module_classes_to_wrap)
     names = set(policy.no_split_names)
@@ -78,7 +79,11 @@ def wrap_units(model: nn.Module, policy: WrapPolicyConfig) -> list[nn.Module]:
             f"actor.fsdp_config.wrap_policy: no module of {type(model).__name__} matches "
             f"{wanted}; class names present: {_class_names(model)}"
         )
-    return units
+    return [
+        unit
+        for unit in units
+        if sum(param.numel() for param in unit.parameters()) >= policy.min_num_params
+    ]
 
 
 def _class_names(model: nn.Module, limit: int = 12) -> str:

@@ -221,6 +221,9 @@ def test_wrap_units_follow_the_policy_then_the_models_no_split_modules(
     assert named == [model.model.norm]  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="no module of Qwen2ForCausalLM matches"):
         wrap_units(model, WrapPolicyConfig(transformer_layer_cls_to_wrap=("LlamaDecoderLayer",)))
+    layer = sum(p.numel() for p in default[0].parameters())
+    assert wrap_units(model, WrapPolicyConfig(min_num_params=layer)) == default
+    assert wrap_units(model, WrapPolicyConfig(min_num_params=layer + 1)) == []  # the root only
 
 
 def test_a_vocabulary_smaller_than_the_tokenizer_is_a_config_error(

@@ -20,6 +20,7 @@ through the Ray object store.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -255,6 +256,7 @@ class ActorWorker(Worker):
         manager = self.manager
         if manager is None:
             raise RuntimeError("init_worker() has not run")
+        started = time.perf_counter()
         algorithm = self.config.algorithm
         advantages = self.compute_advantages_and_returns(batch, scores).advantages
         horizon = self.config.rollout.max_new_tokens
@@ -264,6 +266,7 @@ class ActorWorker(Worker):
         model = self.model
         model.train()
         totals: dict[str, float] = {}
+        passes_started = time.perf_counter()
         for index, rows in enumerate(micro_batches):
             micro = batch.select(rows)
             width = micro.response_ids.shape[1]
@@ -281,6 +284,7 @@ class ActorWorker(Worker):
             torch.autograd.backward(loss * self.world_size)
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value
+        optimizer_started = time.perf_counter()
         grad_norm, lrs = manager.optimizer_step()
         if not math.isfinite(grad_norm):
             raise NonFiniteLossError(
@@ -299,6 +303,10 @@ class ActorWorker(Worker):
         out["train/grad_norm"] = grad_norm
         out["train/lr"] = lrs[0]
         out["train/micro_batches"] = float(len(micro_batches))
+        # This rank's own clock (rank 0's is what the runner logs).
+        out["time/actor_prepare"] = passes_started - started
+        out["time/actor_forward_backward"] = optimizer_started - passes_started
+        out["time/actor_optimizer"] = time.perf_counter() - optimizer_started
         self.global_step += 1
         return out
 
