@@ -67,6 +67,8 @@ RUN_HERE = {
     "runner.experiment_name=rloo",
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run algorithm.adv_type=reinforce_pp "
     "algorithm.kl_coef=0.001 algorithm.kl_kind=k2 runner.experiment_name=reinforce_pp_kl",
+    ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run rollout.weight_sync=shared "
+    "runner.experiment_name=shared",
     # docs/extending.md
     "PYTHONPATH=examples/extension RLSHELL_EXT_MODULE=rlshell_example_ext .venv/bin/python -m "
     "rlshell.train configs/grpo.py --dry-run reward.reward_type=contains_answer "

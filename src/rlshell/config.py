@@ -138,7 +138,12 @@ class ModelConfig:
 
 @frozen
 class OptimConfig:
-    """AdamW and its learning-rate schedule."""
+    """AdamW and its learning-rate schedule.
+
+    ``fused``: torch's fused AdamW kernel (one kernel for all parameters, on
+    CPU and CUDA) instead of a Python loop over them; the same update up to
+    floating-point rounding order.
+    """
 
     lr: float = field(default=3e-4, metadata=POSITIVE)
     weight_decay: float = field(default=0.0, metadata=NON_NEGATIVE)
@@ -149,6 +154,7 @@ class OptimConfig:
     lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
     lr_warmup_steps: int = field(default=0, metadata=NON_NEGATIVE_INT)
     min_lr_ratio: float = field(default=0.0, metadata=UNIT_CLOSED)
+    fused: bool = True
 
 
 @frozen

@@ -46,6 +46,7 @@ __all__ = [
     "FSDPModelManager",
     "build_lr_lambda",
     "full_named_tensors",
+    "gathered_named_tensors",
     "rng_state",
     "set_rng_state",
     "wrap_units",
@@ -129,6 +130,28 @@ def full_named_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             yield name, tensor
 
 
+def gathered_named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Inside `FSDPModelManager.unsharded`: every state-dict entry of ``model``, full, by name.
+
+    The parameters (a tied one under each of its names) and the persistent
+    buffers, as the gathered tensors themselves (no copies): one all-gather
+    per FSDP unit on entering the context, instead of `full_named_tensors`'
+    one per parameter. Read them before the context ends.
+    """
+    tensors: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer is not None and name not in module._non_persistent_buffers_set:
+                tensors[f"{prefix}.{name}" if prefix else name] = buffer
+    sharded = [name for name, tensor in tensors.items() if isinstance(tensor, DTensor)]
+    if sharded:
+        raise RuntimeError(
+            f"gathered_named_tensors: {len(sharded)} entries are still sharded "
+            f"(e.g. {sharded[0]!r}); call it inside FSDPModelManager.unsharded()"
+        )
+    return tensors
+
+
 def rng_state() -> dict[str, Any]:
     """This process's random states: Python, NumPy, torch (and CUDA when present)."""
     state: dict[str, Any] = {
@@ -189,6 +212,7 @@ class FSDPModelManager:
             betas=(optim.adam_beta1, optim.adam_beta2),
             eps=optim.adam_eps,
             weight_decay=optim.weight_decay,
+            fused=optim.fused,
         )
         self.lr_scheduler = self.build_lr_scheduler(self.optimizer)
         self.grad_scaler = self.build_grad_scaler(self.cfg.fsdp_config.mixed_precision == "fp16")

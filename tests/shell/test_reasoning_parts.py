@@ -141,6 +141,16 @@ def test_concat_then_select_gives_back_each_part(rows: list[tuple[int, int]], cu
     assert back.response_texts == a.response_texts
 
 
+def test_select_keeps_whole_groups_only_when_asked() -> None:
+    batch = _batch([2, 3, 1, 2], [1, 2, 2, 1])
+    assert batch.select([0, 1]).group_size == 1
+    regrouped = batch.select([2, 3, 0, 1], group_size=2)
+    assert regrouped.group_size == 2
+    assert regrouped.response_texts == tuple(batch.response_texts[i] for i in (2, 3, 0, 1))
+    with pytest.raises(ValueError, match="3 rows do not make groups of 2"):
+        batch.select([0, 1, 2], group_size=2)
+
+
 def test_a_batch_with_mismatched_shapes_is_refused() -> None:
     good = _batch([2, 3], [1, 2])
     with pytest.raises(ValueError, match=r"RolloutBatch\.logprobs has shape"):

@@ -82,8 +82,16 @@ class RolloutBatch:
         """Valid prompt and response tokens: what verl's tokens/s counts."""
         return int(self.prompt_mask.sum()) + int(self.response_mask.sum())
 
-    def select(self, rows: Sequence[int]) -> RolloutBatch:
-        """These rows, trimmed to the widest prompt and response among them."""
+    def select(self, rows: Sequence[int], group_size: int = 1) -> RolloutBatch:
+        """These rows, trimmed to the widest prompt and response among them.
+
+        ``group_size``: of the result; 1 (rows taken apart, e.g. a
+        micro-batch) unless the rows are whole groups, each one's rows together.
+        """
+        if group_size < 1 or len(rows) % group_size:
+            raise ValueError(
+                f"RolloutBatch.select: {len(rows)} rows do not make groups of {group_size}"
+            )
         index = torch.as_tensor(list(rows), dtype=torch.long)
         prompt_mask = self.prompt_mask[index]
         response_mask = self.response_mask[index]
@@ -96,7 +104,7 @@ class RolloutBatch:
             response_mask=response_mask[:, :stop],
             logprobs=self.logprobs[index, :stop],
             response_texts=tuple(self.response_texts[i] for i in index.tolist()),
-            group_size=1,
+            group_size=group_size,
         )
 
     @staticmethod

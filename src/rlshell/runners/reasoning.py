@@ -333,7 +333,7 @@ class ReasoningTrainer:
         merged = RolloutBatch.concat(parts, self.pad_id)
         # Rank r answered prompts r, r+R, ...: put the groups back in prompt order.
         order = _interleave_order([len(shares[rank]) for rank in busy], params.n)
-        return _reorder(merged, order, self.pad_id)
+        return merged.select(order, group_size=params.n)
 
     def evaluate(self, examples: Sequence[PromptExample], step: int) -> dict[str, float]:
         """Greedy decoding on the held-out split: ``eval/accuracy`` is the mean reward."""
@@ -365,15 +365,14 @@ class ReasoningTrainer:
         ranks = reference.world_size
         rows = [list(range(rank, batch.rows, ranks)) for rank in range(ranks)]
         calls = [
-            reference.execute_on(rank).compute_ref_logprobs(batch.select(rows[rank]))
-            for rank in range(ranks)
-            if rows[rank]
+            (mine, reference.execute_on(rank).compute_ref_logprobs(batch.select(mine)))
+            for rank, mine in enumerate(rows)
+            if mine
         ]
         out = torch.zeros_like(batch.logprobs)
-        for rank, call in enumerate(calls):
+        for mine, call in calls:
             part = call.wait()[0]
-            index = torch.as_tensor(rows[rank])
-            out[index, : part.shape[1]] = part
+            out[torch.as_tensor(mine), : part.shape[1]] = part
         return out
 
     # -- checkpoints
@@ -435,15 +434,6 @@ def _interleave_order(counts: Sequence[int], n: int) -> list[int]:
         start = (offsets[rank] + index) * n
         order.extend(range(start, start + n))
     return order
-
-
-def _reorder(batch: RolloutBatch, order: list[int], pad_id: int) -> RolloutBatch:
-    selected = batch.select(order)
-    return RolloutBatch.concat([_with_group(selected, batch.group_size)], pad_id)
-
-
-def _with_group(batch: RolloutBatch, group_size: int) -> RolloutBatch:
-    return evolve(batch, group_size=group_size)
 
 
 def _rollout_metrics(batch: RolloutBatch, scores: torch.Tensor, n: int) -> dict[str, float]:

@@ -38,7 +38,7 @@ from rlcore.registry import ADVANTAGES, POLICY_LOSSES
 from rlcore.rollout import balanced_micro_batches, place_on_last_token, position_ids
 from rlcore.types import Advantages
 from rlshell.config import Config, Precision
-from rlshell.fsdp import FSDPModelManager, full_named_tensors
+from rlshell.fsdp import FSDPModelManager, full_named_tensors, gathered_named_tensors
 from rlshell.models import get_model, torch_dtype
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.weight_sync import FlatBuckets
@@ -215,14 +215,24 @@ class ActorWorker(Worker):
             raise RuntimeError("init_worker() has not run")
         if self.shared:
             return {"bytes": 0.0, "seconds": 0.0, "messages": 0.0}
-        tensors = full_named_tensors(self.model)
-        if self.hybrid:
-            targets = self.engine.weight_targets()
-            return self.sender.send_in_memory(tensors, targets, full=full, flat=self.flat)
-        if self.rank == 0:
-            return self.sender.send_to_workers(tensors, self.rollout_handles, full=full)
-        for _ in tensors:
-            pass
+        assert self.manager is not None
+        with self.manager.unsharded() as model:  # one all-gather per FSDP unit
+            gathered = gathered_named_tensors(model)
+            if self.hybrid:
+                targets = self.engine.weight_targets()
+                if gathered.keys() != targets.keys():
+                    raise RuntimeError(
+                        "the rollout engine's tensors differ from the actor's: only in the "
+                        f"engine {sorted(targets.keys() - gathered.keys())[:5]}, only in the "
+                        f"actor {sorted(gathered.keys() - targets.keys())[:5]}"
+                    )
+                # In the engine's order: its FlatBuckets expect that layout.
+                tensors = ((name, gathered[name]) for name in targets)
+                return self.sender.send_in_memory(tensors, targets, full=full, flat=self.flat)
+            if self.rank == 0:
+                return self.sender.send_to_workers(
+                    gathered.items(), self.rollout_handles, full=full
+                )
         return {}
 
     def rollout_weights(self) -> dict[str, Tensor]:
