@@ -243,12 +243,17 @@ class RewardConfig:
 
 @frozen
 class EnvConfig:
-    """Environments for embodied runs (unused by reasoning runs)."""
+    """Environments for embodied runs (unused by reasoning runs).
+
+    ``control_mode``: ManiSkill's controller (e.g. ``"pd_ee_delta_pose"``);
+    null takes the task's default.
+    """
 
     env_type: str | None = None
     env_id: str | None = None
     num_envs: int = field(default=1, metadata=POSITIVE_INT)
     max_episode_steps: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+    control_mode: str | None = None
     uses_gpus: bool = False
     cpus_per_worker: float = field(default=0.25, metadata=POSITIVE)
 

@@ -7,7 +7,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 from gymnasium import spaces
-from gymnasium.vector import SyncVectorEnv, VectorEnv
+from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 
 from rlshell.config import EnvConfig
 
@@ -32,6 +32,9 @@ class TwoArmedBandit(gymnasium.Env[np.ndarray, int]):
 
 def make_bandit_env(cfg: EnvConfig, seed: int) -> VectorEnv:
     """The registry builder: ``builder(cfg, seed)`` → ``cfg.num_envs`` bandits."""
-    env = SyncVectorEnv([TwoArmedBandit for _ in range(cfg.num_envs)])
+    # Same-step autoreset: what rlshell.envs.stepper.EnvStepper (env workers) expects.
+    env = SyncVectorEnv(
+        [TwoArmedBandit for _ in range(cfg.num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
+    )
     env.reset(seed=seed)
     return env

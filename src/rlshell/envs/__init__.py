@@ -1,14 +1,25 @@
 """Environment registry: ``register_env(env_type, builder)`` and ``make_env(cfg, seed)``.
 
 A builder is ``builder(cfg, seed) -> gymnasium.vector.VectorEnv`` making
-``cfg.num_envs`` copies. The built-in ``gymnasium`` type makes any
-registered gymnasium id (``env.env_id``) with ``gymnasium.make_vec``.
+``cfg.num_envs`` copies. Built-in types:
+
+- ``gymnasium``: any registered gymnasium id (``env.env_id``; ``"module:Id"``
+  imports ``module`` first, e.g. ``"gymnasium_robotics:FetchReach-v4"``), as
+  a synchronous vector env that resets a finished copy in the same step
+  (gymnasium's ``SAME_STEP`` autoreset: the finished episode's last
+  observation is in ``info["final_obs"]``).
+- ``maniskill``: ManiSkill 3's batched GPU simulation (`rlshell.envs.maniskill`),
+  which needs a Vulkan-capable GPU.
+
+`rlshell.envs.stepper.EnvStepper` drives either one for an env worker.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlcore.registry import Registry
 from rlshell.config import EnvConfig
@@ -16,7 +27,14 @@ from rlshell.config import EnvConfig
 if TYPE_CHECKING:
     from gymnasium.vector import VectorEnv
 
-__all__ = ["ENVS", "EnvBuilder", "make_env", "register_env"]
+__all__ = [
+    "ENVS",
+    "EnvBuilder",
+    "check_gymnasium_id",
+    "get_env_cls",
+    "make_env",
+    "register_env",
+]
 
 EnvBuilder = Callable[[EnvConfig, int], "VectorEnv"]
 
@@ -28,23 +46,70 @@ def register_env(env_type: str, builder: EnvBuilder, force: bool = False) -> Env
     return ENVS.register(env_type, builder, force=force)
 
 
+def get_env_cls(env_type: str) -> EnvBuilder:
+    """The builder registered under ``env_type`` (a KeyError naming close types if none)."""
+    return ENVS.get(env_type)
+
+
 def make_env(cfg: EnvConfig, seed: int = 0) -> VectorEnv:
     """Build the vector env ``cfg.env_type`` names."""
     if cfg.env_type is None:
         raise ValueError("env.env_type is not set: name a registered env type")
-    return ENVS.get(cfg.env_type)(cfg, seed)
+    return get_env_cls(cfg.env_type)(cfg, seed)
+
+
+def check_gymnasium_id(env_id: str | None, example: str = "CartPole-v1") -> str:
+    """``env_id`` without its ``module:`` prefix, after importing that module.
+
+    Raises a ValueError naming ``env.env_id`` when the id is missing or not in
+    ``gymnasium.registry`` (with the closest registered ids).
+    """
+    import gymnasium
+
+    if env_id is None:
+        raise ValueError(f"env.env_id: this env type needs a gymnasium id, e.g. {example!r}")
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ValueError(
+                f"env.env_id {env_id!r}: cannot import module {module!r} ({err})"
+            ) from None
+    if name not in gymnasium.registry:
+        close = difflib.get_close_matches(name, list(gymnasium.registry), n=3, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        raise ValueError(
+            f"env.env_id: unknown gymnasium id {name!r}{hint}; "
+            "an id from another package needs its module as a prefix, "
+            "e.g. 'gymnasium_robotics:FetchReach-v4'"
+        )
+    return name
 
 
 def _gymnasium_env(cfg: EnvConfig, seed: int) -> VectorEnv:
     import gymnasium
 
-    if cfg.env_id is None:
-        raise ValueError("env.env_id: the gymnasium env type needs an id, e.g. 'CartPole-v1'")
+    env_id = check_gymnasium_id(cfg.env_id)
+    make_kwargs: dict[str, Any] = {}
+    if cfg.max_episode_steps is not None:
+        make_kwargs["max_episode_steps"] = cfg.max_episode_steps
     env = gymnasium.make_vec(
-        cfg.env_id, num_envs=cfg.num_envs, max_episode_steps=cfg.max_episode_steps
+        env_id,
+        num_envs=cfg.num_envs,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP},
+        **make_kwargs,
     )
     env.reset(seed=seed)
     return env
 
 
+def _maniskill_env(cfg: EnvConfig, seed: int) -> VectorEnv:
+    from rlshell.envs.maniskill import make_maniskill_env
+
+    return make_maniskill_env(cfg, seed)
+
+
 register_env("gymnasium", _gymnasium_env)
+register_env("maniskill", _maniskill_env)

@@ -18,8 +18,18 @@ from torch import nn
 
 from rlcore.registry import Registry
 from rlshell.config import ModelConfig, Precision
+from rlshell.models.base import BasePolicy, ForwardType
 
-__all__ = ["MODELS", "ModelBuilder", "ModelEntry", "get_model", "register_model", "torch_dtype"]
+__all__ = [
+    "MODELS",
+    "BasePolicy",
+    "ForwardType",
+    "ModelBuilder",
+    "ModelEntry",
+    "get_model",
+    "register_model",
+    "torch_dtype",
+]
 
 ModelBuilder = Callable[[ModelConfig, torch.dtype], nn.Module]
 Category = Literal["embodied", "reasoning"]
@@ -73,8 +83,10 @@ def get_model(cfg: ModelConfig) -> nn.Module:
 
 def _register_builtins() -> None:
     from rlshell.models.hf_causal_lm import build_hf_causal_lm
+    from rlshell.models.mlp_policy import build_mlp_policy
 
     register_model("hf_causal_lm", build_hf_causal_lm, category="reasoning")
+    register_model("mlp_policy", build_mlp_policy, category="embodied")
 
 
 _register_builtins()

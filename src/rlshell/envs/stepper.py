@@ -1,0 +1,413 @@
+"""`EnvStepper`: what an env worker does each step, over one gymnasium VectorEnv.
+
+The stepper turns the env's observations into the policy's ``env_obs`` dict,
+checks the policy's actions before the env sees them, keeps the bootstrap
+observation apart from the reset one, and counts episode statistics:
+
+- ``env_obs``: ``{"states": float32 [N, state_dim]}`` for a Box observation
+  (flattened); ``{"main_images": uint8 [N, H, W, C]}`` for an image Box
+  (uint8, three dims, channels last); for a Dict observation (gymnasium-robotics
+  Fetch: observation / achieved_goal / desired_goal) ``states`` concatenates
+  its Box entries in sorted key order, and an image entry becomes
+  ``main_images``.
+- The env resets a finished copy in the same step (gymnasium's ``SAME_STEP``
+  autoreset, ManiSkill's vector wrapper): `StepResult.obs` is what the policy
+  acts on next, `StepResult.next_obs` is sₜ₊₁ for the value bootstrap, the
+  finished episode's final observation where it ended (see
+  `rlcore.advantages.gae`).
+- Numpy envs (gymnasium) and torch envs (ManiSkill, on the GPU) both work:
+  tensors stay on the env's device, actions are handed over as numpy or as
+  tensors accordingly.
+
+No Ray here: a Ray env worker wraps one `EnvStepper`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from attrs import frozen
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from rlshell.config import EnvConfig
+
+if TYPE_CHECKING:
+    from gymnasium import Space
+    from gymnasium.vector import VectorEnv
+
+__all__ = ["EnvObs", "EnvStepper", "StepResult", "group_seeds"]
+
+EnvObs = dict[str, Tensor]
+"""The policy's observation dict: ``"states"`` float32 ``[num_envs, state_dim]``
+and/or ``"main_images"`` uint8 ``[num_envs, height, width, channels]``."""
+
+_SUCCESS_KEYS = ("success", "is_success")
+_FINAL_OBS_KEYS = ("final_obs", "final_observation")  # gymnasium 1.x, ManiSkill 3.0
+
+
+@frozen(eq=False)
+class StepResult:
+    """One vector step: rows are envs.
+
+    ``next_obs`` row i is the finished episode's final observation where
+    episode i ended at this step (``terminated | truncated``), else the same
+    as ``obs`` row i; rows of ``obs`` that ended hold the new episode's reset
+    observation. Tensors may share storage with each other: do not write to them.
+    """
+
+    obs: EnvObs
+    rewards: Float[Tensor, "num_envs"]
+    terminated: Bool[Tensor, "num_envs"]
+    truncated: Bool[Tensor, "num_envs"]
+    next_obs: EnvObs
+
+    @property
+    def dones(self) -> Bool[Tensor, "num_envs"]:
+        """Episodes that ended at this step, by termination or truncation."""
+        return self.terminated | self.truncated
+
+
+def group_seeds(seed: int, num_envs: int, group_size: int = 1) -> list[int]:
+    """Per-env reset seeds: equal within each block of ``group_size`` envs, distinct across blocks.
+
+    Group g gets a seed drawn from ``SeedSequence([seed, g])``, so nearby base
+    seeds (one per rollout) never hand the same seeds to different groups.
+    """
+    if group_size < 1 or num_envs % group_size != 0:
+        raise ValueError(
+            f"group_size must be a positive divisor of num_envs={num_envs}, got {group_size}"
+        )
+    if seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed}")
+    per_group = [
+        int(np.random.SeedSequence([seed, g]).generate_state(1, dtype=np.uint32)[0])
+        for g in range(num_envs // group_size)
+    ]
+    return [s for s in per_group for _ in range(group_size)]
+
+
+class _ObsLayout:
+    """How one observation space maps to ``env_obs`` keys (built once per stepper)."""
+
+    def __init__(self, space: Space[Any], env_id: str) -> None:
+        from gymnasium import spaces
+
+        self.env_id = env_id
+        self.state_paths: list[tuple[str, ...]] = []
+        self.image_path: tuple[str, ...] | None = None
+        leaves: list[tuple[tuple[str, ...], Space[Any]]] = []
+
+        def collect(path: tuple[str, ...], sub: Space[Any]) -> None:
+            if isinstance(sub, spaces.Dict):
+                for key in sorted(sub.spaces):
+                    collect((*path, key), sub.spaces[key])
+            else:
+                leaves.append((path, sub))
+
+        collect((), space)
+        for path, leaf in leaves:
+            where = ".".join(path) or "observation"
+            if not isinstance(leaf, spaces.Box):
+                raise ValueError(
+                    f"env {env_id}: {where} space {leaf} is not supported "
+                    "(expected a Box, an image Box or a Dict of them)"
+                )
+            if leaf.dtype == np.uint8 and len(leaf.shape) == 3:
+                if self.image_path is not None:
+                    raise ValueError(
+                        f"env {env_id}: more than one image observation "
+                        f"({'.'.join(self.image_path)}, {where}); main_images takes one"
+                    )
+                self.image_path = path
+            else:
+                self.state_paths.append(path)
+
+    def convert(self, obs: Any, device: torch.device | None = None) -> EnvObs:
+        """``env_obs`` for a batched observation (array, tensor or dict of them)."""
+        out: EnvObs = {}
+        if self.state_paths:
+            parts = [_as_tensor(_at(obs, p), device) for p in self.state_paths]
+            rows = parts[0].shape[0]
+            flat = [part.reshape(rows, -1).to(torch.float32) for part in parts]
+            out["states"] = flat[0] if len(flat) == 1 else torch.cat(flat, dim=1)
+        if self.image_path is not None:
+            out["main_images"] = _as_tensor(_at(obs, self.image_path), device)
+        return out
+
+    def check_finite(self, env_obs: EnvObs, what: str) -> None:
+        states = env_obs.get("states")
+        if states is not None and states.is_floating_point():
+            _check_finite(states, f"{what} (states)", self.env_id)
+
+
+def _at(obs: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        obs = obs[key]
+    return obs
+
+
+def _as_tensor(value: Any, device: torch.device | None) -> Tensor:
+    if isinstance(value, Tensor):
+        return value if device is None else value.to(device)
+    return torch.as_tensor(np.asarray(value), device=device)
+
+
+def _stack(rows: Sequence[Any]) -> Any:
+    """Single-env observations (arrays, tensors or dicts of them) stacked into a batch."""
+    first = rows[0]
+    if isinstance(first, Mapping):
+        return {key: _stack([row[key] for row in rows]) for key in first}
+    if isinstance(first, Tensor):
+        return torch.stack(list(rows))
+    return np.stack([np.asarray(row) for row in rows])
+
+
+def _check_finite(values: Tensor, what: str, env_id: str) -> None:
+    finite = torch.isfinite(values)
+    if bool(finite.all()):
+        return
+    bad_rows = (~finite).reshape(values.shape[0], -1).any(dim=1).nonzero().flatten().tolist()
+    raise FloatingPointError(
+        f"env {env_id}: {what} of env index {bad_rows[0]} is not finite "
+        f"({values[bad_rows[0]].tolist()}); bad env indices: {bad_rows}"
+    )
+
+
+def _flag(info: Mapping[str, Any], device: torch.device) -> tuple[Tensor, Tensor] | None:
+    """The per-env success flag an info dict reports, and where it reports it."""
+    for key in _SUCCESS_KEYS:
+        if key in info:
+            value = _as_tensor(info[key], device).reshape(-1)
+            flag = value if value.dtype == torch.bool else value != 0
+            mask = info.get(f"_{key}")
+            reported = (
+                torch.ones_like(flag)
+                if mask is None
+                else _as_tensor(mask, device).reshape(-1).to(torch.bool)
+            )
+            return flag & reported, reported
+    return None
+
+
+class EnvStepper:
+    """Steps one vector env for a policy: ``reset``, ``step``, ``pop_metrics``, ``close``.
+
+    ``env`` must reset finished copies in the same step (the ``gymnasium`` and
+    ``maniskill`` env types do), putting the final observation in
+    ``info["final_obs"]`` (or ManiSkill 3.0's ``info["final_observation"]``).
+    """
+
+    def __init__(self, env: VectorEnv, env_id: str | None = None) -> None:
+        from gymnasium import spaces
+
+        self.env = env
+        spec = getattr(env, "spec", None)
+        self.env_id = env_id or getattr(spec, "id", None) or type(env).__name__
+        self.num_envs = int(env.num_envs)
+        mode = getattr(env, "metadata", {}).get("autoreset_mode")
+        if mode is not None and getattr(mode, "value", mode) != "SameStep":
+            raise ValueError(
+                f"env {self.env_id}: autoreset mode {getattr(mode, 'value', mode)}; EnvStepper "
+                "needs same-step autoreset (gymnasium.vector.AutoresetMode.SAME_STEP)"
+            )
+        self.action_space = env.single_action_space
+        if not isinstance(
+            self.action_space,
+            spaces.Box | spaces.Discrete | spaces.MultiDiscrete | spaces.MultiBinary,
+        ):
+            raise ValueError(
+                f"env {self.env_id}: action space {self.action_space} is not supported "
+                "(expected Box, Discrete, MultiDiscrete or MultiBinary)"
+            )
+        self.action_shape = (self.num_envs, *(self.action_space.shape or ()))
+        self._discrete = not isinstance(self.action_space, spaces.Box)
+        self._layout = _ObsLayout(env.single_observation_space, self.env_id)
+        self._device: torch.device | None = None
+        self._torch_env = False
+        self._returns = torch.zeros(self.num_envs, dtype=torch.float64)
+        self._lengths = torch.zeros(self.num_envs, dtype=torch.int64)
+        self._success_once = torch.zeros(self.num_envs, dtype=torch.bool)
+        self._reports_success = False
+        self._finished: dict[str, list[float]] = {
+            "return": [],
+            "length": [],
+            "success": [],
+            "success_once": [],
+        }
+
+    @classmethod
+    def from_config(cls, cfg: EnvConfig, seed: int = 0) -> EnvStepper:
+        """A stepper over ``make_env(cfg, seed)``."""
+        from rlshell.envs import make_env
+
+        return cls(make_env(cfg, seed), cfg.env_id)
+
+    def reset(self, seed: int, group_size: int = 1) -> EnvObs:
+        """Reset every env, with one seed per group of ``group_size`` consecutive envs.
+
+        Envs in a group start from the same state (comparable episodes for
+        group-normalized advantages); episodes in progress are dropped
+        without being counted.
+        """
+        seeds = group_seeds(seed, self.num_envs, group_size)
+        # Vector envs take one seed per env; gymnasium's VectorEnv annotation says only int.
+        obs, _ = self.env.reset(seed=seeds)  # type: ignore[arg-type]
+        first = obs
+        while isinstance(first, Mapping):
+            first = next(iter(first.values()))
+        self._torch_env = isinstance(first, Tensor)
+        self._device = first.device if isinstance(first, Tensor) else torch.device("cpu")
+        self._returns = torch.zeros(self.num_envs, dtype=torch.float64, device=self._device)
+        self._lengths = torch.zeros(self.num_envs, dtype=torch.int64, device=self._device)
+        self._success_once = torch.zeros(self.num_envs, dtype=torch.bool, device=self._device)
+        env_obs = self._layout.convert(obs, self._device)
+        self._layout.check_finite(env_obs, "reset observation")
+        return env_obs
+
+    def step(self, actions: Tensor) -> StepResult:
+        """Apply ``actions`` ``[num_envs, *action_shape]`` to every env."""
+        if self._device is None:
+            raise RuntimeError(f"env {self.env_id}: call reset(seed) before step")
+        self._check_actions(actions)
+        env_actions: Any = (
+            actions.to(self._device) if self._torch_env else actions.detach().cpu().numpy()
+        )
+        raw_obs, raw_rewards, raw_terminated, raw_truncated, info = self.env.step(env_actions)
+
+        device = self._device
+        rewards = _as_tensor(raw_rewards, device).reshape(-1).to(torch.float32)
+        terminated = _as_tensor(raw_terminated, device).reshape(-1).to(torch.bool)
+        truncated = _as_tensor(raw_truncated, device).reshape(-1).to(torch.bool)
+        obs = self._layout.convert(raw_obs, device)
+        self._layout.check_finite(obs, "observation")
+        _check_finite(rewards, "reward", self.env_id)
+
+        dones = terminated | truncated
+        self._returns += rewards
+        self._lengths += 1
+        success = self._success_flags(info, dones)
+        if success is not None:
+            self._success_once |= success
+
+        next_obs = obs
+        if bool(dones.any()):
+            rows = dones.nonzero().flatten()
+            next_obs = self._with_final_obs(obs, info, rows)
+            self._record_episodes(rows, success)
+        return StepResult(
+            obs=obs, rewards=rewards, terminated=terminated, truncated=truncated, next_obs=next_obs
+        )
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Means over the episodes finished since the last call, then forget them.
+
+        ``env/episode_return``, ``env/episode_length`` and, when the env reports
+        success, ``env/success`` (at the episode's last step) and
+        ``env/success_once`` (at any step); ``env/episodes`` counts them.
+        """
+        finished = self._finished
+        count = len(finished["return"])
+        metrics = {"env/episodes": float(count)}
+        if count:
+            metrics["env/episode_return"] = float(np.mean(finished["return"]))
+            metrics["env/episode_length"] = float(np.mean(finished["length"]))
+            if self._reports_success:
+                metrics["env/success"] = float(np.mean(finished["success"]))
+                metrics["env/success_once"] = float(np.mean(finished["success_once"]))
+        for values in finished.values():
+            values.clear()
+        return metrics
+
+    def close(self) -> None:
+        """Close the env (and its simulator)."""
+        self.env.close()
+
+    def _check_actions(self, actions: Tensor) -> None:
+        if tuple(actions.shape) != self.action_shape:
+            raise ValueError(
+                f"env {self.env_id}: actions have shape {tuple(actions.shape)}, expected "
+                f"{self.action_shape} (num_envs, *single_action_space.shape)"
+            )
+        if self._discrete:
+            if actions.is_floating_point() or actions.is_complex():
+                raise TypeError(
+                    f"env {self.env_id}: {self.action_space} takes integer actions, "
+                    f"got {actions.dtype}"
+                )
+            low, high = torch.aminmax(actions.to(torch.int64))
+            space_low, space_high = self._discrete_bounds()
+            if int(low) < space_low or int(high) > space_high:
+                raise ValueError(
+                    f"env {self.env_id}: actions must lie in [{space_low}, {space_high}] "
+                    f"for {self.action_space}, got values in [{int(low)}, {int(high)}]"
+                )
+
+    def _discrete_bounds(self) -> tuple[int, int]:
+        from gymnasium import spaces
+
+        space = self.action_space
+        if isinstance(space, spaces.Discrete):
+            return int(space.start), int(space.start + space.n - 1)
+        if isinstance(space, spaces.MultiDiscrete):
+            return int(np.min(space.start)), int(np.max(space.start + space.nvec - 1))
+        return 0, 1  # MultiBinary
+
+    def _success_flags(self, info: Mapping[str, Any], dones: Tensor) -> Tensor | None:
+        """Success at this step per env; an ended env's comes from its final step's info."""
+        assert self._device is not None
+        current = _flag(info, self._device)
+        final_info = info.get("final_info")
+        final = _flag(final_info, self._device) if isinstance(final_info, Mapping) else None
+        if current is None and final is None:
+            return None
+        self._reports_success = True
+        success = torch.zeros(self.num_envs, dtype=torch.bool, device=self._device)
+        if current is not None:
+            # An ended env's current info describes its reset, not the step that ended it.
+            success = current[0] & ~dones
+        if final is not None:
+            success = torch.where(dones & final[1], final[0], success)
+        return success
+
+    def _with_final_obs(self, obs: EnvObs, info: Mapping[str, Any], rows: Tensor) -> EnvObs:
+        final = next((info[key] for key in _FINAL_OBS_KEYS if key in info), None)
+        if final is None:
+            raise RuntimeError(
+                f"env {self.env_id}: an episode ended but info has no 'final_obs'; build the "
+                "env with same-step autoreset (gymnasium AutoresetMode.SAME_STEP)"
+            )
+        if isinstance(final, np.ndarray) and final.dtype == object:
+            # gymnasium: one single-env observation per ended env, None elsewhere.
+            final_rows = self._layout.convert(
+                _stack([final[i] for i in rows.tolist()]), self._device
+            )
+        else:
+            # ManiSkill: the whole batch, read at the ended rows.
+            final_rows = {
+                key: value[rows] for key, value in self._layout.convert(final, self._device).items()
+            }
+        self._layout.check_finite(final_rows, "final observation")
+        next_obs = {}
+        for key, value in obs.items():
+            merged = value.clone()
+            merged[rows] = final_rows[key].to(merged.dtype)
+            next_obs[key] = merged
+        return next_obs
+
+    def _record_episodes(self, rows: Tensor, success: Tensor | None) -> None:
+        finished = self._finished
+        finished["return"].extend(self._returns[rows].tolist())
+        finished["length"].extend(self._lengths[rows].tolist())
+        if self._reports_success:
+            at_end = (
+                success[rows] if success is not None else torch.zeros_like(rows, dtype=torch.bool)
+            )
+            finished["success"].extend(at_end.float().tolist())
+            finished["success_once"].extend(self._success_once[rows].float().tolist())
+        self._returns[rows] = 0.0
+        self._lengths[rows] = 0
+        self._success_once[rows] = False

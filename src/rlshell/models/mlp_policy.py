@@ -1,0 +1,509 @@
+"""The built-in ``mlp_policy`` model type: an MLP actor (and critic) over state vectors.
+
+Three action types, chosen by ``model_kwargs.action_type``:
+
+- ``discrete``: a categorical over ``action_dim`` logits; actions are int64
+  ``[batch]``; eval takes the argmax.
+- ``gaussian`` (PPO on continuous control): a state-independent log-std
+  parameter; the raw action u ~ N(μ(s), σ²) is cached for training and the env
+  receives clip(u, low, high), as SB3 and CleanRL do; eval acts on clip(μ).
+- ``tanh_gaussian`` (SAC): state-dependent μ(s) and log σ(s) ∈ [−5, 2];
+  a = tanh(u), u ~ N(μ, σ²), and the env receives low + (a + 1)/2 · (high − low);
+  eval acts on tanh(μ). Twin Q heads ``q1``, ``q2`` read (s, a) with a ∈ [−1, 1].
+
+``discrete`` and ``gaussian`` carry a separate MLP critic V(s); ``tanh_gaussian``
+has none (SAC learns Q through ``sac_q_forward``). Values are left out of the
+results, never filled with zeros, when not asked for or when there is no critic.
+
+With ``orthogonal_init`` (the default) weights are orthogonal with gain √2,
+the policy head's 0.01 and the value and Q heads' 1.0, biases zero (CleanRL,
+SB3). Layers are built in fp32, initialised, then cast to the model dtype; the
+distribution maths always runs in fp32.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, cast
+
+import torch
+import torch.nn.functional as F
+from attrs import frozen
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from rlshell.config import ModelConfig
+from rlshell.models.base import ActionInfo, BasePolicy, ForwardType
+
+__all__ = [
+    "ActionType",
+    "MLPPolicy",
+    "MLPPolicySpec",
+    "build_mlp_policy",
+    "categorical_entropy",
+    "categorical_log_prob",
+    "gaussian_entropy",
+    "gaussian_log_prob",
+    "tanh_gaussian_log_prob",
+]
+
+ActionType = Literal["discrete", "gaussian", "tanh_gaussian"]
+Activation = Literal["tanh", "relu"]
+
+LOG_STD_MIN = -5.0
+LOG_STD_MAX = 2.0
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+_LOG_2 = math.log(2.0)
+
+
+# ---------------------------------------------------------------------------
+# The distributions' maths, in fp32, summed over action dimensions.
+
+
+def categorical_log_prob(
+    logits: Float[Tensor, "batch actions"], actions: Int[Tensor, " batch"]
+) -> Float[Tensor, " batch"]:
+    """log π(a) = z_a − log Σ_v exp z_v."""
+    log_probs = F.log_softmax(logits, dim=-1)
+    return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+
+def categorical_entropy(logits: Float[Tensor, "batch actions"]) -> Float[Tensor, " batch"]:
+    """H = −Σ_v π(v) log π(v)."""
+    log_probs = F.log_softmax(logits, dim=-1)
+    return -(log_probs.exp() * log_probs).sum(-1)
+
+
+def gaussian_log_prob(
+    x: Float[Tensor, "batch dim"],
+    mean: Float[Tensor, "batch dim"],
+    log_std: Float[Tensor, "*#batch dim"],
+) -> Float[Tensor, " batch"]:
+    """log N(x; μ, σ²) summed over dims: Σ_i −(x_i − μ_i)²/(2σ_i²) − log σ_i − ½ log 2π."""
+    z = (x - mean) * torch.exp(-log_std)
+    return (-0.5 * z.square() - log_std - _HALF_LOG_2PI).sum(-1)
+
+
+def gaussian_entropy(log_std: Float[Tensor, "*#batch dim"], batch: int) -> Float[Tensor, " batch"]:
+    """H[N(μ, σ²)] summed over dims: Σ_i ½ + ½ log 2π + log σ_i, one entry per row."""
+    per_row = (0.5 + _HALF_LOG_2PI + log_std).sum(-1)
+    return per_row.expand(batch) if per_row.dim() == 0 else per_row
+
+
+def tanh_gaussian_log_prob(
+    u: Float[Tensor, "batch dim"],
+    mean: Float[Tensor, "batch dim"],
+    log_std: Float[Tensor, "batch dim"],
+) -> Float[Tensor, " batch"]:
+    """log π(a) of a = tanh(u), u ~ N(μ, σ²) (Haarnoja et al. 2018, appendix C).
+
+    log π(a) = log N(u; μ, σ²) − Σ_i log(1 − tanh²(u_i)), with the stable form
+    log(1 − tanh² u) = 2 (log 2 − u − softplus(−2u)), finite for any u (the
+    naive form is −inf once tanh u rounds to ±1, |u| ≳ 9 in fp32). The constant
+    Jacobian of the affine map to [low, high] is left out.
+    """
+    log_det = 2.0 * (_LOG_2 - u - F.softplus(-2.0 * u))
+    return gaussian_log_prob(u, mean, log_std) - log_det.sum(-1)
+
+
+# ---------------------------------------------------------------------------
+# Configuration, read from model_kwargs.
+
+_PREFIX = "actor.model.model_kwargs"
+_COMMON_KEYS = (
+    "obs_dim",
+    "action_dim",
+    "action_type",
+    "hidden_sizes",
+    "activation",
+    "orthogonal_init",
+)
+_KEYS_BY_TYPE: dict[ActionType, tuple[str, ...]] = {
+    "discrete": _COMMON_KEYS,
+    "gaussian": (*_COMMON_KEYS, "action_low", "action_high", "init_log_std"),
+    "tanh_gaussian": (*_COMMON_KEYS, "action_low", "action_high"),
+}
+_ALL_KEYS = sorted({key for keys in _KEYS_BY_TYPE.values() for key in keys})
+
+Scalar = int | float | str | bool
+
+
+@frozen
+class MLPPolicySpec:
+    """An `MLPPolicy`'s shape, read from ``model_kwargs`` by `MLPPolicySpec.from_kwargs`.
+
+    ``action_low`` / ``action_high`` hold one bound per action dimension.
+    """
+
+    obs_dim: int
+    action_dim: int
+    action_type: ActionType
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    activation: Activation = "tanh"
+    action_low: tuple[float, ...] = ()
+    action_high: tuple[float, ...] = ()
+    init_log_std: float = 0.0
+    orthogonal_init: bool = True
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Scalar]) -> MLPPolicySpec:
+        """Parse ``model_kwargs``; a bad or missing entry raises ValueError naming its key."""
+        action_type = cast(
+            ActionType, _choice(kwargs, "action_type", ("discrete", "gaussian", "tanh_gaussian"))
+        )
+        _reject_unknown(kwargs, action_type)
+        action_dim = _positive_int(kwargs, "action_dim")
+        continuous = action_type != "discrete"
+        low = _bounds(kwargs, "action_low", -1.0, action_dim) if continuous else ()
+        high = _bounds(kwargs, "action_high", 1.0, action_dim) if continuous else ()
+        for i, (lo, hi) in enumerate(zip(low, high, strict=True)):
+            if not lo < hi:
+                raise ValueError(
+                    f"{_PREFIX}.action_low: dimension {i} has low {lo} >= high {hi}; "
+                    "each low must be below its high"
+                )
+        hidden = _int_list(kwargs, "hidden_sizes", "64,64")
+        return cls(
+            obs_dim=_positive_int(kwargs, "obs_dim"),
+            action_dim=action_dim,
+            action_type=action_type,
+            hidden_sizes=hidden,
+            activation=cast(Activation, _choice(kwargs, "activation", ("tanh", "relu"), "tanh")),
+            action_low=low,
+            action_high=high,
+            init_log_std=_float(kwargs, "init_log_std", 0.0),
+            orthogonal_init=_bool(kwargs, "orthogonal_init", True),
+        )
+
+
+def _reject_unknown(kwargs: Mapping[str, Scalar], action_type: ActionType) -> None:
+    allowed = _KEYS_BY_TYPE[action_type]
+    for key in kwargs:
+        if key in allowed:
+            continue
+        if key in _ALL_KEYS:
+            users = [t for t, keys in _KEYS_BY_TYPE.items() if key in keys]
+            raise ValueError(
+                f"{_PREFIX}.{key}: not read with action_type '{action_type}' "
+                f"(only with {', '.join(repr(t) for t in users)})"
+            )
+        close = difflib.get_close_matches(key, _ALL_KEYS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ValueError(
+            f"unknown key '{_PREFIX}.{key}'{hint}; mlp_policy reads {', '.join(allowed)}"
+        )
+
+
+def _required(kwargs: Mapping[str, Scalar], key: str, what: str) -> Scalar:
+    if key not in kwargs:
+        raise ValueError(f"{_PREFIX}.{key}: missing; mlp_policy needs {what}")
+    return kwargs[key]
+
+
+def _positive_int(kwargs: Mapping[str, Scalar], key: str) -> int:
+    value = _required(kwargs, key, "a positive int")
+    parsed = _as_int(value)
+    if parsed is None or parsed <= 0:
+        raise ValueError(f"{_PREFIX}.{key}: expected a positive int, got {value!r}")
+    return parsed
+
+
+def _as_int(value: Scalar) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _as_float(value: Scalar) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _float(kwargs: Mapping[str, Scalar], key: str, default: float) -> float:
+    value = kwargs.get(key, default)
+    parsed = _as_float(value)
+    if parsed is None or not math.isfinite(parsed):
+        raise ValueError(f"{_PREFIX}.{key}: expected a finite float, got {value!r}")
+    return parsed
+
+
+def _bool(kwargs: Mapping[str, Scalar], key: str, default: bool) -> bool:
+    value = kwargs.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{_PREFIX}.{key}: expected true or false, got {value!r}")
+    return value
+
+
+def _choice(
+    kwargs: Mapping[str, Scalar], key: str, choices: tuple[str, ...], default: str | None = None
+) -> str:
+    shown = ", ".join(f"'{c}'" for c in choices)
+    value = kwargs.get(key, default)
+    if value is None:
+        raise ValueError(f"{_PREFIX}.{key}: missing; expected one of {shown}")
+    if value not in choices:
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ValueError(f"{_PREFIX}.{key}: got {value!r}{hint}; expected one of {shown}")
+    return str(value)
+
+
+def _int_list(kwargs: Mapping[str, Scalar], key: str, default: str) -> tuple[int, ...]:
+    value = kwargs.get(key, default)
+    parts = [p.strip() for p in str(value).split(",")] if not isinstance(value, bool) else []
+    parsed = [_as_int(p) for p in parts if p]
+    if not parsed or any(p is None or p <= 0 for p in parsed):
+        raise ValueError(
+            f"{_PREFIX}.{key}: expected comma-separated positive ints like '64,64', got {value!r}"
+        )
+    return tuple(cast(list[int], parsed))
+
+
+def _bounds(
+    kwargs: Mapping[str, Scalar], key: str, default: float, action_dim: int
+) -> tuple[float, ...]:
+    value = kwargs.get(key, default)
+    parts = str(value).split(",") if isinstance(value, str) else [value]
+    parsed = [_as_float(p.strip() if isinstance(p, str) else p) for p in parts]
+    if any(p is None or not math.isfinite(p) for p in parsed):
+        raise ValueError(
+            f"{_PREFIX}.{key}: expected a finite float or comma-separated floats, got {value!r}"
+        )
+    bounds = tuple(cast(list[float], parsed))
+    if len(bounds) == 1:
+        return bounds * action_dim
+    if len(bounds) != action_dim:
+        raise ValueError(
+            f"{_PREFIX}.{key}: {len(bounds)} bounds for action_dim {action_dim}; "
+            "give one bound for all dimensions or one per dimension"
+        )
+    return bounds
+
+
+# ---------------------------------------------------------------------------
+# The networks.
+
+_ACTIVATIONS: dict[Activation, Callable[[], nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+def _mlp(
+    in_dim: int, hidden: tuple[int, ...], out_dim: int, spec: MLPPolicySpec, out_gain: float
+) -> nn.Sequential:
+    """in → hidden… → out, activations between; orthogonal init (gain √2, head ``out_gain``)."""
+    sizes = (in_dim, *hidden)
+    layers: list[nn.Module] = []
+    for fan_in, fan_out in itertools.pairwise(sizes):
+        layers += [_linear(fan_in, fan_out, math.sqrt(2.0), spec), _ACTIVATIONS[spec.activation]()]
+    layers.append(_linear(sizes[-1], out_dim, out_gain, spec))
+    return nn.Sequential(*layers)
+
+
+def _linear(fan_in: int, fan_out: int, gain: float, spec: MLPPolicySpec) -> nn.Linear:
+    layer = nn.Linear(fan_in, fan_out)
+    if spec.orthogonal_init:
+        nn.init.orthogonal_(layer.weight, gain)
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
+class MLPPolicy(BasePolicy):
+    """An MLP actor over ``env_obs["states"]``, with a critic (discrete, gaussian) or twin Qs.
+
+    ``forward_inputs`` hold ``states`` and ``action``, the raw sampled action:
+    the index (discrete), the unclipped u (gaussian) or the pre-tanh u
+    (tanh_gaussian), so that log-probs recompute exactly.
+    """
+
+    log_std: nn.Parameter | None
+    action_low: Tensor
+    action_high: Tensor
+
+    def __init__(self, spec: MLPPolicySpec, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.spec = spec
+        heads = 2 * spec.action_dim if spec.action_type == "tanh_gaussian" else spec.action_dim
+        self.actor = _mlp(spec.obs_dim, spec.hidden_sizes, heads, spec, out_gain=0.01)
+        self.critic: nn.Sequential | None = None
+        self.q1: nn.Sequential | None = None
+        self.q2: nn.Sequential | None = None
+        self.log_std = None
+        if spec.action_type == "tanh_gaussian":
+            q_in = spec.obs_dim + spec.action_dim
+            self.q1 = _mlp(q_in, spec.hidden_sizes, 1, spec, out_gain=1.0)
+            self.q2 = _mlp(q_in, spec.hidden_sizes, 1, spec, out_gain=1.0)
+        else:
+            self.critic = _mlp(spec.obs_dim, spec.hidden_sizes, 1, spec, out_gain=1.0)
+        if spec.action_type == "gaussian":
+            self.log_std = nn.Parameter(torch.full((spec.action_dim,), spec.init_log_std))
+        self.to(dtype)
+        # The env's bounds stay fp32 whatever the model dtype (a bf16 bound is off by ~0.4%).
+        self.register_buffer("action_low", torch.tensor(spec.action_low, dtype=torch.float32))
+        self.register_buffer("action_high", torch.tensor(spec.action_high, dtype=torch.float32))
+
+    @property
+    def has_value_head(self) -> bool:
+        """Whether `default_forward` can return ``values`` (discrete and gaussian policies)."""
+        return self.critic is not None
+
+    def predict_action_batch(
+        self,
+        env_obs: dict[str, Any],
+        mode: Literal["train", "eval"] = "train",
+        compute_values: bool = True,
+    ) -> tuple[Tensor, ActionInfo]:
+        """Sample (``"train"``) or take the mode (``"eval"``) of π(·|s) for ``env_obs["states"]``.
+
+        Returns env-ready actions (int64 ``[batch]`` or fp32 ``[batch, action_dim]``
+        within [low, high]) and ``prev_logprobs`` ``[batch]``, ``prev_values``
+        ``[batch]`` (only with ``compute_values`` and a critic) and
+        ``forward_inputs`` ``{"states", "action"}``.
+        """
+        if mode not in ("train", "eval"):
+            raise ValueError(f"predict_action_batch: mode must be 'train' or 'eval', got {mode!r}")
+        states = self.require_input(env_obs, "states", source="env_obs")
+        deterministic = mode == "eval"
+        with torch.no_grad():
+            hidden = self.actor(self._cast(states)).float()
+            kind = self.spec.action_type
+            if kind == "discrete":
+                action = self._sample_discrete(hidden, deterministic)
+                logprobs = categorical_log_prob(hidden, action)
+                env_action = action
+            else:
+                mean, log_std = self._gaussian_params(hidden)
+                noise = torch.zeros_like(mean) if deterministic else torch.randn_like(mean)
+                action = mean + log_std.exp() * noise
+                if kind == "gaussian":
+                    logprobs = gaussian_log_prob(action, mean, log_std)
+                    env_action = torch.clamp(action, self.action_low, self.action_high)
+                else:
+                    logprobs = tanh_gaussian_log_prob(action, mean, log_std.expand_as(mean))
+                    env_action = self._to_env_range(torch.tanh(action))
+            info: ActionInfo = {
+                "prev_logprobs": logprobs,
+                "forward_inputs": {"states": states, "action": action},
+            }
+            if compute_values and self.critic is not None:
+                info["prev_values"] = self._value(states)
+        return env_action, info
+
+    def default_forward(
+        self,
+        forward_inputs: dict[str, Tensor],
+        compute_logprobs: bool = True,
+        compute_entropy: bool = True,
+        compute_values: bool = True,
+    ) -> dict[str, Tensor]:
+        """``logprobs``, ``entropy`` and ``values`` (each ``[batch]``) of the cached actions.
+
+        Entropy: analytic for discrete and gaussian; for tanh_gaussian, which
+        has no closed form, the one-sample estimate −log π(a) at the cached
+        action. ``values`` only with a critic.
+        """
+        states = self.require_input(forward_inputs, "states")
+        out: dict[str, Tensor] = {}
+        if compute_logprobs or compute_entropy:
+            action = self.require_input(forward_inputs, "action")
+            hidden = self.actor(self._cast(states)).float()
+            kind = self.spec.action_type
+            if kind == "discrete":
+                logprobs = categorical_log_prob(hidden, action)
+                entropy = categorical_entropy(hidden) if compute_entropy else None
+            else:
+                mean, log_std = self._gaussian_params(hidden)
+                u = action.float()
+                if kind == "gaussian":
+                    logprobs = gaussian_log_prob(u, mean, log_std)
+                    entropy = gaussian_entropy(log_std, u.shape[0]) if compute_entropy else None
+                else:
+                    logprobs = tanh_gaussian_log_prob(u, mean, log_std)
+                    entropy = -logprobs
+            if compute_logprobs:
+                out["logprobs"] = logprobs
+            if entropy is not None and compute_entropy:
+                out["entropy"] = entropy
+        if compute_values and self.critic is not None:
+            out["values"] = self._value(states)
+        return out
+
+    def sac_forward(
+        self, states: Float[Tensor, "batch obs"]
+    ) -> tuple[Float[Tensor, "batch dim"], Float[Tensor, " batch"]]:
+        """Reparameterised a = tanh(μ + σ ε), ε ~ N(0, I), a ∈ [−1, 1], and log π(a) ``[batch]``.
+
+        Gradients flow from both outputs into the actor (SAC's actor loss
+        α log π(a|s) − min Q(s, a)).
+        """
+        self._require_sac(ForwardType.SAC)
+        mean, log_std = self._gaussian_params(self.actor(self._cast(states)).float())
+        u = mean + log_std.exp() * torch.randn_like(mean)
+        return torch.tanh(u), tanh_gaussian_log_prob(u, mean, log_std)
+
+    def sac_q_forward(
+        self, states: Float[Tensor, "batch obs"], actions: Float[Tensor, "batch dim"]
+    ) -> tuple[Float[Tensor, " batch"], Float[Tensor, " batch"]]:
+        """Twin Q(s, a) ``[batch]`` each, for a ∈ [−1, 1] (the squashed action, not the env's)."""
+        self._require_sac(ForwardType.SAC_Q)
+        assert self.q1 is not None
+        assert self.q2 is not None
+        x = self._cast(torch.cat([states, actions.to(states.dtype)], dim=-1))
+        return self.q1(x).squeeze(-1).float(), self.q2(x).squeeze(-1).float()
+
+    def _require_sac(self, forward_type: ForwardType) -> None:
+        if self.spec.action_type != "tanh_gaussian":
+            raise NotImplementedError(
+                f"{type(self).__name__} does not support forward_type '{forward_type.value}' "
+                f"with action_type '{self.spec.action_type}' (SAC needs 'tanh_gaussian')"
+            )
+
+    def _cast(self, x: Tensor) -> Tensor:
+        return x.to(self.action_dtype)
+
+    @property
+    def action_dtype(self) -> torch.dtype:
+        """The dtype of the networks' weights (``cfg.precision``)."""
+        return next(self.actor.parameters()).dtype
+
+    def _sample_discrete(self, logits: Tensor, deterministic: bool) -> Tensor:
+        if deterministic:
+            return logits.argmax(-1)
+        return torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(-1)
+
+    def _gaussian_params(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
+        """(μ, log σ): gaussian's log σ is a parameter; tanh_gaussian's a clamped head."""
+        if self.log_std is not None:
+            return hidden, self.log_std.float()
+        mean, log_std = hidden.chunk(2, dim=-1)
+        return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+
+    def _to_env_range(self, squashed: Tensor) -> Tensor:
+        """a ∈ [−1, 1] ↦ low + (a + 1)/2 · (high − low), kept inside [low, high] after rounding."""
+        scaled = self.action_low + (squashed + 1.0) * 0.5 * (self.action_high - self.action_low)
+        return torch.clamp(scaled, self.action_low, self.action_high)
+
+    def _value(self, states: Tensor) -> Tensor:
+        assert self.critic is not None
+        return self.critic(self._cast(states)).squeeze(-1).float()  # type: ignore[no-any-return]
+
+
+def build_mlp_policy(cfg: ModelConfig, dtype: torch.dtype) -> MLPPolicy:
+    """``mlp_policy``'s builder: `MLPPolicySpec.from_kwargs(cfg.model_kwargs)` in ``dtype``."""
+    if cfg.path is not None:
+        raise ValueError(
+            f"actor.model.path: mlp_policy is built from model_kwargs, not loaded "
+            f"(got path {cfg.path!r}); leave it unset"
+        )
+    return MLPPolicy(MLPPolicySpec.from_kwargs(cfg.model_kwargs), dtype)
