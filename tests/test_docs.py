@@ -75,6 +75,9 @@ RUN_HERE = {
     "runner.experiment_name=ext_example",
 }
 COVERED_ELSEWHERE = {
+    ".venv/bin/python -m rlshell.train configs/ppo_cartpole.py": (
+        "tests/shell/test_embodied_run.py runs it for 4 steps and resumes it"
+    ),
     EXAMPLE_COMMAND: "test_custom_estimator_example_runs_and_prints_what_core_md_shows",
     "make test": "the CI entry point .ci/run; this test is part of it",
     ".venv/bin/python examples/custom_trainer/grpo_arithmetic.py --steps 2000": (

@@ -283,7 +283,13 @@ class DataConfig:
 
 @frozen
 class AlgorithmConfig:
-    """Advantage estimator and policy loss (names from rlcore's registries) and their terms."""
+    """Advantage estimator and policy loss (names from rlcore's registries) and their terms.
+
+    PPO's update (embodied runner): ``update_epochs`` passes over each
+    rollout in ``num_minibatches`` shuffled minibatches, the value loss
+    weighted by ``vf_coef`` (clipped around the old values by ``value_clip``
+    when set), advantages standardised per minibatch when ``norm_adv``.
+    """
 
     adv_type: str = "grpo"
     loss_type: str = "ppo"
@@ -297,6 +303,11 @@ class AlgorithmConfig:
     entropy_coef: float = field(default=0.0, metadata=NON_NEGATIVE)
     gamma: float = field(default=1.0, metadata=UNIT_CLOSED)
     lam: float = field(default=1.0, metadata=UNIT_CLOSED)
+    update_epochs: int = field(default=1, metadata=POSITIVE_INT)
+    num_minibatches: int = field(default=1, metadata=POSITIVE_INT)
+    vf_coef: float = field(default=0.5, metadata=NON_NEGATIVE)
+    value_clip: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+    norm_adv: bool = True
 
 
 @frozen
@@ -304,7 +315,8 @@ class RunnerConfig:
     """The loop: which runner, how long, how big a step, where outputs go.
 
     ``eval_interval``: evaluate on the held-out split every that many steps
-    (and before the first); 0 turns evaluation off.
+    (and before the first); 0 turns evaluation off. ``rollout_steps``
+    (embodied): env steps per env in each step's rollout.
     """
 
     runner_type: Literal["reasoning", "embodied", "probe"] = "reasoning"
@@ -312,6 +324,7 @@ class RunnerConfig:
     output_dir: str = "runs"
     max_steps: int = field(default=100, metadata=POSITIVE_INT)
     prompts_per_step: int = field(default=8, metadata=POSITIVE_INT)
+    rollout_steps: int = field(default=32, metadata=POSITIVE_INT)
     eval_interval: int = field(default=0, metadata=NON_NEGATIVE_INT)
     seed: int = 0
 

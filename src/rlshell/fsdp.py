@@ -9,7 +9,9 @@ full_state_dict)``, ``save_checkpoint(path, step)`` / ``load_checkpoint(path)``,
 
 It needs an initialised default process group (gloo on CPU, NCCL on GPU):
 every rank builds the same model from the same seed, then `fully_shard`
-shards each wrap unit and the root over a 1-D device mesh of all ranks.
+shards each wrap unit and the root over a 1-D device mesh of all ranks. A
+single rank whose model is already in the FSDP precision is left unsharded
+(there is nothing to shard or cast; FSDP would only add its gathers).
 Checkpoints are written by every rank with ``torch.distributed.checkpoint``
 (one shard each, plus the scheduler and RNG states of that rank), so a run
 resumes on the same number of ranks and continues bit for bit.
@@ -220,9 +222,13 @@ class FSDPModelManager:
     def _shard(self, model: nn.Module) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
         fsdp = self.cfg.fsdp_config
         precision = torch_dtype(fsdp.mixed_precision)
+        if dist.get_world_size() == 1 and all(p.dtype == precision for p in model.parameters()):
+            # One rank has nothing to shard, and no cast to make: FSDP would only add its
+            # per-pass gathers and DTensor dispatch (which dominate a small policy's update).
+            return model
+        mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
         mp_policy = MixedPrecisionPolicy(param_dtype=precision, reduce_dtype=torch.float32)
         for unit in wrap_units(model, fsdp.wrap_policy):
             fully_shard(

@@ -201,13 +201,27 @@ def test_the_default_config_is_valid() -> None:
     assert probe.runner.runner_type == "probe"
 
 
-def test_a_runner_that_is_not_installed_fails_a_run_but_not_a_dry_run() -> None:
+def test_a_runner_that_is_not_installed_fails_a_run_but_not_a_dry_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.util
+
+    import rlshell.validation
+
+    find_spec = importlib.util.find_spec
+
+    def without_embodied(name: str, *args: Any) -> Any:
+        return None if name == "rlshell.runners.embodied" else find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_embodied)
+    monkeypatch.setattr(rlshell.validation, "available_runners", lambda: ["probe", "reasoning"])
     config = load_config(GRPO)
     config = attrs.evolve(config, runner=attrs.evolve(config.runner, runner_type="embodied"))
     assert validate(config, for_run=True)[-1] == (
         "runner.runner_type: the 'embodied' runner (rlshell.runners.embodied) is not in this "
         "installation of rlshell; available: probe, reasoning"
     )
+    assert "runner.runner_type" not in " ".join(validate(config, for_run=False))
 
 
 def test_every_problem_is_reported_at_once_each_naming_its_key() -> None:

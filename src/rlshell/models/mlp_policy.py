@@ -437,7 +437,9 @@ class MLPPolicy(BasePolicy):
                 out["entropy"] = entropy
         if compute_values and self.critic is not None:
             out["values"] = self._value(states)
-        return out
+        # FSDP2 warns about views among a forward's outputs (an in-place op on one would skip
+        # its backward hook): hand out tensors of their own.
+        return {key: value if value._base is None else value.clone() for key, value in out.items()}
 
     def sac_forward(
         self, states: Float[Tensor, "batch obs"]

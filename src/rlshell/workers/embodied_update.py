@@ -15,6 +15,7 @@ optionally clipped around the old values.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from attrs import field, frozen
@@ -26,7 +27,10 @@ from rlshell.envs.stepper import EnvObs, EnvStepper
 from rlshell.models.base import BasePolicy, ForwardType
 from rlshell.rollout.trajectory import Samples, TrajectoryBuffer
 
-__all__ = ["PPOSettings", "collect_rollout", "ppo_update"]
+__all__ = ["OptimizerStep", "PPOSettings", "collect_rollout", "ppo_update"]
+
+OptimizerStep = Callable[[], float]
+"""Clip, step and clear the gradients; return their norm before clipping."""
 
 
 def _positive(instance: object, attribute: object, value: float) -> None:
@@ -101,21 +105,27 @@ def _values(policy: BasePolicy, obs: EnvObs) -> Tensor:
 
 def ppo_update(
     policy: BasePolicy,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | OptimizerStep,
     samples: Samples,
     settings: PPOSettings,
     generator: torch.Generator,
 ) -> dict[str, float]:
     """``update_epochs`` passes of ``num_minibatches`` steps each; the last pass's mean metrics.
 
-    A non-finite loss stops before its backward pass (FloatingPointError).
+    ``optimizer``: a torch optimizer (gradients clipped to
+    ``settings.max_grad_norm`` first), or a callable that clips, steps and
+    clears the gradients itself and returns the norm before clipping (e.g.
+    `rlshell.fsdp.FSDPModelManager.optimizer_step`, whose clipping is
+    ``actor.optim.clip_grad``). A non-finite loss stops before its backward
+    pass (FloatingPointError).
     """
+    step = optimizer if callable(optimizer) else _torch_step(policy, optimizer, settings)
     totals: dict[str, float] = {}
     steps = 0
     for epoch in range(settings.update_epochs):
         last = epoch == settings.update_epochs - 1
         for minibatch in samples.minibatches(settings.num_minibatches, generator):
-            metrics = _step(policy, optimizer, minibatch, settings)
+            metrics = _step(policy, step, minibatch, settings)
             if last:
                 steps += 1
                 for key, value in metrics.items():
@@ -123,8 +133,20 @@ def ppo_update(
     return {f"train/{key}": value / steps for key, value in totals.items()}
 
 
+def _torch_step(
+    policy: BasePolicy, optimizer: torch.optim.Optimizer, settings: PPOSettings
+) -> OptimizerStep:
+    def step() -> float:
+        grad_norm = _clip(policy, settings.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    return step
+
+
 def _step(
-    policy: BasePolicy, optimizer: torch.optim.Optimizer, batch: Samples, settings: PPOSettings
+    policy: BasePolicy, optimizer_step: OptimizerStep, batch: Samples, settings: PPOSettings
 ) -> dict[str, float]:
     # Through __call__, so that module hooks (FSDP's gathers) run.
     out = policy(ForwardType.DEFAULT, forward_inputs=batch.forward_inputs)
@@ -153,10 +175,8 @@ def _step(
     value = float(loss.detach())
     if not math.isfinite(value):
         raise FloatingPointError(f"PPO update: the loss is {value}; stopping before its backward")
-    optimizer.zero_grad(set_to_none=True)
     torch.autograd.backward(loss)
-    grad_norm = _clip(policy, settings.max_grad_norm)
-    optimizer.step()
+    grad_norm = optimizer_step()
     metrics = {
         "loss": value,
         "pg_loss": float(policy_loss.loss.detach()),

@@ -1,0 +1,284 @@
+"""The ``embodied`` runner: PPO on vectorised environments, env and policy in the same workers.
+
+Each rank of the actor group is also the rollout and the env worker
+(placement ``"actor,rollout,env": ...``): cheap environments cannot afford a
+Ray round trip per env step, so a rank steps its share of ``env.num_envs``
+envs with its own copy of the policy for ``runner.rollout_steps`` steps,
+then all ranks run PPO's update together as FSDP2 ranks (gradients averaged
+by FSDP's reduce-scatter). One Ray call per rank per step:
+
+    rollout (collect_rollout, parameters gathered once) → GAE (rlcore) →
+    update_epochs × num_minibatches PPO steps (rlcore's losses) → metrics
+
+`rlshell.workers.embodied_update` has the rollout and update; this module
+places them, logs ``env/``, ``train/`` and ``time/`` metrics, and saves and
+resumes checkpoints (model, optimizer, schedule and RNG states of each rank;
+envs start new episodes on resume).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rlshell.checkpoint import (
+    TrainerState,
+    clean_partials,
+    commit,
+    prune,
+    read_trainer_state,
+    resolve_resume,
+    staging_dir,
+    write_trainer_state,
+)
+from rlshell.cluster import Cluster
+from rlshell.config import Config
+from rlshell.config_loading import ConfigError
+from rlshell.envs.stepper import EnvStepper
+from rlshell.fsdp import FSDPModelManager
+from rlshell.metrics import MetricLogger, plot_learning_curve
+from rlshell.models.base import BasePolicy
+from rlshell.placement import PlacementPlan
+from rlshell.rollout.trajectory import TrajectoryBuffer
+from rlshell.worker import Worker, WorkerGroup
+from rlshell.workers.embodied_update import PPOSettings, collect_rollout, ppo_update
+
+__all__ = ["EmbodiedWorker", "merge_metrics", "run", "updates_per_step"]
+
+
+def updates_per_step(config: Config) -> int:
+    """Optimizer steps in one runner step: ``update_epochs × num_minibatches``."""
+    return config.algorithm.update_epochs * config.algorithm.num_minibatches
+
+
+class EmbodiedWorker(Worker):
+    """One rank: its envs, its policy copy (an FSDP2 rank of the actor) and PPO's update."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.manager: FSDPModelManager | None = None
+        self.stepper: EnvStepper | None = None
+        self.buffer: TrajectoryBuffer | None = None
+        self.obs: dict[str, torch.Tensor] = {}
+        self.generator = torch.Generator()
+
+    def init_worker(self) -> dict[str, Any]:
+        """Join the process group, build the sharded policy and this rank's envs."""
+        config = self.config
+        self.init_process_group("gloo")
+        total = config.runner.max_steps * updates_per_step(config)
+        self.manager = FSDPModelManager(config.actor, total_steps=total, device=torch.device("cpu"))
+        self.manager.setup_model_and_optimizer()
+        if not isinstance(self.manager.module, BasePolicy):
+            raise TypeError(
+                f"actor.model.model_type '{config.actor.model.model_type}' builds a "
+                f"{type(self.manager.module).__name__}, not a rlshell.models.BasePolicy"
+            )
+        per_rank = config.env.num_envs // self.world_size
+        from attrs import evolve
+
+        seed = config.runner.seed + 1000 * self.rank
+        self.stepper = EnvStepper.from_config(evolve(config.env, num_envs=per_rank), seed)
+        self.buffer = TrajectoryBuffer(per_rank)
+        self.generator.manual_seed(seed)
+        self.obs = self.stepper.reset(seed)
+        return {"envs": per_rank, "env_id": self.stepper.env_id}
+
+    def train_step(self) -> dict[str, float]:
+        """One rollout of ``runner.rollout_steps`` steps, then PPO's update; this rank's metrics."""
+        manager, stepper, buffer = self.manager, self.stepper, self.buffer
+        if manager is None or stepper is None or buffer is None:
+            raise RuntimeError("init_worker() has not run")
+        config = self.config
+        algorithm = config.algorithm
+        metrics: dict[str, float] = {}
+        started = time.perf_counter()
+        with manager.unsharded() as policy:  # gathered once for every step of the rollout
+            assert isinstance(policy, BasePolicy)
+            policy.eval()
+            self.obs = collect_rollout(
+                policy, stepper, buffer, self.obs, config.runner.rollout_steps
+            )
+        rollout_done = time.perf_counter()
+        samples = buffer.finish(algorithm.gamma, algorithm.lam)
+        policy = manager.module
+        assert isinstance(policy, BasePolicy)
+        policy.train()
+        settings = PPOSettings(
+            update_epochs=algorithm.update_epochs,
+            num_minibatches=algorithm.num_minibatches,
+            clip_coef=algorithm.clip_low if algorithm.clip_low is not None else 0.2,
+            clip_vloss=algorithm.value_clip,
+            vf_coef=algorithm.vf_coef,
+            ent_coef=algorithm.entropy_coef,
+            max_grad_norm=config.actor.optim.clip_grad,
+            norm_adv=algorithm.norm_adv,
+        )
+        lrs: list[float] = []
+
+        def optimizer_step() -> float:
+            grad_norm, lr = manager.optimizer_step()
+            lrs[:] = lr
+            return grad_norm
+
+        metrics.update(ppo_update(policy, optimizer_step, samples, settings, self.generator))
+        metrics["train/lr"] = lrs[0] if lrs else float("nan")
+        metrics.update(stepper.pop_metrics())
+        metrics["time/rollout"] = rollout_done - started
+        metrics["time/update"] = time.perf_counter() - rollout_done
+        metrics["env/steps"] = float(samples.size)
+        return metrics
+
+    def save_checkpoint(self, path: str, step: int) -> None:
+        if self.manager is None:
+            raise RuntimeError("init_worker() has not run")
+        self.manager.save_checkpoint(Path(path) / "actor", step)
+
+    def load_checkpoint(self, path: str) -> int:
+        if self.manager is None:
+            raise RuntimeError("init_worker() has not run")
+        return self.manager.load_checkpoint(Path(path) / "actor")
+
+    def shutdown_distributed(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """One record from every rank's: env episode figures weighted by episodes, sums of
+    env steps, the slowest rank's times, means of the rest."""
+    merged: dict[str, float] = {}
+    keys = {key for metrics in per_rank for key in metrics}
+    episodes = [metrics.get("env/episodes", 0.0) for metrics in per_rank]
+    for key in sorted(keys):
+        values = [metrics[key] for metrics in per_rank if key in metrics]
+        if key in ("env/episodes", "env/steps"):
+            merged[key] = sum(values)
+        elif key.startswith("env/"):
+            weights = [e for metrics, e in zip(per_rank, episodes, strict=True) if key in metrics]
+            total = sum(weights)
+            if total > 0:
+                merged[key] = sum(v * w for v, w in zip(values, weights, strict=True)) / total
+        elif key.startswith("time/"):
+            merged[key] = max(values)
+        else:
+            merged[key] = sum(values) / len(values)
+    return merged
+
+
+def _check_placement(config: Config, plan: PlacementPlan) -> None:
+    actor = plan.component("actor")
+    problems = [
+        f"cluster.component_placement: the embodied runner of this version runs '{name}' in "
+        f"the actor's processes; place them under one key, e.g. "
+        '{"actor,rollout,env": "0:0-1"}'
+        for name in ("rollout", "env")
+        if plan.component(name).placement != actor.placement
+    ]
+    ranks = len(actor.workers)
+    if config.env.num_envs % ranks:
+        problems.append(
+            f"env.num_envs: {config.env.num_envs} envs do not split evenly over the actor's "
+            f"{ranks} ranks"
+        )
+    samples = config.env.num_envs // ranks * config.runner.rollout_steps
+    if config.algorithm.num_minibatches > samples:
+        problems.append(
+            f"algorithm.num_minibatches: {config.algorithm.num_minibatches} minibatches of a "
+            f"rank's {samples} samples per step (env.num_envs / ranks × runner.rollout_steps)"
+        )
+    if problems:
+        raise ConfigError(problems)
+
+
+@contextmanager
+def _launched(config: Config, cluster: Cluster, plan: PlacementPlan) -> Iterator[Any]:
+    group: WorkerGroup[EmbodiedWorker] = EmbodiedWorker.create_group(config).launch(
+        cluster, plan.component("actor"), call_timeout_s=config.cluster.call_timeout_s
+    )
+    try:
+        started = time.perf_counter()
+        info = group.init_worker().wait()
+        print(
+            f"workers up in {time.perf_counter() - started:.1f} s ({len(info)} ranks × "
+            f"{info[0]['envs']} {info[0]['env_id']} envs, env and policy in the same processes)",
+            flush=True,
+        )
+        yield group
+    finally:
+        group.shutdown()
+
+
+def run(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> None:
+    """Train for ``runner.max_steps`` rollout-and-update steps, resuming when asked."""
+    _check_placement(config, plan)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    clean_partials(run_dir)
+    resume_from = resolve_resume(config.checkpoint.resume, run_dir)
+    with ExitStack() as stack:
+        group = stack.enter_context(_launched(config, cluster, plan))
+        start_step = 0
+        if resume_from is not None:
+            read_trainer_state(resume_from)
+            start_step = int(group.load_checkpoint(str(resume_from)).wait()[0])
+            print(f"resumed from {resume_from} (step {start_step})", flush=True)
+        logger = stack.enter_context(
+            MetricLogger(
+                run_dir,
+                config.logger.backends,
+                config.runner.max_steps,
+                start_step=start_step,
+                log_every=config.logger.log_every,
+                wandb_project=config.logger.wandb_project,
+                experiment_name=config.runner.experiment_name,
+            )
+        )
+        env_steps = start_step * config.env.num_envs * config.runner.rollout_steps
+        for step in range(start_step + 1, config.runner.max_steps + 1):
+            started = time.perf_counter()
+            metrics = merge_metrics(group.train_step().wait())
+            metrics["time/step"] = time.perf_counter() - started
+            env_steps += int(metrics["env/steps"])
+            metrics["env/total_steps"] = float(env_steps)
+            metrics["perf/env_steps_per_s"] = metrics["env/steps"] / metrics["time/step"]
+            logger.log(step, metrics)
+            interval = config.checkpoint.interval
+            if interval and (step % interval == 0 or step == config.runner.max_steps):
+                _save(config, group, run_dir, step)
+    _plot(run_dir)
+
+
+def _save(config: Config, group: WorkerGroup[EmbodiedWorker], run_dir: Path, step: int) -> None:
+    staging = staging_dir(run_dir, step)
+    group.save_checkpoint(str(staging), step).wait()
+    write_trainer_state(
+        staging,
+        TrainerState(
+            step=step,
+            sampler_epoch=0,
+            sampler_position=0,
+            experiment_name=config.runner.experiment_name,
+        ),
+    )
+    commit(staging, run_dir, step)
+    prune(run_dir, config.checkpoint.keep_last)
+
+
+def _plot(run_dir: Path) -> None:
+    metrics_path = run_dir / "metrics.jsonl"
+    if not metrics_path.is_file():
+        return
+    try:
+        out = plot_learning_curve(
+            metrics_path, run_dir / "learning_curve.png", keys=("env/episode_return", "env/success")
+        )
+    except ValueError as error:
+        print(f"no learning curve: {error}", flush=True)
+    else:
+        print(f"learning curve: {out}", flush=True)

@@ -1,0 +1,63 @@
+"""`python -m rlshell.train configs/ppo_cartpole.py` for real: a short PPO run on Ray, resumed."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from rlshell.metrics import read_metrics
+from tests.shell.test_run import cli_env, train
+
+pytestmark = pytest.mark.slow
+
+SHORT = ["configs/ppo_cartpole.py", "runner.max_steps=4", "checkpoint.interval=2"]
+
+
+def test_a_short_ppo_run_logs_env_and_train_metrics_and_resumes(tmp_path: Path) -> None:
+    env = cli_env(Path(tempfile.mkdtemp(prefix="re", dir="/tmp")))
+    out = tmp_path / "runs"
+    result = train(*SHORT, f"runner.output_dir={out}", env=env, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run = out / "ppo_cartpole"
+    records = read_metrics(run / "metrics.jsonl")
+    assert [int(r["step"]) for r in records] == [1, 2, 3, 4]
+    for key in ("train/pg_loss", "train/value_loss", "train/entropy", "train/lr", "env/steps"):
+        assert key in records[-1], key
+    assert records[-1]["env/total_steps"] == 4 * 8 * 32
+    assert any("env/episode_return" in r for r in records)
+    assert records[1]["train/lr"] < records[0]["train/lr"]  # rl-zoo's linear decay
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "global_step_2",
+        "global_step_4",
+    ]
+    assert (run / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Two more steps from the last checkpoint.
+    again = train(
+        *SHORT[:1],
+        "runner.max_steps=6",
+        "checkpoint.interval=2",
+        "checkpoint.resume=auto",
+        f"runner.output_dir={out}",
+        env=env,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resumed from" in again.stdout
+    steps = [int(r["step"]) for r in read_metrics(run / "metrics.jsonl")]
+    assert steps[-2:] == [5, 6]
+
+
+def test_a_rollout_placed_apart_from_the_actor_is_refused(tmp_path: Path) -> None:
+    env = cli_env(Path(tempfile.mkdtemp(prefix="re", dir="/tmp")))
+    placement = '{"actor": "0:0-1", "rollout": "0:0", "env": "0:0-1"}'
+    result = train(
+        *SHORT,
+        f"cluster.component_placement={placement}",
+        f"runner.output_dir={tmp_path}",
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "runs 'rollout' in the actor's processes" in result.stdout + result.stderr
