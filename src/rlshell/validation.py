@@ -143,6 +143,14 @@ def _algorithm_problems(config: Config) -> list[str]:
     elif high is not None and low is not None and high < low:
         problems.append(f"algorithm.clip_high: expected ≥ clip_low ({low}), got {high}")
     if config.runner.runner_type == "reasoning":
+        for key in ("update_epochs", "num_minibatches"):
+            if getattr(algorithm, key) != 1:
+                problems.append(
+                    f"algorithm.{key}: the reasoning runner makes one optimizer step per batch; "
+                    f"{getattr(algorithm, key)} needs the embodied runner's PPO update"
+                )
+        if algorithm.value_clip is not None:
+            problems.append("algorithm.value_clip: the reasoning runner has no critic to clip")
         for key, unsupported in REASONING_UNSUPPORTED.items():
             name = algorithm.adv_type if key.endswith("adv_type") else algorithm.loss_type
             if name in unsupported:

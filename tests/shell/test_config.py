@@ -297,6 +297,17 @@ def test_shared_weights_need_the_hf_engine_in_the_actors_processes_and_dtype() -
     assert any("placed by 'rollout'" in p for p in problems)
 
 
+def test_the_reasoning_runner_refuses_ppo_epochs_it_would_ignore() -> None:
+    problems = problems_of(
+        ["algorithm.update_epochs=4", "algorithm.num_minibatches=2", "algorithm.value_clip=0.2"]
+    )
+    assert [p.split(":")[0] for p in problems] == [
+        "algorithm.update_epochs",
+        "algorithm.num_minibatches",
+        "algorithm.value_clip",
+    ]
+
+
 def test_a_placement_that_does_not_fit_the_cluster_is_an_error() -> None:
     problems = problems_of(
         [
