@@ -219,6 +219,19 @@ def _shared_weight_problems(config: Config) -> list[str]:
     return problems
 
 
+def _embodied_placement_problems(config: Config) -> list[str]:
+    """The embodied runner of this version runs the rollout and the envs in the actor's ranks."""
+    keys = {name: key for key in config.cluster.component_placement for name in _names(key)}
+    actor = keys.get("actor")
+    return [
+        f"cluster.component_placement: the embodied runner of this version runs '{name}' in "
+        "the actor's processes; place them under one key, e.g. "
+        '{"actor,rollout,env": "0:0-1"}'
+        for name in ("rollout", "env")
+        if actor is not None and name in keys and keys[name] != actor
+    ]
+
+
 def _names(placement_key: str) -> list[str]:
     return [name.strip() for name in placement_key.split(",")]
 
@@ -386,6 +399,8 @@ def _run_only_problems(config: Config) -> list[str]:
             f"is not in this installation of rlshell; available: {', '.join(available_runners())}"
         )
     problems.extend(_data_problems(config))
+    if config.runner.runner_type == "embodied":
+        problems += _embodied_placement_problems(config)
     if config.runner.runner_type == "reasoning" and config.rollout.backend != "hf":
         problems.append(
             f"rollout.backend: the reasoning runner of this version samples with 'hf' only; "

@@ -143,7 +143,7 @@ def test_ctrl_c_shuts_ray_down_and_exits_130(ray_tmpdir: Path, tmp_path: Path) -
     assert wait_for_no_ray_processes(ray_tmpdir) == []
 
 
-def test_a_runner_that_is_not_installed_is_named_before_ray_starts(
+def test_a_placement_the_runner_cannot_run_is_named_before_ray_starts(
     ray_tmpdir: Path, tmp_path: Path
 ) -> None:
     result = train(
@@ -160,8 +160,8 @@ def test_a_runner_that_is_not_installed_is_named_before_ray_starts(
     )
     assert result.returncode == 2
     assert result.stderr.splitlines()[1:] == [
-        "  - runner.runner_type: the 'embodied' runner (rlshell.runners.embodied) is not in "
-        "this installation of rlshell; available: probe, reasoning"
+        "  - cluster.component_placement: the embodied runner of this version runs 'env' in "
+        'the actor\'s processes; place them under one key, e.g. {"actor,rollout,env": "0:0-1"}'
     ]
     assert ray_processes_using(ray_tmpdir) == []
 
