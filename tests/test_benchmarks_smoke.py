@@ -102,3 +102,27 @@ def test_grpo_step_quick_run_prints_the_expected_json() -> None:
     assert size["rlstack"]["completion_tokens"] == size["trl"]["completion_tokens"]
     assert size["rlstack"]["completion_tokens_per_s"] > 0
     assert report["weight_sync"]["synced_equal"] is True
+
+
+def test_embodied_ppo_quick_run_prints_the_expected_json() -> None:
+    import os
+    import tempfile
+
+    ray_tmpdir = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # Ray's socket paths must stay short
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "embodied_ppo.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+        env={**os.environ, "RAY_TMPDIR": ray_tmpdir, "RAY_AUTH_MODE": "disabled"},
+    )
+    subprocess.run(["rm", "-rf", ray_tmpdir], check=False)
+    report = json.loads(completed.stdout)
+    assert report["benchmark"] == "embodied_ppo"
+    assert report["quick"] is True
+    assert isinstance(report["met"], bool)
+    for side in ("rlstack", "sb3"):
+        (run,) = report["results"][side]
+        assert run["env_steps"] >= 4096 or run["reached"]
+        assert run["startup_s"] >= 0

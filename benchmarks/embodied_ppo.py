@@ -1,0 +1,203 @@
+"""PPO on CartPole-v1 to a mean return of 475: rlstack's embodied runner against Stable-Baselines3.
+
+Both sides use rl-zoo's CartPole-v1 hyperparameters (8 envs, 32 steps per
+env per rollout, one 256-sample batch, 20 epochs, λ 0.8, γ 0.98, clip 0.2,
+lr 1e-3 decaying linearly over 100,000 steps, gradient norm 0.5, entropy 0):
+
+- rlstack: `rlshell.runners.embodied.EmbodiedWorker` from
+  ``configs/ppo_cartpole.py`` (one Ray worker that is env, rollout and actor;
+  one Ray call per rollout-and-update step);
+- Stable-Baselines3 (the baseline): ``PPO("MlpPolicy", make_vec_env(...))``
+  with the same settings and a 64×64 tanh MLP as rlstack's ``mlp_policy``,
+  in this process (``DummyVecEnv``).
+
+"Reached" means the mean of the last five rollouts' finished-episode mean
+returns is ≥ 475 (SB3: its ``ep_info_buffer`` read after each rollout, the
+same window). The clock starts at the first env step (workers up and the
+model built: start-up is reported apart) and stops after the update that
+reached it. One torch thread per process. 3 seeds each. Target (reported,
+not asserted): rlstack's median wall time ≤ 0.5× SB3's. Prints one JSON
+object; ``--quick`` is a smoke run (one seed, a few thousand steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "ppo_cartpole.py"
+TARGET_RETURN = 475.0
+WINDOW = 5  # rollouts averaged
+TIME_TARGET = 0.5  # rlstack wall time ≤ 0.5× SB3's
+TOTAL_STEPS = 100_000
+
+
+def run_rlstack(seed: int, max_env_steps: int) -> dict[str, Any]:
+    from rlshell.cluster import Cluster
+    from rlshell.config_loading import load_config
+    from rlshell.runners.embodied import EmbodiedWorker, merge_metrics
+    from rlshell.validation import plan_for
+
+    config = load_config(CONFIG, [f"runner.seed={seed}"])
+    temp_dir = tempfile.mkdtemp(prefix="rb", dir=os.environ.get("RAY_TMPDIR", "/tmp"))
+    started = time.perf_counter()
+    with Cluster(num_cpus=2, temp_dir=temp_dir) as cluster:
+        plan = plan_for(config, cluster.spec())
+        group = EmbodiedWorker.create_group(config).launch(cluster, plan.component("actor"))
+        try:
+            group.init_worker().wait()
+            startup = time.perf_counter() - started
+            return _loop(lambda: merge_metrics(group.train_step().wait()), max_env_steps, startup)
+        finally:
+            group.shutdown()
+
+
+def run_sb3(seed: int, max_env_steps: int) -> dict[str, Any]:
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
+    model = PPO(
+        "MlpPolicy",
+        env,
+        n_steps=32,
+        batch_size=256,
+        n_epochs=20,
+        gae_lambda=0.8,
+        gamma=0.98,
+        clip_range=0.2,
+        ent_coef=0.0,
+        learning_rate=lambda progress: 1e-3 * progress,
+        max_grad_norm=0.5,
+        policy_kwargs={"net_arch": [64, 64], "activation_fn": torch.nn.Tanh},
+        seed=seed,
+        device="cpu",
+        verbose=0,
+    )
+    startup = time.perf_counter() - started
+
+    class Watch(BaseCallback):
+        """Per-rollout mean of the episodes that finished in it; stops once the window is there."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.recent: deque[float] = deque(maxlen=WINDOW)
+            self.rollout: list[float] = []
+            self.first_step: float | None = None
+            self.reached_at: int | None = None
+            self.reached: dict[str, float] | None = None
+
+        def _on_step(self) -> bool:
+            if self.first_step is None:
+                self.first_step = time.perf_counter()
+            if self.reached_at is not None:  # the update after the rollout that reached it ran
+                self.reached = {"steps": float(self.reached_at), "time": time.perf_counter()}
+                return False
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    self.rollout.append(float(info["episode"]["r"]))
+            return True
+
+        def _on_rollout_end(self) -> None:
+            if self.rollout:
+                self.recent.append(statistics.fmean(self.rollout))
+                self.rollout = []
+            if len(self.recent) == WINDOW and statistics.fmean(self.recent) >= TARGET_RETURN:
+                self.reached_at = int(self.num_timesteps)
+
+    watch = Watch()
+    model.learn(total_timesteps=max_env_steps, callback=watch)
+    assert watch.first_step is not None
+    if watch.reached is None:
+        return {"reached": False, "startup_s": startup, "env_steps": model.num_timesteps}
+    return {
+        "reached": True,
+        "wall_s": watch.reached["time"] - watch.first_step,
+        "env_steps": int(watch.reached["steps"]),
+        "startup_s": startup,
+    }
+
+
+def _loop(step: Any, max_env_steps: int, startup: float) -> dict[str, Any]:
+    recent: deque[float] = deque(maxlen=WINDOW)
+    first = time.perf_counter()
+    env_steps = 0
+    while env_steps < max_env_steps:
+        metrics = step()
+        env_steps += int(metrics["env/steps"])
+        if "env/episode_return" in metrics:
+            recent.append(metrics["env/episode_return"])
+        if len(recent) == WINDOW and statistics.fmean(recent) >= TARGET_RETURN:
+            return {
+                "reached": True,
+                "wall_s": time.perf_counter() - first,
+                "env_steps": env_steps,
+                "startup_s": startup,
+            }
+    return {"reached": False, "env_steps": env_steps, "startup_s": startup}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one seed, a few thousand steps")
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    seeds = [0] if args.quick else [0, 1, 2]
+    budget = 4096 if args.quick else TOTAL_STEPS
+    started = time.perf_counter()
+    results: dict[str, list[dict[str, Any]]] = {"rlstack": [], "sb3": []}
+    for seed in seeds:
+        results["sb3"].append({"seed": seed, **run_sb3(seed, budget)})
+        results["rlstack"].append({"seed": seed, **run_rlstack(seed, budget)})
+
+    def median(side: str, key: str) -> float | None:
+        values = [r[key] for r in results[side] if r.get("reached")]
+        return statistics.median(values) if len(values) == len(seeds) else None
+
+    rl_wall, sb3_wall = median("rlstack", "wall_s"), median("sb3", "wall_s")
+    ratio = rl_wall / sb3_wall if rl_wall is not None and sb3_wall else None
+    import stable_baselines3
+
+    print(
+        json.dumps(
+            {
+                "benchmark": "embodied_ppo",
+                "quick": args.quick,
+                "task": f"CartPole-v1 to a mean return of {TARGET_RETURN} over {WINDOW} rollouts",
+                "settings": "rl-zoo: 8 envs x 32 steps, batch 256, 20 epochs, lambda 0.8, "
+                "gamma 0.98, clip 0.2, lr 1e-3 linear, max_grad_norm 0.5",
+                "sb3": stable_baselines3.__version__,
+                "seeds": seeds,
+                "results": results,
+                "median_wall_s": {"rlstack": rl_wall, "sb3": sb3_wall},
+                "median_env_steps": {
+                    "rlstack": median("rlstack", "env_steps"),
+                    "sb3": median("sb3", "env_steps"),
+                },
+                "rlstack_over_sb3_wall": ratio,
+                "target": {"rlstack_over_sb3_wall_at_most": TIME_TARGET},
+                "met": ratio is not None and ratio <= TIME_TARGET,
+                "wall_s": time.perf_counter() - started,
+                "load_average": os.getloadavg(),
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
