@@ -8,22 +8,35 @@ top-level ``benchmarks`` package, so ``import benchmarks`` would find the wrong 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def quick_run(script: str) -> dict[str, Any]:
-    completed = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), "--quick"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    )
+def quick_run(script: str, ray: bool = False) -> dict[str, Any]:
+    """``script --quick``'s JSON; ``ray``: with a short Ray temp dir of its own (socket paths)."""
+    env = dict(os.environ)
+    ray_tmpdir = tempfile.mkdtemp(prefix="rb", dir="/tmp") if ray else None
+    if ray_tmpdir is not None:
+        env.update(RAY_TMPDIR=ray_tmpdir, RAY_AUTH_MODE="disabled")
+    try:
+        completed = subprocess.run(
+            [sys.executable, str(BENCHMARKS / script), "--quick"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+            env=env,
+        )
+    finally:
+        if ray_tmpdir is not None:
+            shutil.rmtree(ray_tmpdir, ignore_errors=True)
     report: dict[str, Any] = json.loads(completed.stdout)
     return report
 
@@ -59,42 +72,16 @@ def test_core_advantages_quick_run_prints_the_expected_json() -> None:
 
 
 def test_shell_workers_quick_run_prints_the_expected_json() -> None:
-    import os
-    import tempfile
-
-    ray_tmpdir = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # Ray's socket paths must stay short
-    completed = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "shell_workers.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-        env={**os.environ, "RAY_TMPDIR": ray_tmpdir, "RAY_AUTH_MODE": "disabled"},
-    )
-    report = json.loads(completed.stdout)
+    report = quick_run("shell_workers.py", ray=True)
     assert report["benchmark"] == "shell_workers"
     assert report["quick"] is True
     assert isinstance(report["met"], bool)
     assert set(report["noop_call_ms"]) == {"worker_group", "raw_ray"}
     assert report["ray_startup_s"] > 0
-    subprocess.run(["rm", "-rf", ray_tmpdir], check=False)
 
 
 def test_grpo_step_quick_run_prints_the_expected_json() -> None:
-    import os
-    import tempfile
-
-    ray_tmpdir = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # Ray's socket paths must stay short
-    completed = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "grpo_step.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-        env={**os.environ, "RAY_TMPDIR": ray_tmpdir, "RAY_AUTH_MODE": "disabled"},
-    )
-    subprocess.run(["rm", "-rf", ray_tmpdir], check=False)
-    report = json.loads(completed.stdout)
+    report = quick_run("grpo_step.py", ray=True)
     assert report["benchmark"] == "grpo_step"
     assert report["quick"] is True
     assert isinstance(report["met"], bool)
@@ -105,20 +92,7 @@ def test_grpo_step_quick_run_prints_the_expected_json() -> None:
 
 
 def test_embodied_ppo_quick_run_prints_the_expected_json() -> None:
-    import os
-    import tempfile
-
-    ray_tmpdir = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # Ray's socket paths must stay short
-    completed = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "embodied_ppo.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-        env={**os.environ, "RAY_TMPDIR": ray_tmpdir, "RAY_AUTH_MODE": "disabled"},
-    )
-    subprocess.run(["rm", "-rf", ray_tmpdir], check=False)
-    report = json.loads(completed.stdout)
+    report = quick_run("embodied_ppo.py", ray=True)
     assert report["benchmark"] == "embodied_ppo"
     assert report["quick"] is True
     assert isinstance(report["met"], bool)

@@ -43,7 +43,10 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, Self, SupportsFloat, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, Self, SupportsFloat, TextIO
+
+if TYPE_CHECKING:
+    from rlshell.config import Config
 
 __all__ = [
     "BACKENDS",
@@ -51,7 +54,9 @@ __all__ = [
     "METRICS_FILE",
     "NAMESPACES",
     "MetricLogger",
+    "logger_for_run",
     "plot_learning_curve",
+    "plot_run",
     "read_metrics",
     "tokens_per_second",
 ]
@@ -504,3 +509,29 @@ def _headline_number(key: str, value: float) -> str:
     if key == "perf/tokens_per_s" and math.isfinite(value):
         return f"{value:.0f}"
     return f"{value:.4g}"
+
+
+def logger_for_run(config: Config, run_dir: Path, start_step: int = 0) -> MetricLogger:
+    """The `MetricLogger` a runner writes ``run_dir``'s metrics with, from ``config.logger``."""
+    return MetricLogger(
+        run_dir,
+        config.logger.backends,
+        config.runner.max_steps,
+        start_step=start_step,
+        log_every=config.logger.log_every,
+        wandb_project=config.logger.wandb_project,
+        experiment_name=config.runner.experiment_name,
+    )
+
+
+def plot_run(run_dir: Path, keys: Sequence[str] = ("reward/mean", "eval/accuracy")) -> None:
+    """``run_dir/learning_curve.png`` from its metrics file (if any); says what it did."""
+    metrics_path = run_dir / "metrics.jsonl"
+    if not metrics_path.is_file():
+        return
+    try:
+        out = plot_learning_curve(metrics_path, run_dir / "learning_curve.png", keys)
+    except ValueError as error:
+        print(f"no learning curve: {error}", flush=True)
+    else:
+        print(f"learning curve: {out}", flush=True)

@@ -11,7 +11,8 @@ Each lives in ``rlshell.runners.<runner_type>``:
   ``runner.max_steps`` rounds. A health check for a new cluster.
 - ``reasoning``: GRPO and its relatives on a language model (FSDP2 actor, HF
   rollout, reward processes, weight sync, checkpoints), `rlshell.runners.reasoning`.
-- ``embodied`` (PPO and SAC on environments) comes in its own module.
+- ``embodied``: PPO on vectorised environments with env, rollout and actor
+  in the same processes, `rlshell.runners.embodied` (SAC comes later).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from rlshell.config import Config
 from rlshell.config_loading import ConfigError
 from rlshell.envs.stepper import EnvStepper
 from rlshell.fsdp import FSDPModelManager
-from rlshell.metrics import MetricLogger, plot_learning_curve
+from rlshell.metrics import logger_for_run, plot_run
 from rlshell.models.base import BasePolicy
 from rlshell.placement import PlacementPlan
 from rlshell.rollout.trajectory import TrajectoryBuffer
@@ -228,17 +228,7 @@ def run(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) ->
             read_trainer_state(resume_from)
             start_step = int(group.load_checkpoint(str(resume_from)).wait()[0])
             print(f"resumed from {resume_from} (step {start_step})", flush=True)
-        logger = stack.enter_context(
-            MetricLogger(
-                run_dir,
-                config.logger.backends,
-                config.runner.max_steps,
-                start_step=start_step,
-                log_every=config.logger.log_every,
-                wandb_project=config.logger.wandb_project,
-                experiment_name=config.runner.experiment_name,
-            )
-        )
+        logger = stack.enter_context(logger_for_run(config, run_dir, start_step))
         env_steps = start_step * config.env.num_envs * config.runner.rollout_steps
         for step in range(start_step + 1, config.runner.max_steps + 1):
             started = time.perf_counter()
@@ -251,7 +241,7 @@ def run(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) ->
             interval = config.checkpoint.interval
             if interval and (step % interval == 0 or step == config.runner.max_steps):
                 _save(config, group, run_dir, step)
-    _plot(run_dir)
+    plot_run(run_dir, ("env/episode_return", "env/success"))
 
 
 def _save(config: Config, group: WorkerGroup[EmbodiedWorker], run_dir: Path, step: int) -> None:
@@ -268,17 +258,3 @@ def _save(config: Config, group: WorkerGroup[EmbodiedWorker], run_dir: Path, ste
     )
     commit(staging, run_dir, step)
     prune(run_dir, config.checkpoint.keep_last)
-
-
-def _plot(run_dir: Path) -> None:
-    metrics_path = run_dir / "metrics.jsonl"
-    if not metrics_path.is_file():
-        return
-    try:
-        out = plot_learning_curve(
-            metrics_path, run_dir / "learning_curve.png", keys=("env/episode_return", "env/success")
-        )
-    except ValueError as error:
-        print(f"no learning curve: {error}", flush=True)
-    else:
-        print(f"learning curve: {out}", flush=True)

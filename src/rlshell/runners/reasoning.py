@@ -34,7 +34,7 @@ from rlshell.cluster import Cluster
 from rlshell.config import Config, DataConfig
 from rlshell.config_loading import ConfigError
 from rlshell.data import ArithmeticTask, PromptExample, PromptSampler, SamplerState, load_dataset
-from rlshell.metrics import MetricLogger, plot_learning_curve, tokens_per_second
+from rlshell.metrics import logger_for_run, plot_run, tokens_per_second
 from rlshell.placement import ComponentPlan, PlacementPlan
 from rlshell.rewards.worker import RewardWorker
 from rlshell.rollout import RolloutBatch, SamplingParams
@@ -91,17 +91,7 @@ def run(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) ->
             sampler.load_state(SamplerState(state.sampler_epoch, state.sampler_position))
             print(f"resumed from {resume_from} (step {start_step})", flush=True)
         trainer.sync_weights(full=True)
-        logger = stack.enter_context(
-            MetricLogger(
-                run_dir,
-                config.logger.backends,
-                config.runner.max_steps,
-                start_step=start_step,
-                log_every=config.logger.log_every,
-                wandb_project=config.logger.wandb_project,
-                experiment_name=config.runner.experiment_name,
-            )
-        )
+        logger = stack.enter_context(logger_for_run(config, run_dir, start_step))
         if start_step == 0 and val_set:
             logger.log(0, trainer.evaluate(val_set, step=0))
         saved: dict[str, float] = {}
@@ -116,7 +106,7 @@ def run(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) ->
             if _checkpoint_due(config, step):
                 with _timed(saved, "time/checkpoint"):
                     trainer.save_checkpoint(run_dir, step, sampler.state())
-    _plot(run_dir)
+    plot_run(run_dir)
     if config.checkpoint.export_hf and config.checkpoint.interval:
         from rlshell.checkpoint import list_checkpoints
         from rlshell.export import export_checkpoint
@@ -184,17 +174,6 @@ def with_tokenizer_ids(config: Config, tokenizer_dir: Path) -> Config:
 def _checkpoint_due(config: Config, step: int) -> bool:
     interval = config.checkpoint.interval
     return bool(interval) and (step % interval == 0 or step == config.runner.max_steps)
-
-
-def _plot(run_dir: Path) -> None:
-    metrics_path = run_dir / "metrics.jsonl"
-    if metrics_path.is_file():
-        try:
-            out = plot_learning_curve(metrics_path, run_dir / "learning_curve.png")
-        except ValueError as error:
-            print(f"no learning curve: {error}", flush=True)
-        else:
-            print(f"learning curve: {out}", flush=True)
 
 
 @contextmanager
