@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 CONSTRAINTS := requirements/constraints.txt
-EXTRAS := dev,jax,bench
+EXTRAS := dev,jax,bench,mujoco
 STAMP := $(VENV)/.installed
 # Tests use every core; hypothesis uses the fast CI profile unless told otherwise.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
@@ -28,11 +28,11 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks configs docs/examples
-	$(VENV)/bin/ruff format --check src tests benchmarks configs docs/examples
+	$(VENV)/bin/ruff check src tests benchmarks configs docs/examples examples/typed_extension
+	$(VENV)/bin/ruff format --check src tests benchmarks configs docs/examples examples/typed_extension
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy src docs/examples
+	$(VENV)/bin/mypy src docs/examples examples/typed_extension
 
 # pytest exits 5 when it collected nothing: that is a broken suite, never a pass.
 pytest: $(STAMP)

@@ -39,6 +39,7 @@ __all__ = [
     "RewardConfig",
     "RolloutConfig",
     "RunnerConfig",
+    "SACConfig",
     "WrapPolicyConfig",
     "checked",
 ]
@@ -282,6 +283,36 @@ class DataConfig:
 
 
 @frozen
+class SACConfig:
+    """Soft actor-critic (``algorithm.loss_type='sac'``, embodied runner), CleanRL's names.
+
+    ``replay_size`` transitions are kept; each learner update draws
+    ``batch_size`` of them. ``learning_starts`` transitions are collected with
+    uniform random actions before the first update; after that the learner
+    makes ``utd_ratio`` updates per transition collected (update-to-data
+    ratio). The actor and α step every ``policy_frequency`` updates (that
+    many times), the target Q heads move by Polyak ``tau`` every
+    ``target_network_frequency`` updates. α starts at ``alpha`` and, with
+    ``autotune``, is learned towards the entropy ``target_entropy`` (−dim A
+    when null). The actor's learning rate is ``actor.optim.lr``; the critic's
+    ``q_lr``, α's ``alpha_lr``. The discount is ``algorithm.gamma``.
+    """
+
+    replay_size: int = field(default=1_000_000, metadata=POSITIVE_INT)
+    batch_size: int = field(default=256, metadata=POSITIVE_INT)
+    learning_starts: int = field(default=5000, metadata=NON_NEGATIVE_INT)
+    utd_ratio: float = field(default=1.0, metadata=POSITIVE)
+    tau: float = field(default=0.005, metadata=UNIT_CLOSED)
+    policy_frequency: int = field(default=2, metadata=POSITIVE_INT)
+    target_network_frequency: int = field(default=1, metadata=POSITIVE_INT)
+    autotune: bool = True
+    alpha: float = field(default=0.2, metadata=POSITIVE)
+    target_entropy: float | None = None
+    q_lr: float = field(default=1e-3, metadata=POSITIVE)
+    alpha_lr: float = field(default=1e-3, metadata=POSITIVE)
+
+
+@frozen
 class AlgorithmConfig:
     """Advantage estimator and policy loss (names from rlcore's registries) and their terms.
 
@@ -289,6 +320,8 @@ class AlgorithmConfig:
     rollout in ``num_minibatches`` shuffled minibatches, the value loss
     weighted by ``vf_coef`` (clipped around the old values by ``value_clip``
     when set), advantages standardised per minibatch when ``norm_adv``.
+    ``loss_type='sac'`` (embodied runner) trains with soft actor-critic
+    instead, configured by ``sac``.
     """
 
     adv_type: str = "grpo"
@@ -308,6 +341,7 @@ class AlgorithmConfig:
     vf_coef: float = field(default=0.5, metadata=NON_NEGATIVE)
     value_clip: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     norm_adv: bool = True
+    sac: SACConfig = Factory(SACConfig)
 
 
 @frozen

@@ -94,12 +94,13 @@ def _registry_problems(config: Config) -> list[str]:
     from rlshell.rewards import REWARDS
 
     problems = []
-    checks: list[tuple[str, str | None, Registry[Any]]] = [
-        ("actor.model.model_type", config.actor.model.model_type, MODELS),
-        ("algorithm.adv_type", config.algorithm.adv_type, ADVANTAGES),
-        ("algorithm.loss_type", config.algorithm.loss_type, POLICY_LOSSES),
-    ]
     runner = config.runner.runner_type
+    checks: list[tuple[str, str | None, Registry[Any]]] = [
+        ("actor.model.model_type", config.actor.model.model_type, MODELS)
+    ]
+    if not _is_sac(config):  # SAC has its own losses and no advantages
+        checks.append(("algorithm.adv_type", config.algorithm.adv_type, ADVANTAGES))
+        checks.append(("algorithm.loss_type", config.algorithm.loss_type, POLICY_LOSSES))
     if runner == "reasoning":
         checks.append(("reward.reward_type", config.reward.reward_type, REWARDS))
     if runner == "embodied" or config.env.env_type is not None:
@@ -219,8 +220,45 @@ def _shared_weight_problems(config: Config) -> list[str]:
     return problems
 
 
+def _is_sac(config: Config) -> bool:
+    return config.runner.runner_type == "embodied" and config.algorithm.loss_type == "sac"
+
+
+def _sac_problems(config: Config) -> list[str]:
+    """SAC: collectors (rollout and env under one key) apart from the one-process learner."""
+    keys = {name: key for key in config.cluster.component_placement for name in _names(key)}
+    problems = []
+    if keys.get("rollout") != keys.get("env"):
+        problems.append(
+            "cluster.component_placement: SAC's env workers step the policy themselves; "
+            "place 'rollout' and 'env' under one key, e.g. "
+            '{"actor": "0", "rollout,env": "0"}'
+        )
+    if "actor" in keys and keys.get("actor") == keys.get("env"):
+        problems.append(
+            "cluster.component_placement: SAC runs its learner ('actor') in a process of its "
+            "own beside the env workers, so that stepping and training overlap; give it a key "
+            'of its own, e.g. {"actor": "0", "rollout,env": "0"}'
+        )
+    sac = config.algorithm.sac
+    if sac.learning_starts < sac.batch_size:
+        problems.append(
+            f"algorithm.sac.learning_starts: the first update samples batch_size="
+            f"{sac.batch_size} transitions, so at least that many must be collected first, "
+            f"got {sac.learning_starts}"
+        )
+    if sac.replay_size < sac.batch_size:
+        problems.append(
+            f"algorithm.sac.replay_size: {sac.replay_size} is smaller than batch_size "
+            f"{sac.batch_size}"
+        )
+    return problems
+
+
 def _embodied_placement_problems(config: Config) -> list[str]:
-    """The embodied runner of this version runs the rollout and the envs in the actor's ranks."""
+    """The PPO embodied runner runs the rollout and the envs in the actor's ranks."""
+    if _is_sac(config):
+        return _sac_problems(config)
     keys = {name: key for key in config.cluster.component_placement for name in _names(key)}
     actor = keys.get("actor")
     return [

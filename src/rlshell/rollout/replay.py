@@ -130,6 +130,12 @@ class ReplayBuffer:
         rows = torch.randint(0, self._size, (batch_size,), generator=generator).to(self.device)
         return ReplayBatch(**{name: self._tensors[name][rows] for name in _FIELDS})
 
+    def contents(self) -> ReplayBatch:
+        """Every stored transition, oldest first (copies)."""
+        start = self._position if self._size == self.capacity else 0
+        rows = (start + torch.arange(self._size, device=self.device)) % self.capacity
+        return ReplayBatch(**{name: self._tensors[name][rows] for name in _FIELDS})
+
     def state_dict(self) -> dict[str, Any]:
         """The filled rows and the write position, for a checkpoint."""
         return {

@@ -44,9 +44,9 @@ from rlshell.envs.stepper import EnvStepper
 from rlshell.fsdp import FSDPModelManager
 from rlshell.metrics import logger_for_run, plot_run
 from rlshell.models.base import BasePolicy
-from rlshell.placement import PlacementPlan
+from rlshell.placement import ComponentPlan, PlacementPlan
 from rlshell.rollout.trajectory import TrajectoryBuffer
-from rlshell.worker import Worker, WorkerGroup
+from rlshell.worker import Worker, WorkerDiedError, WorkerGroup
 from rlshell.workers.embodied_update import PPOSettings, collect_rollout, ppo_update
 
 __all__ = ["EmbodiedWorker", "merge_metrics", "run", "updates_per_step"]
@@ -211,12 +211,25 @@ def _launched(config: Config, cluster: Cluster, plan: PlacementPlan) -> Iterator
             flush=True,
         )
         yield group
+    except WorkerDiedError as error:  # its traceback died with it: say what it was running
+        error._add_note_to_message(
+            f"\nIt was stepping env {config.env.env_id or config.env.env_type} (an env that "
+            "crashes its process ends this way); checkpoint.resume=auto continues from the "
+            "last checkpoint."
+        )
+        raise
     finally:
         group.shutdown()
 
 
 def run(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> None:
-    """Train for ``runner.max_steps`` rollout-and-update steps, resuming when asked."""
+    """Train for ``runner.max_steps`` rollout-and-update steps, resuming when asked.
+
+    ``algorithm.loss_type='sac'`` runs `run_sac`, the asynchronous SAC loop.
+    """
+    if config.algorithm.loss_type == "sac":
+        run_sac(config, cluster, plan, run_dir)
+        return
     _check_placement(config, plan)
     run_dir.mkdir(parents=True, exist_ok=True)
     clean_partials(run_dir)
@@ -244,7 +257,7 @@ def run(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) ->
     plot_run(run_dir, ("env/episode_return", "env/success"))
 
 
-def _save(config: Config, group: WorkerGroup[EmbodiedWorker], run_dir: Path, step: int) -> None:
+def _save(config: Config, group: WorkerGroup[Any], run_dir: Path, step: int) -> None:
     staging = staging_dir(run_dir, step)
     group.save_checkpoint(str(staging), step).wait()
     write_trainer_state(
@@ -258,3 +271,105 @@ def _save(config: Config, group: WorkerGroup[EmbodiedWorker], run_dir: Path, ste
     )
     commit(staging, run_dir, step)
     prune(run_dir, config.checkpoint.keep_last)
+
+
+# ---------------------------------------------------------------------------
+# SAC: env collectors and one learner, overlapped.
+
+
+def _check_sac_placement(config: Config, plan: PlacementPlan) -> None:
+    collectors = len(plan.component("env").workers)
+    problems = []
+    if len(plan.component("actor").workers) != 1:
+        problems.append(
+            "cluster.component_placement: SAC's learner ('actor') runs in one process, got "
+            f"{len(plan.component('actor').workers)}"
+        )
+    if config.env.num_envs % collectors:
+        problems.append(
+            f"env.num_envs: {config.env.num_envs} envs do not split evenly over the "
+            f"{collectors} env workers"
+        )
+    if problems:
+        raise ConfigError(problems)
+
+
+def run_sac(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> None:
+    """Asynchronous SAC: while the learner trains on chunk k the collectors gather chunk k + 1.
+
+    One runner step is one chunk: ``runner.rollout_steps`` steps of every env
+    (``env.num_envs × rollout_steps`` transitions), the learner's updates on
+    it, and the new weights queued to the collectors behind the chunk they
+    are collecting (Ray runs a worker's calls in order), so the policy that
+    collects chunk k + 2 is the one trained on chunk k. Chunks before
+    ``algorithm.sac.learning_starts`` transitions use uniform random actions.
+    A checkpoint holds the learner, its replay buffer and RNG states; the
+    envs start new episodes on resume.
+    """
+    from rlshell.workers.sac_workers import SACCollector, SACLearnerWorker
+
+    _check_sac_placement(config, plan)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    clean_partials(run_dir)
+    resume_from = resolve_resume(config.checkpoint.resume, run_dir)
+    chunk = config.env.num_envs * config.runner.rollout_steps
+    timeout = config.cluster.call_timeout_s
+
+    def random_chunk(step: int) -> bool:  # does chunk ``step`` (1-based) act at random?
+        return (step - 1) * chunk < config.algorithm.sac.learning_starts
+
+    with ExitStack() as stack:
+        started = time.perf_counter()
+        collectors: WorkerGroup[SACCollector] = stack.enter_context(
+            _group(SACCollector.create_group(config), cluster, plan.component("env"), timeout)
+        )
+        learner: WorkerGroup[SACLearnerWorker] = stack.enter_context(
+            _group(SACLearnerWorker.create_group(config), cluster, plan.component("actor"), timeout)
+        )
+        info = collectors.init_worker().wait()
+        learner.init_worker(info[0]["obs_dim"], info[0]["action_dim"]).wait()
+        print(
+            f"workers up in {time.perf_counter() - started:.1f} s ({len(info)} env workers × "
+            f"{info[0]['envs']} {info[0]['env_id']} envs, 1 learner)",
+            flush=True,
+        )
+        start_step = 0
+        if resume_from is not None:
+            read_trainer_state(resume_from)
+            start_step = int(learner.load_checkpoint(str(resume_from)).wait()[0])
+            print(f"resumed from {resume_from} (step {start_step})", flush=True)
+        weights = learner.policy_weights().wait()[0]
+        collectors.set_weights(weights).wait()
+        logger = stack.enter_context(logger_for_run(config, run_dir, start_step))
+        env_steps = start_step * chunk
+        pending = collectors.collect(config.runner.rollout_steps, random_chunk(start_step + 1))
+        for step in range(start_step + 1, config.runner.max_steps + 1):
+            step_started = time.perf_counter()
+            collected = pending.wait()
+            if step < config.runner.max_steps:
+                pending = collectors.collect(config.runner.rollout_steps, random_chunk(step + 1))
+            train_metrics, weights = learner.train([batch for batch, _ in collected]).wait()[0]
+            if weights is not None:
+                collectors.set_weights(weights)  # runs after the chunk being collected
+            metrics = merge_metrics([m for _, m in collected])
+            metrics.update(train_metrics)
+            metrics["time/step"] = time.perf_counter() - step_started
+            env_steps += int(metrics["env/steps"])
+            metrics["env/total_steps"] = float(env_steps)
+            metrics["perf/env_steps_per_s"] = metrics["env/steps"] / metrics["time/step"]
+            logger.log(step, metrics)
+            interval = config.checkpoint.interval
+            if interval and (step % interval == 0 or step == config.runner.max_steps):
+                _save(config, learner, run_dir, step)
+    plot_run(run_dir, ("env/episode_return", "env/success"))
+
+
+@contextmanager
+def _group(
+    group: WorkerGroup[Any], cluster: Cluster, placement: ComponentPlan, timeout: float | None
+) -> Iterator[Any]:
+    launched = group.launch(cluster, placement, call_timeout_s=timeout)
+    try:
+        yield launched
+    finally:
+        launched.shutdown()
