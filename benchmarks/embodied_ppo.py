@@ -62,6 +62,41 @@ def run_rlstack(seed: int, max_env_steps: int) -> dict[str, Any]:
             group.shutdown()
 
 
+def sb3_settings() -> dict[str, Any]:
+    """SB3's PPO arguments, read from ``configs/ppo_cartpole.py`` so the two sides cannot drift."""
+    import torch
+
+    from rlshell.config_loading import load_config
+
+    config = load_config(CONFIG, [])
+    algorithm, optim = config.algorithm, config.actor.optim
+    kwargs = config.actor.model.model_kwargs
+    samples = config.env.num_envs * config.runner.rollout_steps
+    lr = optim.lr
+    hidden = [int(size) for size in str(kwargs.get("hidden_sizes", "64,64")).split(",")]
+    activation = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[
+        str(kwargs.get("activation", "tanh"))
+    ]
+    if optim.lr_scheduler not in ("constant", "linear") or optim.lr_warmup_steps:
+        raise ValueError(f"no SB3 equivalent of lr_scheduler {optim.lr_scheduler!r} with warm-up")
+    return {
+        "n_envs": config.env.num_envs,
+        "n_steps": config.runner.rollout_steps,
+        "batch_size": samples // algorithm.num_minibatches,
+        "n_epochs": algorithm.update_epochs,
+        "gae_lambda": algorithm.lam,
+        "gamma": algorithm.gamma,
+        "clip_range": algorithm.clip_low if algorithm.clip_low is not None else 0.2,
+        "ent_coef": algorithm.entropy_coef,
+        "vf_coef": algorithm.vf_coef,
+        "normalize_advantage": algorithm.norm_adv,
+        # SB3 passes the remaining fraction of training, 1 → 0.
+        "learning_rate": (lambda progress: lr * progress) if optim.lr_scheduler == "linear" else lr,
+        "max_grad_norm": optim.clip_grad if optim.clip_grad is not None else float("inf"),
+        "policy_kwargs": {"net_arch": hidden, "activation_fn": activation},
+    }
+
+
 def run_sb3(seed: int, max_env_steps: int) -> dict[str, Any]:
     import torch
     from stable_baselines3 import PPO
@@ -70,24 +105,9 @@ def run_sb3(seed: int, max_env_steps: int) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     started = time.perf_counter()
-    env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
-    model = PPO(
-        "MlpPolicy",
-        env,
-        n_steps=32,
-        batch_size=256,
-        n_epochs=20,
-        gae_lambda=0.8,
-        gamma=0.98,
-        clip_range=0.2,
-        ent_coef=0.0,
-        learning_rate=lambda progress: 1e-3 * progress,
-        max_grad_norm=0.5,
-        policy_kwargs={"net_arch": [64, 64], "activation_fn": torch.nn.Tanh},
-        seed=seed,
-        device="cpu",
-        verbose=0,
-    )
+    settings = sb3_settings()
+    env = make_vec_env("CartPole-v1", n_envs=settings.pop("n_envs"), seed=seed)
+    model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **settings)
     startup = time.perf_counter() - started
 
     class Watch(BaseCallback):

@@ -73,12 +73,40 @@ RUN_HERE = {
     "PYTHONPATH=examples/extension RLSHELL_EXT_MODULE=rlshell_example_ext .venv/bin/python -m "
     "rlshell.train configs/grpo.py --dry-run reward.reward_type=contains_answer "
     "runner.experiment_name=ext_example",
+    "PYTHONPATH=examples/typed_extension RLSHELL_EXT_MODULE=rlstack_typed_ext .venv/bin/python -m "
+    "rlshell.train configs/grpo.py --dry-run algorithm.adv_type=win_rate algorithm.loss_type=cispo "
+    "runner.experiment_name=typed_ext",
+    ".venv/bin/mypy --config-file examples/typed_extension/pyproject.toml "
+    "examples/typed_extension/rlstack_typed_ext",
 }
 COVERED_ELSEWHERE = {
     ".venv/bin/python -m rlshell.train configs/ppo_cartpole.py": (
         "tests/shell/test_embodied_run.py runs it for 4 steps and resumes it"
     ),
+    ".venv/bin/python -m rlshell.train configs/sac_pendulum.py": (
+        "tests/shell/test_sac_run.py runs it for 6 steps and resumes it with its replay buffer"
+    ),
+    ".venv/bin/python -m rlshell.train configs/sac_fetchreach.py": (
+        "tests/shell/test_sac_run.py::test_a_short_fetchreach_run_reports_success_from_mujoco"
+    ),
+    ".venv/bin/python -m rlshell.train configs/ppo_halfcheetah.py": (
+        "tests/shell/test_embodied_run.py::"
+        "test_a_short_halfcheetah_run_normalises_and_resumes_its_reward_scaler"
+    ),
+    ".venv/bin/python -m rlshell.train configs/ppo_pushcube.py --dry-run": (
+        "tests/shell/test_embodied_run.py::"
+        "test_pushcube_plans_here_and_a_real_run_names_what_is_missing"
+    ),
+    ".venv/bin/python -m rlshell.evaluate runs/ppo_cartpole/checkpoints/global_step_390": (
+        "tests/shell/test_embodied_evaluate.py runs it on a 2-step run's checkpoint "
+        "(the 390-step run takes minutes)"
+    ),
     EXAMPLE_COMMAND: "test_custom_estimator_example_runs_and_prints_what_core_md_shows",
+    "PYTHONPATH=examples/custom_policy RLSHELL_EXT_MODULE=rlshell_point_reach .venv/bin/python "
+    "-m rlshell.train examples/custom_policy/config.py": (
+        "tests/shell/test_custom_policy.py::"
+        "test_ppo_with_the_examples_policy_and_env_learns_in_ray_workers runs it for 12 steps"
+    ),
     "make test": "the CI entry point .ci/run; this test is part of it",
     ".venv/bin/python examples/custom_trainer/grpo_arithmetic.py --steps 2000": (
         "tests/shell/test_reasoning_parts.py::test_the_custom_trainer_example_trains_and_evaluates"
@@ -101,6 +129,13 @@ COVERED_ELSEWHERE = {
     ),
     ".venv/bin/python benchmarks/core_logprobs.py --quick": (
         "tests/test_benchmarks_smoke.py::test_core_logprobs_quick_run_prints_the_expected_json"
+    ),
+    ".venv/bin/python benchmarks/core_jax.py --quick": (
+        "tests/test_benchmarks_smoke.py::test_core_jax_quick_run_prints_the_expected_json"
+    ),
+    ".venv/bin/python examples/jax_ppo_cartpole.py --seed 0": (
+        "tests/test_jax_example.py::test_the_quick_run_learns_and_prints_its_summary runs its "
+        "--quick form (4,096 env steps); the full run is a measurement, its figures in docs/jax.md"
     ),
 }
 

@@ -216,6 +216,10 @@ class RolloutConfig:
     ``shared`` keeps no copy at all: the hf engine generates with the actor's
     own FSDP module, its units gathered once per rollout (the rollout must
     share the actor's placement and precision).
+    ``pipeline_stage_num``: embodied PPO in the hybrid placement (env, rollout
+    and actor under keys of their own) splits each env worker's envs into this
+    many stages, so that the rollout computes one stage's actions while the
+    env worker steps another; 1 alternates them without overlap.
     """
 
     backend: Literal["hf", "vllm", "sglang"] = "hf"
@@ -230,6 +234,7 @@ class RolloutConfig:
     weight_sync: Literal["bucket", "patch", "shared"] = "bucket"
     bucket_size_mb: float = field(default=64.0, metadata=POSITIVE)
     cpus_per_worker: float = field(default=0.25, metadata=POSITIVE)
+    pipeline_stage_num: int = field(default=1, metadata=POSITIVE_INT)
 
 
 @frozen
@@ -319,7 +324,9 @@ class AlgorithmConfig:
     PPO's update (embodied runner): ``update_epochs`` passes over each
     rollout in ``num_minibatches`` shuffled minibatches, the value loss
     weighted by ``vf_coef`` (clipped around the old values by ``value_clip``
-    when set), advantages standardised per minibatch when ``norm_adv``.
+    when set), advantages standardised per minibatch when ``norm_adv``,
+    rewards divided by the running std of the discounted return when
+    ``norm_reward`` (`rlshell.rollout.trajectory.RewardScaler`).
     ``loss_type='sac'`` (embodied runner) trains with soft actor-critic
     instead, configured by ``sac``.
     """
@@ -341,6 +348,7 @@ class AlgorithmConfig:
     vf_coef: float = field(default=0.5, metadata=NON_NEGATIVE)
     value_clip: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     norm_adv: bool = True
+    norm_reward: bool = False
     sac: SACConfig = Factory(SACConfig)
 
 

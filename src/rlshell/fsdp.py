@@ -38,7 +38,12 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    FSDPModule,
+    MixedPrecisionPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 from torch.distributed.tensor import DTensor
 
 from rlshell.config import ActorConfig, OptimConfig, WrapPolicyConfig
@@ -238,6 +243,10 @@ class FSDPModelManager:
                 mp_policy=mp_policy,
             )
         fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp_policy)
+        # An embodied policy's rollout enters through predict_action_batch, not forward: without
+        # the root's hooks there, the first unit it calls would take itself for FSDP's root.
+        if hasattr(model, "predict_action_batch"):
+            register_fsdp_forward_method(model, "predict_action_batch")
         return model
 
     def build_lr_scheduler(

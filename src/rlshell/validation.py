@@ -190,7 +190,28 @@ def _rollout_problems(config: Config) -> list[str]:
         )
     if rollout.weight_sync == "shared":
         problems += _shared_weight_problems(config)
+    if rollout.pipeline_stage_num > 1:
+        problems += _pipeline_problems(config)
     return problems
+
+
+def _pipeline_problems(config: Config) -> list[str]:
+    """``rollout.pipeline_stage_num`` > 1: only embodied PPO's hybrid placement pipelines."""
+    stages = config.rollout.pipeline_stage_num
+    if config.runner.runner_type != "embodied" or _is_sac(config):
+        what = "SAC" if _is_sac(config) else f"the {config.runner.runner_type} runner"
+        return [
+            f"rollout.pipeline_stage_num: {stages} stages pipeline embodied PPO's env and "
+            f"rollout workers; {what} does not use it (leave it at 1)"
+        ]
+    keys = {name: key for key in config.cluster.component_placement for name in _names(key)}
+    if "actor" in keys and keys.get("rollout") == keys.get("env") == keys["actor"]:
+        return [
+            f"rollout.pipeline_stage_num: {stages} stages pipeline env workers and rollout "
+            f"workers of their own, but '{keys['actor']}' places env, rollout and actor in "
+            f"the same processes; use 1 there, or the hybrid placement, e.g. {_HYBRID_EXAMPLE}"
+        ]
+    return []
 
 
 def _shared_weight_problems(config: Config) -> list[str]:
@@ -255,18 +276,30 @@ def _sac_problems(config: Config) -> list[str]:
     return problems
 
 
+_COLLOCATED_EXAMPLE = '{"actor,rollout,env": "0:0-1"}'
+_HYBRID_EXAMPLE = '{"actor": "0:0-1", "rollout": "0:0", "env": "0:0"}'
+
+
 def _embodied_placement_problems(config: Config) -> list[str]:
-    """The PPO embodied runner runs the rollout and the envs in the actor's ranks."""
+    """PPO's embodied runner: env, rollout and actor under one key (collocated: each rank
+    steps its envs with its own policy copy) or under three keys (hybrid: env and rollout
+    workers of their own, pipelined); no other grouping."""
     if _is_sac(config):
         return _sac_problems(config)
     keys = {name: key for key in config.cluster.component_placement for name in _names(key)}
-    actor = keys.get("actor")
+    trio = ("actor", "rollout", "env")
+    if any(name not in keys for name in trio):
+        return []  # reported as a missing placement
+    groups = {keys[name] for name in trio}
+    if len(groups) != 2:
+        return []
+    grouped = next(key for key in groups if sum(name in _names(key) for name in trio) == 2)
+    alone = next(name for name in trio if name not in _names(grouped))
     return [
-        f"cluster.component_placement: the embodied runner of this version runs '{name}' in "
-        "the actor's processes; place them under one key, e.g. "
-        '{"actor,rollout,env": "0:0-1"}'
-        for name in ("rollout", "env")
-        if actor is not None and name in keys and keys[name] != actor
+        f"cluster.component_placement: the embodied PPO runner places env, rollout and actor "
+        f"either all under one key (collocated, e.g. {_COLLOCATED_EXAMPLE}) or each under "
+        f"its own (hybrid, pipelined, e.g. {_HYBRID_EXAMPLE}); '{grouped}' groups two of "
+        f"them apart from '{alone}'"
     ]
 
 

@@ -41,8 +41,8 @@ def test_truncated_steps_bootstrap_from_the_final_observation() -> None:
     finals: list[torch.Tensor] = []
     original_step = stepper.step
 
-    def recording_step(actions: torch.Tensor):  # type: ignore[no-untyped-def]
-        result = original_step(actions)
+    def recording_step(actions: torch.Tensor, **kwargs: str | None):  # type: ignore[no-untyped-def]
+        result = original_step(actions, **kwargs)
         finals.append(result.next_obs["states"].clone())
         return result
 

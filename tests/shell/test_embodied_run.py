@@ -61,3 +61,46 @@ def test_a_rollout_placed_apart_from_the_actor_is_refused(tmp_path: Path) -> Non
     )
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert "runs 'rollout' in the actor's processes" in result.stdout + result.stderr
+
+
+def test_a_short_halfcheetah_run_normalises_and_resumes_its_reward_scaler(tmp_path: Path) -> None:
+    """configs/ppo_halfcheetah.py shortened: MuJoCo, normalize_obs, norm_reward, resume."""
+    env = cli_env(Path(tempfile.mkdtemp(prefix="re", dir="/tmp")))
+    out = tmp_path / "runs"
+    short = [
+        "configs/ppo_halfcheetah.py",
+        "runner.rollout_steps=16",
+        "algorithm.num_minibatches=4",
+        "algorithm.update_epochs=2",
+        "checkpoint.interval=2",
+        f"runner.output_dir={out}",
+    ]
+    result = train(*short, "runner.max_steps=2", env=env, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    checkpoint = out / "ppo_halfcheetah" / "checkpoints" / "global_step_2"
+    assert (checkpoint / "reward_scaler_rank0.pt").is_file()
+    again = train(*short, "runner.max_steps=3", "checkpoint.resume=auto", env=env, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    records = read_metrics(out / "ppo_halfcheetah" / "metrics.jsonl")
+    assert [int(r["step"]) for r in records] == [1, 2, 3]
+    assert records[-1]["env/total_steps"] == 3 * 8 * 16
+    assert all(r["train/value_loss"] < 1e3 for r in records)  # rewards were scaled
+
+
+def test_pushcube_plans_here_and_a_real_run_names_what_is_missing(tmp_path: Path) -> None:
+    """configs/ppo_pushcube.py needs ManiSkill on a Vulkan GPU; this machine has neither."""
+    from rlshell.envs.maniskill import maniskill_unavailable_reason
+
+    reason = maniskill_unavailable_reason()
+    if reason is None:
+        pytest.skip("ManiSkill can run here: the GPU run of configs/ppo_pushcube.py applies")
+    env = cli_env(Path(tempfile.mkdtemp(prefix="re", dir="/tmp")))
+    planned = train(
+        "configs/ppo_pushcube.py", "--dry-run", f"runner.output_dir={tmp_path}", env=env
+    )
+    assert planned.returncode == 0, planned.stdout[-2000:] + planned.stderr[-2000:]
+    result = train(
+        "configs/ppo_pushcube.py", "runner.max_steps=1", f"runner.output_dir={tmp_path}", env=env
+    )
+    assert result.returncode != 0
+    assert "needs a Vulkan-capable GPU" in result.stdout + result.stderr

@@ -360,3 +360,41 @@ def test_get_model_builds_an_mlp_policy_in_the_configured_dtype() -> None:
     assert info["prev_logprobs"].dtype == torch.float32
     with pytest.raises(ValueError, match="registered as a embodied model"):
         get_model(ModelConfig(model_type="mlp_policy", model_kwargs=cfg.model_kwargs))
+
+
+# ---------------------------------------------------------------------------
+# Observation normalisation (normalize_obs).
+
+
+@pytest.mark.parametrize("action_type", ["discrete", "gaussian"])
+def test_normalize_obs_tracks_every_train_state_and_feeds_the_networks_normalised_states(
+    action_type: str,
+) -> None:
+    policy = make_policy(action_type, obs_dim=3, normalize_obs=True)
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randn(5, 3, generator=g) * 4.0 + 7.0 for _ in range(4)]
+    for batch in batches:
+        _, info = policy.predict_action_batch({"states": batch}, mode="train")
+    seen = torch.cat(batches).double()
+    torch.testing.assert_close(policy.obs_mean, seen.mean(0))
+    torch.testing.assert_close(policy.obs_m2 / policy.obs_count, seen.var(0, unbiased=False))
+    # The last batch was normalised with statistics that include it, clipped to ±10.
+    want = (batches[-1].double() - seen.mean(0)) / (seen.var(0, unbiased=False) + 1e-8).sqrt()
+    torch.testing.assert_close(info["forward_inputs"]["states"], want.clamp(-10, 10).float())
+    # The update recomputes the rollout's log-probs from what it cached.
+    out = policy.default_forward(info["forward_inputs"])
+    torch.testing.assert_close(out["logprobs"], info["prev_logprobs"])
+    # Evaluation reads the statistics without changing them; they live in the state dict.
+    count = policy.obs_count.clone()
+    policy.predict_action_batch({"states": batches[0] * 100}, mode="eval")
+    assert torch.equal(policy.obs_count, count)
+    again = make_policy(action_type, obs_dim=3, normalize_obs=True)
+    again.load_state_dict(policy.state_dict())
+    torch.testing.assert_close(again.obs_mean, policy.obs_mean)
+
+
+def test_normalize_obs_is_refused_for_sac_policies() -> None:
+    with pytest.raises(
+        ValueError, match="normalize_obs: not read with action_type 'tanh_gaussian'"
+    ):
+        make_policy("tanh_gaussian", normalize_obs=True)

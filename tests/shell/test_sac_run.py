@@ -1,4 +1,4 @@
-"""`python -m rlshell.train configs/sac_pendulum.py` for real: a short asynchronous SAC run on Ray."""
+"""`python -m rlshell.train configs/sac_*.py` for real: short asynchronous SAC runs on Ray."""
 
 from __future__ import annotations
 
@@ -44,9 +44,10 @@ def test_a_short_sac_run_trains_after_learning_starts_and_resumes_its_replay_buf
     assert all(u > 0 for u in updates[2:])
     last = records[-1]
     for key in ("train/qf_loss", "train/actor_loss", "train/alpha", "time/update"):
-        assert key in last and math.isfinite(last[key]), key
+        assert math.isfinite(last.get(key, math.nan)), key
     saved = torch.load(run / "checkpoints" / "global_step_6" / "sac_learner.pt", weights_only=False)
-    assert saved["replay"]["size"] == 600 and saved["transitions"] == 600
+    assert saved["replay"]["size"] == 600
+    assert saved["transitions"] == 600
     # Two more steps from the last checkpoint: the replay buffer comes back with it.
     again = train(
         *SHORT,
@@ -85,3 +86,26 @@ def test_sac_placements_and_settings_it_cannot_run_are_refused_before_ray(
     result = train(*SHORT, override, f"runner.output_dir={tmp_path}", env=env, timeout=120)
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert message in result.stdout + result.stderr
+
+
+def test_a_short_fetchreach_run_reports_success_from_mujoco(tmp_path: Path) -> None:
+    """configs/sac_fetchreach.py shortened: gymnasium-robotics' dict observations and success."""
+    env = cli_env(Path(tempfile.mkdtemp(prefix="rs", dir="/tmp")))
+    result = train(
+        "configs/sac_fetchreach.py",
+        "runner.max_steps=3",
+        "runner.rollout_steps=50",
+        "algorithm.sac.learning_starts=256",
+        "algorithm.sac.batch_size=64",
+        "algorithm.sac.utd_ratio=0.05",
+        "checkpoint.interval=0",
+        f"runner.output_dir={tmp_path}",
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    records = read_metrics(tmp_path / "sac_fetchreach" / "metrics.jsonl")
+    assert [r["env/total_steps"] for r in records] == [200.0, 400.0, 600.0]
+    # 50-step episodes: every chunk ends one per env, each with a success flag.
+    assert all(r["env/episodes"] == 4 and 0 <= r["env/success"] <= 1 for r in records)
+    assert records[-1]["train/updates"] > 0

@@ -91,3 +91,67 @@ def test_bad_steps_are_refused_naming_the_field() -> None:
         TrajectoryBuffer(2).finish(1.0, 1.0)
     with pytest.raises(ValueError, match="num_envs"):
         TrajectoryBuffer(0)
+
+
+# ---------------------------------------------------------------------------
+# Reward scaling (algorithm.norm_reward).
+
+
+@given(
+    envs=st.integers(1, 4),
+    steps=st.integers(1, 60),
+    gamma=st.floats(0.0, 0.999),
+    seed=st.integers(0, 2**16),
+)
+def test_reward_scaler_divides_by_the_std_of_every_discounted_return_so_far(
+    envs: int, steps: int, gamma: float, seed: int
+) -> None:
+    from rlshell.rollout.trajectory import RewardScaler
+
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randn(steps, envs, generator=g) * 3.0
+    dones = torch.rand(steps, envs, generator=g) < 0.1
+    scaler = RewardScaler(envs, gamma)
+    running = torch.zeros(envs, dtype=torch.float64)
+    seen: list[torch.Tensor] = []
+    for t in range(steps):
+        running = running * gamma + rewards[t].double()
+        seen.append(running.clone())
+        std = torch.cat(seen).var(unbiased=False).sqrt()
+        want = (rewards[t].double() / torch.sqrt(std**2 + 1e-8)).clamp(-10, 10)
+        got = scaler(rewards[t], dones[t])
+        torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-6)
+        assert torch.equal(torch.sign(got), torch.sign(rewards[t]))
+        running = torch.where(dones[t], 0.0, running)
+
+
+def test_reward_scaler_agrees_with_gymnasiums_running_statistics() -> None:
+    from gymnasium.wrappers.utils import RunningMeanStd
+
+    from rlshell.rollout.trajectory import RewardScaler
+
+    g = torch.Generator().manual_seed(0)
+    scaler, reference = RewardScaler(3, 0.99), RunningMeanStd(shape=())
+    running = torch.zeros(3, dtype=torch.float64)
+    for _ in range(2000):
+        rewards = torch.randn(3, generator=g) + 1.0
+        dones = torch.rand(3, generator=g) < 0.01
+        got = scaler(rewards, dones)
+        running = running * 0.99 + rewards.double()
+        reference.update(running.numpy())
+        running = torch.where(dones, 0.0, running)
+    want = rewards.double() / (reference.var + 1e-8) ** 0.5
+    torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=0.0)
+
+
+def test_reward_scaler_state_round_trips_and_refuses_another_env_count() -> None:
+    from rlshell.rollout.trajectory import RewardScaler
+
+    first, second = RewardScaler(2, 0.9), RewardScaler(2, 0.9)
+    for t in range(5):
+        first(torch.tensor([1.0 + t, -2.0]), torch.tensor([False, t == 2]))
+    second.load_state_dict(first.state_dict())
+    step = torch.tensor([0.5, 4.0]), torch.tensor([False, False])
+    torch.testing.assert_close(first(*step), second(*step))
+    with pytest.raises(ValueError, match="2 envs saved, this scaler has 3"):
+        RewardScaler(3, 0.9).load_state_dict(first.state_dict())

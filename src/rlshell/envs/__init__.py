@@ -10,6 +10,8 @@ A builder is ``builder(cfg, seed) -> gymnasium.vector.VectorEnv`` making
   observation is in ``info["final_obs"]``).
 - ``maniskill``: ManiSkill 3's batched GPU simulation (`rlshell.envs.maniskill`),
   which needs a Vulkan-capable GPU.
+- ``gymnasium_pixels``: a gymnasium id observed as 64×64 RGB images with a
+  task description (`rlshell.envs.pixels`), for image and VLA policies on a CPU.
 
 `rlshell.envs.stepper.EnvStepper` drives either one for an env worker.
 """
@@ -113,3 +115,12 @@ def _maniskill_env(cfg: EnvConfig, seed: int) -> VectorEnv:
 
 register_env("gymnasium", _gymnasium_env)
 register_env("maniskill", _maniskill_env)
+
+
+def _pixel_env(cfg: EnvConfig, seed: int) -> VectorEnv:
+    from rlshell.envs.pixels import make_pixel_env
+
+    return make_pixel_env(cfg, seed)
+
+
+register_env("gymnasium_pixels", _pixel_env)

@@ -8,8 +8,9 @@ observation apart from the reset one, and counts episode statistics:
   (flattened); ``{"main_images": uint8 [N, H, W, C]}`` for an image Box
   (uint8, three dims, channels last); for a Dict observation (gymnasium-robotics
   Fetch: observation / achieved_goal / desired_goal) ``states`` concatenates
-  its Box entries in sorted key order, and an image entry becomes
-  ``main_images``.
+  its Box entries in sorted key order, an image entry becomes
+  ``main_images`` and a ``Text`` entry (the task in words)
+  ``task_descriptions``, int32 code points ``[N, max_length]`` (`rlshell.envs.text`).
 - The env resets a finished copy in the same step (gymnasium's ``SAME_STEP``
   autoreset, ManiSkill's vector wrapper): `StepResult.obs` is what the policy
   acts on next, `StepResult.next_obs` is sₜ₊₁ for the value bootstrap, the
@@ -18,6 +19,12 @@ observation apart from the reset one, and counts episode statistics:
 - Numpy envs (gymnasium) and torch envs (ManiSkill, on the GPU) both work:
   tensors stay on the env's device, actions are handed over as numpy or as
   tensors accordingly.
+
+Bad input stops at the step it happens, naming the env: actions of the wrong
+shape, dtype or range (and the policy that produced them, when the caller
+says which), a non-finite observation or reward (the env index and the env
+step), and an exception inside the env's own ``step`` or ``reset``
+(`EnvStepError`, chained to the env's exception and its traceback).
 
 No Ray here: a Ray env worker wraps one `EnvStepper`.
 """
@@ -34,19 +41,26 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from rlshell.config import EnvConfig
+from rlshell.envs.text import encode_texts
 
 if TYPE_CHECKING:
     from gymnasium import Space
     from gymnasium.vector import VectorEnv
 
-__all__ = ["EnvObs", "EnvStepper", "StepResult", "group_seeds"]
+__all__ = ["EnvObs", "EnvStepError", "EnvStepper", "StepResult", "group_seeds"]
 
 EnvObs = dict[str, Tensor]
 """The policy's observation dict: ``"states"`` float32 ``[num_envs, state_dim]``
-and/or ``"main_images"`` uint8 ``[num_envs, height, width, channels]``."""
+and/or ``"main_images"`` uint8 ``[num_envs, height, width, channels]``, and
+``"task_descriptions"`` int32 code points ``[num_envs, max_length]`` when the
+env states its task (`rlshell.envs.text.texts_of` reads them as strings)."""
 
 _SUCCESS_KEYS = ("success", "is_success")
 _FINAL_OBS_KEYS = ("final_obs", "final_observation")  # gymnasium 1.x, ManiSkill 3.0
+
+
+class EnvStepError(RuntimeError):
+    """The env itself raised in ``step`` or ``reset``; ``__cause__`` is its exception."""
 
 
 @frozen(eq=False)
@@ -99,6 +113,8 @@ class _ObsLayout:
         self.env_id = env_id
         self.state_paths: list[tuple[str, ...]] = []
         self.image_path: tuple[str, ...] | None = None
+        self.text_path: tuple[str, ...] | None = None
+        self.text_width = 0
         leaves: list[tuple[tuple[str, ...], Space[Any]]] = []
 
         def collect(path: tuple[str, ...], sub: Space[Any]) -> None:
@@ -111,10 +127,13 @@ class _ObsLayout:
         collect((), space)
         for path, leaf in leaves:
             where = ".".join(path) or "observation"
+            if isinstance(leaf, spaces.Text) and self.text_path is None:
+                self.text_path, self.text_width = path, int(leaf.max_length)
+                continue
             if not isinstance(leaf, spaces.Box):
                 raise ValueError(
                     f"env {env_id}: {where} space {leaf} is not supported "
-                    "(expected a Box, an image Box or a Dict of them)"
+                    "(expected a Box, an image Box, one Text or a Dict of them)"
                 )
             if leaf.dtype == np.uint8 and len(leaf.shape) == 3:
                 if self.image_path is not None:
@@ -136,12 +155,16 @@ class _ObsLayout:
             out["states"] = flat[0] if len(flat) == 1 else torch.cat(flat, dim=1)
         if self.image_path is not None:
             out["main_images"] = _as_tensor(_at(obs, self.image_path), device)
+        if self.text_path is not None:
+            out["task_descriptions"] = encode_texts(
+                _at(obs, self.text_path), self.text_width, device
+            )
         return out
 
-    def check_finite(self, env_obs: EnvObs, what: str) -> None:
+    def check_finite(self, env_obs: EnvObs, what: str, step: int) -> None:
         states = env_obs.get("states")
         if states is not None and states.is_floating_point():
-            _check_finite(states, f"{what} (states)", self.env_id)
+            _check_finite(states, f"{what} (states)", self.env_id, step)
 
 
 def _at(obs: Any, path: tuple[str, ...]) -> Any:
@@ -166,13 +189,15 @@ def _stack(rows: Sequence[Any]) -> Any:
     return np.stack([np.asarray(row) for row in rows])
 
 
-def _check_finite(values: Tensor, what: str, env_id: str) -> None:
+def _check_finite(values: Tensor, what: str, env_id: str, step: int) -> None:
+    """Raise FloatingPointError naming the env, the first bad row and the step (0: the reset)."""
     finite = torch.isfinite(values)
-    if bool(finite.all()):
+    if bool(finite.all()):  # one reduction and one sync for the whole batch
         return
     bad_rows = (~finite).reshape(values.shape[0], -1).any(dim=1).nonzero().flatten().tolist()
+    when = "at reset" if step == 0 else f"at env step {step}"
     raise FloatingPointError(
-        f"env {env_id}: {what} of env index {bad_rows[0]} is not finite "
+        f"env {env_id}: {what} of env index {bad_rows[0]} is not finite {when} "
         f"({values[bad_rows[0]].tolist()}); bad env indices: {bad_rows}"
     )
 
@@ -227,6 +252,7 @@ class EnvStepper:
         self._discrete = not isinstance(self.action_space, spaces.Box)
         self._layout = _ObsLayout(env.single_observation_space, self.env_id)
         self._device: torch.device | None = None
+        self._steps = 0  # vector steps since the last reset, for error messages
         self._torch_env = False
         self._returns = torch.zeros(self.num_envs, dtype=torch.float64)
         self._lengths = torch.zeros(self.num_envs, dtype=torch.int64)
@@ -254,8 +280,14 @@ class EnvStepper:
         without being counted.
         """
         seeds = group_seeds(seed, self.num_envs, group_size)
-        # Vector envs take one seed per env; gymnasium's VectorEnv annotation says only int.
-        obs, _ = self.env.reset(seed=seeds)  # type: ignore[arg-type]
+        self._steps = 0
+        try:
+            # Vector envs take one seed per env; gymnasium's VectorEnv annotation says only int.
+            obs, _ = self.env.reset(seed=seeds)  # type: ignore[arg-type]
+        except Exception as error:
+            raise EnvStepError(
+                f"env {self.env_id}: the env raised in reset(): {type(error).__name__}: {error}"
+            ) from error
         first = obs
         while isinstance(first, Mapping):
             first = next(iter(first.values()))
@@ -265,26 +297,39 @@ class EnvStepper:
         self._lengths = torch.zeros(self.num_envs, dtype=torch.int64, device=self._device)
         self._success_once = torch.zeros(self.num_envs, dtype=torch.bool, device=self._device)
         env_obs = self._layout.convert(obs, self._device)
-        self._layout.check_finite(env_obs, "reset observation")
+        self._layout.check_finite(env_obs, "reset observation", 0)
         return env_obs
 
-    def step(self, actions: Tensor) -> StepResult:
-        """Apply ``actions`` ``[num_envs, *action_shape]`` to every env."""
+    def step(self, actions: Tensor, policy: str | None = None) -> StepResult:
+        """Apply ``actions`` ``[num_envs, *action_shape]`` to every env.
+
+        ``policy`` names what produced the actions (a policy class), for the
+        error a wrong shape, dtype or range raises. An exception inside the
+        env's own step is raised again as `EnvStepError` naming the env and
+        the env step (counted from the last reset), chained to the original.
+        """
         if self._device is None:
             raise RuntimeError(f"env {self.env_id}: call reset(seed) before step")
-        self._check_actions(actions)
+        self._check_actions(actions, policy)
         env_actions: Any = (
             actions.to(self._device) if self._torch_env else actions.detach().cpu().numpy()
         )
-        raw_obs, raw_rewards, raw_terminated, raw_truncated, info = self.env.step(env_actions)
+        self._steps += 1
+        try:
+            raw_obs, raw_rewards, raw_terminated, raw_truncated, info = self.env.step(env_actions)
+        except Exception as error:
+            raise EnvStepError(
+                f"env {self.env_id}: the env raised at env step {self._steps}: "
+                f"{type(error).__name__}: {error}"
+            ) from error
 
         device = self._device
         rewards = _as_tensor(raw_rewards, device).reshape(-1).to(torch.float32)
         terminated = _as_tensor(raw_terminated, device).reshape(-1).to(torch.bool)
         truncated = _as_tensor(raw_truncated, device).reshape(-1).to(torch.bool)
         obs = self._layout.convert(raw_obs, device)
-        self._layout.check_finite(obs, "observation")
-        _check_finite(rewards, "reward", self.env_id)
+        self._layout.check_finite(obs, "observation", self._steps)
+        _check_finite(rewards, "reward", self.env_id, self._steps)
 
         dones = terminated | truncated
         self._returns += rewards
@@ -326,24 +371,25 @@ class EnvStepper:
         """Close the env (and its simulator)."""
         self.env.close()
 
-    def _check_actions(self, actions: Tensor) -> None:
+    def _check_actions(self, actions: Tensor, policy: str | None) -> None:
+        got = f"{policy} returned" if policy else "got"
         if tuple(actions.shape) != self.action_shape:
             raise ValueError(
-                f"env {self.env_id}: actions have shape {tuple(actions.shape)}, expected "
+                f"env {self.env_id}: {got} actions of shape {tuple(actions.shape)}, expected "
                 f"{self.action_shape} (num_envs, *single_action_space.shape)"
             )
         if self._discrete:
             if actions.is_floating_point() or actions.is_complex():
                 raise TypeError(
                     f"env {self.env_id}: {self.action_space} takes integer actions, "
-                    f"got {actions.dtype}"
+                    f"{got} {actions.dtype}"
                 )
             low, high = torch.aminmax(actions.to(torch.int64))
             space_low, space_high = self._discrete_bounds()
             if int(low) < space_low or int(high) > space_high:
                 raise ValueError(
                     f"env {self.env_id}: actions must lie in [{space_low}, {space_high}] "
-                    f"for {self.action_space}, got values in [{int(low)}, {int(high)}]"
+                    f"for {self.action_space}, {got} values in [{int(low)}, {int(high)}]"
                 )
 
     def _discrete_bounds(self) -> tuple[int, int]:
@@ -390,7 +436,7 @@ class EnvStepper:
             final_rows = {
                 key: value[rows] for key, value in self._layout.convert(final, self._device).items()
             }
-        self._layout.check_finite(final_rows, "final observation")
+        self._layout.check_finite(final_rows, "final observation", self._steps)
         next_obs = {}
         for key, value in obs.items():
             merged = value.clone()

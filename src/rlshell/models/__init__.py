@@ -5,6 +5,12 @@ RLinf's pattern, kept so models port with renamed imports: a builder is
 a category (``"embodied"`` or ``"reasoning"``); `get_model` looks the type up
 and builds with the dtype named by ``cfg.precision``. An extension module
 (``RLSHELL_EXT_MODULE``) registers its own models in every process.
+
+``cfg.is_lora`` adds LoRA adapters of rank ``cfg.lora_rank`` (peft) to a
+model that names where they go: its ``lora_target_modules`` (module-name
+suffixes such as ``q_proj``), with ``lora_trainable_modules`` (e.g. a value
+head) trained in full and every other weight frozen (`apply_lora`). A model
+without ``lora_target_modules`` refuses ``is_lora``.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ __all__ = [
     "ForwardType",
     "ModelBuilder",
     "ModelEntry",
+    "apply_lora",
     "get_model",
     "register_model",
     "torch_dtype",
@@ -71,22 +78,71 @@ def torch_dtype(precision: Precision) -> torch.dtype:
 
 
 def get_model(cfg: ModelConfig) -> nn.Module:
-    """Build the model ``cfg.model_type`` names, in the dtype ``cfg.precision`` names."""
+    """Build the model ``cfg.model_type`` names, in the dtype ``cfg.precision`` names.
+
+    With ``cfg.is_lora`` the built model gets LoRA adapters (`apply_lora`).
+    """
     entry = MODELS.get(cfg.model_type)
     if entry.category != cfg.category:
         raise ValueError(
             f"model type '{cfg.model_type}' is registered as a {entry.category} model, "
             f"but the config asks for category '{cfg.category}'"
         )
-    return entry.builder(cfg, torch_dtype(cfg.precision))
+    model = entry.builder(cfg, torch_dtype(cfg.precision))
+    return apply_lora(model, cfg.lora_rank, cfg.model_type) if cfg.is_lora else model
+
+
+def apply_lora(model: nn.Module, rank: int, model_type: str = "the model") -> nn.Module:
+    """``model`` with rank-``rank`` LoRA adapters on its ``lora_target_modules``, in place.
+
+    W x ↦ W x + (α/r) B A x with A ``[r, in]`` random, B ``[out, r]`` zero (Hu et
+    al. 2021; α = r here): the adapted model starts equal to the original.
+    Only the adapters and the modules named in ``lora_trainable_modules`` keep
+    ``requires_grad``; the base weights are frozen. peft gives each adapter the
+    dtype of the weight it adapts (the model's precision). The adapted modules'
+    weights are renamed ``<module>.base_layer.weight`` in the state dict.
+    """
+    targets = tuple(getattr(model, "lora_target_modules", None) or ())
+    if not targets:
+        raise ValueError(
+            f"actor.model.is_lora: model type '{model_type}' ({type(model).__name__}) does not "
+            "support LoRA: it names no lora_target_modules; set is_lora=false"
+        )
+    from peft import LoraConfig, inject_adapter_in_model
+
+    config = LoraConfig(
+        r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules=list(targets), bias="none"
+    )
+    inject_adapter_in_model(config, model)
+    trainable = tuple(getattr(model, "lora_trainable_modules", None) or ())
+    for name, param in model.named_parameters():
+        param.requires_grad_("lora_" in name)
+    for module_name in trainable:
+        for param in model.get_submodule(module_name).parameters():
+            param.requires_grad_(True)
+    return model
+
+
+def build_tiny_vla(cfg: ModelConfig, dtype: torch.dtype) -> nn.Module:
+    """``tiny_vla``'s builder (`rlshell.models.tiny_vla`), imported when first used.
+
+    The module imports transformers' generation classes; importing it only
+    here keeps ``import rlshell.models`` light.
+    """
+    from rlshell.models.tiny_vla import build_tiny_vla as build
+
+    return build(cfg, dtype)
 
 
 def _register_builtins() -> None:
+    from rlshell.models.cnn_policy import build_cnn_policy
     from rlshell.models.hf_causal_lm import build_hf_causal_lm
     from rlshell.models.mlp_policy import build_mlp_policy
 
     register_model("hf_causal_lm", build_hf_causal_lm, category="reasoning")
     register_model("mlp_policy", build_mlp_policy, category="embodied")
+    register_model("cnn_policy", build_cnn_policy, category="embodied")
+    register_model("tiny_vla", build_tiny_vla, category="embodied")
 
 
 _register_builtins()

@@ -35,6 +35,7 @@ from attrs import frozen
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from rlcore import normalize as running_stats
 from rlshell.config import ModelConfig
 from rlshell.models.base import ActionInfo, BasePolicy, ForwardType
 
@@ -55,6 +56,7 @@ Activation = Literal["tanh", "relu"]
 
 LOG_STD_MIN = -5.0
 LOG_STD_MAX = 2.0
+OBS_CLIP = 10.0  # normalised states are clipped to ±10 (CleanRL's wrappers, SB3's VecNormalize)
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _LOG_2 = math.log(2.0)
 
@@ -122,8 +124,8 @@ _COMMON_KEYS = (
     "orthogonal_init",
 )
 _KEYS_BY_TYPE: dict[ActionType, tuple[str, ...]] = {
-    "discrete": _COMMON_KEYS,
-    "gaussian": (*_COMMON_KEYS, "action_low", "action_high", "init_log_std"),
+    "discrete": (*_COMMON_KEYS, "normalize_obs"),
+    "gaussian": (*_COMMON_KEYS, "action_low", "action_high", "init_log_std", "normalize_obs"),
     "tanh_gaussian": (*_COMMON_KEYS, "action_low", "action_high"),
 }
 _ALL_KEYS = sorted({key for keys in _KEYS_BY_TYPE.values() for key in keys})
@@ -147,6 +149,7 @@ class MLPPolicySpec:
     action_high: tuple[float, ...] = ()
     init_log_std: float = 0.0
     orthogonal_init: bool = True
+    normalize_obs: bool = False
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Scalar]) -> MLPPolicySpec:
@@ -176,6 +179,7 @@ class MLPPolicySpec:
             action_high=high,
             init_log_std=_float(kwargs, "init_log_std", 0.0),
             orthogonal_init=_bool(kwargs, "orthogonal_init", True),
+            normalize_obs=_bool(kwargs, "normalize_obs", False),
         )
 
 
@@ -325,11 +329,21 @@ class MLPPolicy(BasePolicy):
     ``forward_inputs`` hold ``states`` and ``action``, the raw sampled action:
     the index (discrete), the unclipped u (gaussian) or the pre-tanh u
     (tanh_gaussian), so that log-probs recompute exactly.
+
+    With ``normalize_obs`` (PPO's discrete and gaussian heads) the networks
+    see s̃ = clip((s − μ) / √(σ² + 10⁻⁸), ±10), with μ and σ² running
+    statistics of every state seen in ``"train"`` mode
+    (`rlcore.normalize`, kept in the model's buffers, so checkpoints and
+    evaluation carry them); ``forward_inputs["states"]`` holds s̃ as the
+    rollout computed it, so the update recomputes the same log-probs.
     """
 
     log_std: nn.Parameter | None
     action_low: Tensor
     action_high: Tensor
+    obs_count: Tensor
+    obs_mean: Tensor
+    obs_m2: Tensor
 
     def __init__(self, spec: MLPPolicySpec, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
@@ -352,6 +366,11 @@ class MLPPolicy(BasePolicy):
         # The env's bounds stay fp32 whatever the model dtype (a bf16 bound is off by ~0.4%).
         self.register_buffer("action_low", torch.tensor(spec.action_low, dtype=torch.float32))
         self.register_buffer("action_high", torch.tensor(spec.action_high, dtype=torch.float32))
+        if spec.normalize_obs:
+            stats = running_stats.init((spec.obs_dim,))
+            self.register_buffer("obs_count", stats.count)
+            self.register_buffer("obs_mean", stats.mean)
+            self.register_buffer("obs_m2", stats.m2)
 
     @property
     def has_value_head(self) -> bool:
@@ -376,6 +395,7 @@ class MLPPolicy(BasePolicy):
         states = self.require_input(env_obs, "states", source="env_obs")
         deterministic = mode == "eval"
         with torch.no_grad():
+            states = self._normalized(states, observe=not deterministic)
             hidden = self.actor(self._cast(states)).float()
             kind = self.spec.action_type
             if kind == "discrete":
@@ -473,6 +493,19 @@ class MLPPolicy(BasePolicy):
 
     def _cast(self, x: Tensor) -> Tensor:
         return x.to(self.action_dtype)
+
+    def _normalized(self, states: Tensor, observe: bool) -> Tensor:
+        """s̃ under the running statistics, folding ``states`` into them first if ``observe``."""
+        if not self.spec.normalize_obs:
+            return states
+        stats = running_stats.RunningStats(self.obs_count, self.obs_mean, self.obs_m2)
+        if observe:
+            stats = running_stats.update(stats, states.to(torch.float64))
+            self.obs_count.copy_(stats.count)
+            self.obs_mean.copy_(stats.mean)
+            self.obs_m2.copy_(stats.m2)
+        scaled = running_stats.normalize(stats, states.to(torch.float64), clip=OBS_CLIP)
+        return scaled.to(torch.float32)
 
     @property
     def action_dtype(self) -> torch.dtype:

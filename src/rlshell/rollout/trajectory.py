@@ -21,9 +21,10 @@ from attrs import frozen
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from rlcore import normalize as running_stats
 from rlcore.advantages import gae
 
-__all__ = ["Samples", "TrajectoryBuffer"]
+__all__ = ["RewardScaler", "Samples", "TrajectoryBuffer"]
 
 
 @frozen(eq=False)
@@ -59,6 +60,51 @@ class Samples:
         order = torch.randperm(self.size, generator=generator)
         for rows in torch.tensor_split(order, count):
             yield self.select(rows)
+
+
+class RewardScaler:
+    """Rewards divided by the running standard deviation of the discounted return.
+
+    Per env, Gₜ = γ Gₜ₋₁ (1 − doneₜ₋₁) + rₜ; the statistics of every Gₜ seen
+    (`rlcore.normalize`) give r̃ₜ = clip(rₜ / √(Var[G] + 10⁻⁸), ±10). This is
+    the reward scaling of PPO's common implementations (gymnasium's
+    ``NormalizeReward``, SB3's ``VecNormalize``, CleanRL's continuous PPO):
+    the rewards keep their sign and mean-zero shift is not applied.
+    `state_dict` / `load_state_dict` carry it across a resume.
+    """
+
+    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0) -> None:
+        self.gamma = gamma
+        self.clip = clip
+        self.returns = torch.zeros(num_envs, dtype=torch.float64)
+        self.stats = running_stats.init(())
+
+    def __call__(self, rewards: Float[Tensor, " envs"], dones: Bool[Tensor, " envs"]) -> Tensor:
+        """Scale one step's rewards; ``dones`` ends those envs' discounted returns after it."""
+        raw = rewards.detach().to(device=self.returns.device, dtype=torch.float64)
+        self.returns = self.returns * self.gamma + raw
+        self.stats = running_stats.update(self.stats, self.returns)
+        scale = torch.sqrt(running_stats.variance(self.stats) + 1e-8)
+        self.returns = torch.where(dones.to(self.returns.device), 0.0, self.returns)
+        scaled = (raw / scale).clamp(-self.clip, self.clip)
+        return scaled.to(device=rewards.device, dtype=rewards.dtype)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {
+            "returns": self.returns.clone(),
+            "count": self.stats.count.clone(),
+            "mean": self.stats.mean.clone(),
+            "m2": self.stats.m2.clone(),
+        }
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        if state["returns"].shape != self.returns.shape:
+            raise ValueError(
+                f"RewardScaler.load_state_dict: {state['returns'].shape[0]} envs saved, "
+                f"this scaler has {self.returns.shape[0]}"
+            )
+        self.returns = state["returns"].clone()
+        self.stats = running_stats.RunningStats(state["count"], state["mean"], state["m2"])
 
 
 class TrajectoryBuffer:

@@ -45,11 +45,12 @@ from rlshell.fsdp import FSDPModelManager
 from rlshell.metrics import logger_for_run, plot_run
 from rlshell.models.base import BasePolicy
 from rlshell.placement import ComponentPlan, PlacementPlan
-from rlshell.rollout.trajectory import TrajectoryBuffer
+from rlshell.rollout.trajectory import RewardScaler, Samples, TrajectoryBuffer
 from rlshell.worker import Worker, WorkerDiedError, WorkerGroup
+from rlshell.workers.actor import worker_device
 from rlshell.workers.embodied_update import PPOSettings, collect_rollout, ppo_update
 
-__all__ = ["EmbodiedWorker", "merge_metrics", "run", "updates_per_step"]
+__all__ = ["EmbodiedWorker", "PPOActor", "merge_metrics", "ppo_settings", "run", "updates_per_step"]
 
 
 def updates_per_step(config: Config) -> int:
@@ -57,35 +58,121 @@ def updates_per_step(config: Config) -> int:
     return config.algorithm.update_epochs * config.algorithm.num_minibatches
 
 
-class EmbodiedWorker(Worker):
-    """One rank: its envs, its policy copy (an FSDP2 rank of the actor) and PPO's update."""
+def ppo_settings(config: Config) -> PPOSettings:
+    """`PPOSettings` from ``algorithm.*`` and ``actor.optim.clip_grad``."""
+    algorithm = config.algorithm
+    return PPOSettings(
+        update_epochs=algorithm.update_epochs,
+        num_minibatches=algorithm.num_minibatches,
+        clip_coef=algorithm.clip_low if algorithm.clip_low is not None else 0.2,
+        clip_vloss=algorithm.value_clip,
+        vf_coef=algorithm.vf_coef,
+        ent_coef=algorithm.entropy_coef,
+        max_grad_norm=config.actor.optim.clip_grad,
+        norm_adv=algorithm.norm_adv,
+    )
+
+
+class PPOActor(Worker):
+    """An FSDP2 rank of PPO's actor: the sharded policy and its optimizer, the reward
+    scaler of its envs' rewards, PPO's update, and checkpoints.
+
+    `EmbodiedWorker` adds the envs the rank steps itself; the hybrid placement's
+    `rlshell.workers.embodied_pipeline.PipelineActor` trains on windows that env and
+    rollout workers of their own collected.
+    """
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self.manager: FSDPModelManager | None = None
-        self.stepper: EnvStepper | None = None
-        self.buffer: TrajectoryBuffer | None = None
-        self.obs: dict[str, torch.Tensor] = {}
+        self.reward_scaler: RewardScaler | None = None
         self.generator = torch.Generator()
 
-    def init_worker(self) -> dict[str, Any]:
-        """Join the process group, build the sharded policy and this rank's envs."""
+    def _setup_actor(self) -> FSDPModelManager:
+        """Join the process group and build the sharded policy with its optimizer."""
         config = self.config
-        self.init_process_group("gloo")
+        device = worker_device()  # a GPU env (ManiSkill) hands the policy tensors on its GPU
+        self.init_process_group("nccl" if device.type == "cuda" else "gloo")
         total = config.runner.max_steps * updates_per_step(config)
-        self.manager = FSDPModelManager(config.actor, total_steps=total, device=torch.device("cpu"))
+        self.manager = FSDPModelManager(config.actor, total_steps=total, device=device)
         self.manager.setup_model_and_optimizer()
         if not isinstance(self.manager.module, BasePolicy):
             raise TypeError(
                 f"actor.model.model_type '{config.actor.model.model_type}' builds a "
                 f"{type(self.manager.module).__name__}, not a rlshell.models.BasePolicy"
             )
+        return self.manager
+
+    def _update(self, samples: Samples) -> dict[str, float]:
+        """PPO's epochs on ``samples``: the ``train/`` metrics, with ``train/lr``."""
+        manager = self.manager
+        if manager is None:
+            raise RuntimeError("init_worker() has not run")
+        policy = manager.module
+        assert isinstance(policy, BasePolicy)
+        policy.train()
+        lrs: list[float] = []
+
+        def optimizer_step() -> float:
+            grad_norm, lr = manager.optimizer_step()
+            lrs[:] = lr
+            return grad_norm
+
+        metrics = ppo_update(
+            policy, optimizer_step, samples, ppo_settings(self.config), self.generator
+        )
+        metrics["train/lr"] = lrs[0] if lrs else float("nan")
+        return metrics
+
+    def save_checkpoint(self, path: str, step: int) -> None:
+        if self.manager is None:
+            raise RuntimeError("init_worker() has not run")
+        self.manager.save_checkpoint(Path(path) / "actor", step)
+        if self.reward_scaler is not None:
+            torch.save(self.reward_scaler.state_dict(), self._scaler_path(path))
+
+    def load_checkpoint(self, path: str) -> int:
+        if self.manager is None:
+            raise RuntimeError("init_worker() has not run")
+        step = self.manager.load_checkpoint(Path(path) / "actor")
+        if self.reward_scaler is not None:
+            saved = self._scaler_path(path)
+            if not saved.is_file():
+                raise FileNotFoundError(
+                    f"checkpoint {path} has no {saved.name}: saved without algorithm.norm_reward"
+                )
+            self.reward_scaler.load_state_dict(torch.load(saved))
+        return step
+
+    def _scaler_path(self, path: str) -> Path:
+        return Path(path) / f"reward_scaler_rank{self.rank}.pt"
+
+    def shutdown_distributed(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class EmbodiedWorker(PPOActor):
+    """One rank: its envs, its policy copy (an FSDP2 rank of the actor) and PPO's update."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.stepper: EnvStepper | None = None
+        self.buffer: TrajectoryBuffer | None = None
+        self.obs: dict[str, torch.Tensor] = {}
+
+    def init_worker(self) -> dict[str, Any]:
+        """Join the process group, build the sharded policy and this rank's envs."""
+        config = self.config
+        self._setup_actor()
         per_rank = config.env.num_envs // self.world_size
         from attrs import evolve
 
         seed = config.runner.seed + 1000 * self.rank
         self.stepper = EnvStepper.from_config(evolve(config.env, num_envs=per_rank), seed)
         self.buffer = TrajectoryBuffer(per_rank)
+        if config.algorithm.norm_reward:
+            self.reward_scaler = RewardScaler(per_rank, config.algorithm.gamma)
         self.generator.manual_seed(seed)
         self.obs = self.stepper.reset(seed)
         return {"envs": per_rank, "env_id": self.stepper.env_id}
@@ -103,51 +190,16 @@ class EmbodiedWorker(Worker):
             assert isinstance(policy, BasePolicy)
             policy.eval()
             self.obs = collect_rollout(
-                policy, stepper, buffer, self.obs, config.runner.rollout_steps
+                policy, stepper, buffer, self.obs, config.runner.rollout_steps, self.reward_scaler
             )
         rollout_done = time.perf_counter()
         samples = buffer.finish(algorithm.gamma, algorithm.lam)
-        policy = manager.module
-        assert isinstance(policy, BasePolicy)
-        policy.train()
-        settings = PPOSettings(
-            update_epochs=algorithm.update_epochs,
-            num_minibatches=algorithm.num_minibatches,
-            clip_coef=algorithm.clip_low if algorithm.clip_low is not None else 0.2,
-            clip_vloss=algorithm.value_clip,
-            vf_coef=algorithm.vf_coef,
-            ent_coef=algorithm.entropy_coef,
-            max_grad_norm=config.actor.optim.clip_grad,
-            norm_adv=algorithm.norm_adv,
-        )
-        lrs: list[float] = []
-
-        def optimizer_step() -> float:
-            grad_norm, lr = manager.optimizer_step()
-            lrs[:] = lr
-            return grad_norm
-
-        metrics.update(ppo_update(policy, optimizer_step, samples, settings, self.generator))
-        metrics["train/lr"] = lrs[0] if lrs else float("nan")
+        metrics.update(self._update(samples))
         metrics.update(stepper.pop_metrics())
         metrics["time/rollout"] = rollout_done - started
         metrics["time/update"] = time.perf_counter() - rollout_done
         metrics["env/steps"] = float(samples.size)
         return metrics
-
-    def save_checkpoint(self, path: str, step: int) -> None:
-        if self.manager is None:
-            raise RuntimeError("init_worker() has not run")
-        self.manager.save_checkpoint(Path(path) / "actor", step)
-
-    def load_checkpoint(self, path: str) -> int:
-        if self.manager is None:
-            raise RuntimeError("init_worker() has not run")
-        return self.manager.load_checkpoint(Path(path) / "actor")
-
-    def shutdown_distributed(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
@@ -225,10 +277,17 @@ def _launched(config: Config, cluster: Cluster, plan: PlacementPlan) -> Iterator
 def run(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> None:
     """Train for ``runner.max_steps`` rollout-and-update steps, resuming when asked.
 
-    ``algorithm.loss_type='sac'`` runs `run_sac`, the asynchronous SAC loop.
+    ``algorithm.loss_type='sac'`` runs `run_sac`, the asynchronous SAC loop; the hybrid
+    placement (env, rollout and actor under keys of their own) runs
+    `rlshell.workers.embodied_pipeline.run_pipelined`.
     """
     if config.algorithm.loss_type == "sac":
         run_sac(config, cluster, plan, run_dir)
+        return
+    from rlshell.workers.embodied_pipeline import is_hybrid, run_pipelined
+
+    if is_hybrid(config):
+        run_pipelined(config, cluster, plan, run_dir)
         return
     _check_placement(config, plan)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,12 @@ through the policy's `default_forward`, and steps the optimizer:
 as in PPO (Schulman et al. 2017) and its common implementations (CleanRL,
 Stable-Baselines3): advantages standardised per minibatch, value loss
 optionally clipped around the old values.
+
+A policy that breaks its contract is named in the error: actions of the
+wrong shape for the env (`EnvStepper.step` names the policy class, the env
+and both shapes), ``forward_inputs`` without a key ``default_forward`` reads
+(a `MissingInputError` naming the class and the key), or a
+``default_forward`` result without ``logprobs``, ``entropy`` or ``values``.
 """
 
 from __future__ import annotations
@@ -20,14 +26,15 @@ from collections.abc import Callable
 import torch
 from attrs import field, frozen
 from torch import Tensor
+from torch.distributed.fsdp import FSDPModule
 
 from rlcore.losses import entropy_loss, ppo_policy_loss, value_loss
 from rlcore.masked import masked_whiten
 from rlshell.envs.stepper import EnvObs, EnvStepper
-from rlshell.models.base import BasePolicy, ForwardType
-from rlshell.rollout.trajectory import Samples, TrajectoryBuffer
+from rlshell.models.base import BasePolicy, ForwardType, MissingInputError
+from rlshell.rollout.trajectory import RewardScaler, Samples, TrajectoryBuffer
 
-__all__ = ["OptimizerStep", "PPOSettings", "collect_rollout", "ppo_update"]
+__all__ = ["OptimizerStep", "PPOSettings", "collect_rollout", "policy_name", "ppo_update"]
 
 OptimizerStep = Callable[[], float]
 """Clip, step and clear the gradients; return their norm before clipping."""
@@ -55,9 +62,17 @@ class PPOSettings:
 
 
 def collect_rollout(
-    policy: BasePolicy, stepper: EnvStepper, buffer: TrajectoryBuffer, obs: EnvObs, steps: int
+    policy: BasePolicy,
+    stepper: EnvStepper,
+    buffer: TrajectoryBuffer,
+    obs: EnvObs,
+    steps: int,
+    reward_scaler: RewardScaler | None = None,
 ) -> EnvObs:
     """``steps`` steps of every env into ``buffer``; returns the observation to continue from.
+
+    With a ``reward_scaler`` the buffer gets scaled rewards (``algorithm.norm_reward``);
+    the env's metrics keep the raw ones.
 
     The value bootstrap of step t is V(sₜ₊₁): the next step's value where the
     episode goes on, the final observation's where it was truncated (one
@@ -65,9 +80,10 @@ def collect_rollout(
     it), and for the window's last step the value of what follows it.
     """
     pending: list[tuple[dict[str, Tensor], Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]] = []
+    name = f"{policy_name(policy)}.predict_action_batch"
     for _ in range(steps):
         actions, info = policy.predict_action_batch(obs, mode="train", compute_values=True)
-        result = stepper.step(actions)
+        result = stepper.step(actions, policy=name)
         values = info["prev_values"]
         bootstrap = torch.zeros_like(values)
         if bool(result.truncated.any()):
@@ -79,7 +95,11 @@ def collect_rollout(
                 info["forward_inputs"],
                 info["prev_logprobs"],
                 values,
-                result.rewards,
+                (
+                    result.rewards
+                    if reward_scaler is None
+                    else reward_scaler(result.rewards, result.terminated | result.truncated)
+                ),
                 result.terminated,
                 result.truncated,
                 bootstrap,
@@ -96,10 +116,17 @@ def collect_rollout(
     return obs
 
 
+def policy_name(policy: BasePolicy) -> str:
+    """The policy's class name as its author wrote it (FSDP2 prefixes sharded classes' names)."""
+    if isinstance(policy, FSDPModule):
+        return next(c.__name__ for c in type(policy).__mro__ if not issubclass(c, FSDPModule))
+    return type(policy).__name__
+
+
 def _values(policy: BasePolicy, obs: EnvObs) -> Tensor:
     _, info = policy.predict_action_batch(obs, mode="eval", compute_values=True)
     if "prev_values" not in info:
-        raise ValueError(f"{type(policy).__name__} has no value head; PPO needs one")
+        raise ValueError(f"{policy_name(policy)} has no value head; PPO needs one")
     return info["prev_values"]
 
 
@@ -148,8 +175,7 @@ def _torch_step(
 def _step(
     policy: BasePolicy, optimizer_step: OptimizerStep, batch: Samples, settings: PPOSettings
 ) -> dict[str, float]:
-    # Through __call__, so that module hooks (FSDP's gathers) run.
-    out = policy(ForwardType.DEFAULT, forward_inputs=batch.forward_inputs)
+    out = _default_forward(policy, batch.forward_inputs)
     logprobs, entropy, values = out["logprobs"], out["entropy"], out["values"]
     # rlcore's losses read [batch, time]: each sample is a row of one step.
     mask = torch.ones_like(logprobs, dtype=torch.bool)[:, None]
@@ -186,6 +212,35 @@ def _step(
     }
     metrics.update({key: float(v) for key, v in policy_loss.metrics.items()})
     return metrics
+
+
+_PPO_OUTPUTS = ("logprobs", "entropy", "values")
+
+
+def _default_forward(policy: BasePolicy, forward_inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``default_forward``'s result, with a policy's contract breaches named."""
+    try:
+        # Through __call__, so that module hooks (FSDP's gathers) run.
+        out = policy(ForwardType.DEFAULT, forward_inputs=forward_inputs)
+    except MissingInputError as error:
+        error.policy = policy_name(policy)  # FSDP2 renames a sharded class FSDP<name>
+        raise
+    except KeyError as error:
+        # A policy indexing forward_inputs directly: say which dict lacked the key.
+        key = error.args[0] if len(error.args) == 1 else None
+        if isinstance(key, str) and key not in forward_inputs:
+            raise MissingInputError(
+                policy_name(policy), "forward_inputs", key, sorted(forward_inputs)
+            ) from error
+        raise
+    missing = [key for key in _PPO_OUTPUTS if key not in out]
+    if missing:
+        raise ValueError(
+            f"{policy_name(policy)}.default_forward returned {sorted(out)}, without "
+            f"{', '.join(repr(key) for key in missing)}; PPO's update needs "
+            f"{', '.join(repr(key) for key in _PPO_OUTPUTS)}"
+        )
+    return dict(out)
 
 
 def _clip(policy: BasePolicy, max_norm: float | None) -> float:

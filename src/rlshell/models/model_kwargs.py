@@ -1,0 +1,154 @@
+"""Typed reads of ``actor.model.model_kwargs`` for one model type, with errors naming the key.
+
+``model_kwargs`` is a flat ``dict[str, int | float | str | bool]`` (so that it
+round-trips through the CLI and JSON); lists are comma-separated strings. A
+`KwargsReader` turns its entries into typed values and every bad entry into a
+ValueError such as ``actor.model.model_kwargs.image_size: expected a positive
+int, got 'big'``; `KwargsReader.reject_unknown` names a misspelt key and its
+closest valid spelling.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Collection, Mapping, Sequence
+
+from attrs import frozen
+
+__all__ = ["PREFIX", "KwargsReader", "Scalar"]
+
+PREFIX = "actor.model.model_kwargs"
+Scalar = int | float | str | bool
+
+
+@frozen
+class KwargsReader:
+    """Reads ``kwargs`` for the model type ``model_type`` (named in the errors)."""
+
+    kwargs: Mapping[str, Scalar]
+    model_type: str
+
+    def reject_unknown(self, allowed: Collection[str]) -> None:
+        """A ValueError for the first key not in ``allowed``, with the closest allowed one."""
+        for key in self.kwargs:
+            if key in allowed:
+                continue
+            close = difflib.get_close_matches(key, list(allowed), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ValueError(
+                f"unknown key '{PREFIX}.{key}'{hint}; {self.model_type} reads "
+                f"{', '.join(sorted(allowed))}"
+            )
+
+    def positive_int(self, key: str, default: int | None = None) -> int:
+        value = self._get(key, default, "a positive int")
+        parsed = _as_int(value)
+        if parsed is None or parsed <= 0:
+            raise ValueError(f"{PREFIX}.{key}: expected a positive int, got {value!r}")
+        return parsed
+
+    def non_negative_int(self, key: str, default: int) -> int:
+        value = self._get(key, default, "a non-negative int")
+        parsed = _as_int(value)
+        if parsed is None or parsed < 0:
+            raise ValueError(f"{PREFIX}.{key}: expected a non-negative int, got {value!r}")
+        return parsed
+
+    def float_(self, key: str, default: float) -> float:
+        value = self._get(key, default, "a float")
+        parsed = _as_float(value)
+        if parsed is None or not math.isfinite(parsed):
+            raise ValueError(f"{PREFIX}.{key}: expected a finite float, got {value!r}")
+        return parsed
+
+    def positive_float(self, key: str, default: float) -> float:
+        parsed = self.float_(key, default)
+        if parsed <= 0:
+            raise ValueError(f"{PREFIX}.{key}: expected a positive float, got {parsed!r}")
+        return parsed
+
+    def bool_(self, key: str, default: bool) -> bool:
+        value = self._get(key, default, "true or false")
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ValueError(f"{PREFIX}.{key}: expected true or false, got {value!r}")
+
+    def string(self, key: str, default: str | None = None) -> str | None:
+        value = self.kwargs.get(key, default)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise ValueError(f"{PREFIX}.{key}: expected a string, got {value!r}")
+        return value
+
+    def choice(self, key: str, choices: Sequence[str], default: str | None = None) -> str:
+        shown = ", ".join(f"'{c}'" for c in choices)
+        value = self.kwargs.get(key, default)
+        if value is None:
+            raise ValueError(f"{PREFIX}.{key}: missing; {self.model_type} needs one of {shown}")
+        if value not in choices:
+            close = difflib.get_close_matches(str(value), choices, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ValueError(f"{PREFIX}.{key}: got {value!r}{hint}; expected one of {shown}")
+        return str(value)
+
+    def int_list(self, key: str, default: str) -> tuple[int, ...]:
+        """Comma-separated positive ints, e.g. ``"32,64,64"``."""
+        value = self.kwargs.get(key, default)
+        parts = [p.strip() for p in str(value).split(",")] if not isinstance(value, bool) else []
+        parsed = [_as_int(p) for p in parts if p]
+        if not parsed or any(p is None or p <= 0 for p in parsed):
+            raise ValueError(
+                f"{PREFIX}.{key}: expected comma-separated positive ints like '32,64', "
+                f"got {value!r}"
+            )
+        return tuple(p for p in parsed if p is not None)
+
+    def float_list(self, key: str, default: float, length: int) -> tuple[float, ...]:
+        """One finite float for all ``length`` entries, or ``length`` comma-separated ones."""
+        value = self.kwargs.get(key, default)
+        parts = str(value).split(",") if isinstance(value, str) else [value]
+        parsed = [_as_float(p.strip() if isinstance(p, str) else p) for p in parts]
+        floats = [p for p in parsed if p is not None and math.isfinite(p)]
+        if len(floats) != len(parsed):
+            raise ValueError(
+                f"{PREFIX}.{key}: expected a finite float or comma-separated floats, got {value!r}"
+            )
+        if len(floats) == 1:
+            return tuple(floats) * length
+        if len(floats) != length:
+            raise ValueError(
+                f"{PREFIX}.{key}: {len(floats)} values for {length} entries; "
+                "give one value for all or one per entry"
+            )
+        return tuple(floats)
+
+    def _get(self, key: str, default: Scalar | None, what: str) -> Scalar:
+        value = self.kwargs.get(key, default)
+        if value is None:
+            raise ValueError(f"{PREFIX}.{key}: missing; {self.model_type} needs {what}")
+        return value
+
+
+def _as_int(value: Scalar) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _as_float(value: Scalar) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    try:
+        return float(value)
+    except ValueError:
+        return None
