@@ -51,6 +51,7 @@ def validate(config: Config, *, for_run: bool = True) -> list[str]:
     problems = list(field_problems(config))
     problems += _registry_problems(config)
     problems += _algorithm_problems(config)
+    problems += _embodied_algorithm_problems(config)
     problems += _rollout_problems(config)
     problems += _cluster_problems(config)
     requests, request_problems = placement_requests(config)
@@ -243,6 +244,29 @@ def _shared_weight_problems(config: Config) -> list[str]:
 
 def _is_sac(config: Config) -> bool:
     return config.runner.runner_type == "embodied" and config.algorithm.loss_type == "sac"
+
+
+EMBODIED_ESTIMATORS = {"gae", "grpo", "dr_grpo", "rloo"}
+
+
+def _embodied_algorithm_problems(config: Config) -> list[str]:
+    """PPO's GAE or a group estimator over episode returns (embodied GRPO); SAC has its own."""
+    algorithm = config.algorithm
+    if config.runner.runner_type != "embodied" or _is_sac(config):
+        return []
+    problems = []
+    if algorithm.adv_type not in EMBODIED_ESTIMATORS:
+        grouped = ", ".join(sorted(EMBODIED_ESTIMATORS - {"gae"}))
+        problems.append(
+            f"algorithm.adv_type: the embodied runner takes 'gae' (PPO with a critic) or a "
+            f"group estimator over episode returns ({grouped}), got '{algorithm.adv_type}'"
+        )
+    elif algorithm.adv_type != "gae" and config.env.num_envs % algorithm.group_size:
+        problems.append(
+            f"env.num_envs: {config.env.num_envs} envs do not form groups of "
+            f"algorithm.group_size={algorithm.group_size}"
+        )
+    return problems
 
 
 def _sac_problems(config: Config) -> list[str]:

@@ -1,0 +1,71 @@
+"""An extension module for embodied fault tests: a gymnasium env that fails on purpose.
+
+``register()`` adds the env type ``faulty_gymnasium``: the gymnasium id
+``env.env_id`` (e.g. CartPole-v1) as the built-in ``gymnasium`` type makes it,
+with env copy 0 wrapped so that its N-th step (``RLSHELL_TEST_ENV_FAULT_AT``,
+counted from the process start) fails as ``RLSHELL_TEST_ENV_FAULT`` says:
+
+- ``raise``: the env's step raises ``RuntimeError("injected env fault ...")``;
+- ``exit``: the process ends at once with ``os._exit(3)`` (no traceback, as a
+  simulator crash);
+- ``nan``: the observation it returns is NaN.
+
+It fails once: it first writes the marker file ``RLSHELL_TEST_ENV_FAULT_MARKER``
+and never fails while that file exists, so a resumed run trains normally.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
+
+from rlshell.config import EnvConfig
+from rlshell.envs import check_gymnasium_id, register_env
+
+
+class FaultAtStep(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """Fails once, at this process's ``at``-th step of the wrapped env."""
+
+    def __init__(self, env: gymnasium.Env[Any, Any]) -> None:
+        super().__init__(env)
+        self.fault = os.environ.get("RLSHELL_TEST_ENV_FAULT", "")
+        self.at = int(os.environ.get("RLSHELL_TEST_ENV_FAULT_AT", "0"))
+        self.marker = Path(os.environ.get("RLSHELL_TEST_ENV_FAULT_MARKER", "/nonexistent/marker"))
+        self.steps = 0
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        self.steps += 1
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if self.steps != self.at or not self.fault or self.marker.exists():
+            return obs, reward, terminated, truncated, info
+        self.marker.write_text(f"{self.fault} at step {self.steps}\n")
+        if self.fault == "raise":
+            raise RuntimeError(f"injected env fault at step {self.steps}")
+        if self.fault == "exit":
+            os._exit(3)
+        if self.fault == "nan":
+            obs = np.full_like(obs, np.nan)
+        return obs, reward, terminated, truncated, info
+
+
+def make_faulty_env(cfg: EnvConfig, seed: int) -> VectorEnv:
+    """``cfg.num_envs`` copies of ``cfg.env_id``, copy 0 wrapped in `FaultAtStep`."""
+    env_id = check_gymnasium_id(cfg.env_id)
+
+    def copy(index: int) -> gymnasium.Env[Any, Any]:
+        env = gymnasium.make(env_id)
+        return FaultAtStep(env) if index == 0 else env
+
+    fns = [lambda i=i: copy(i) for i in range(cfg.num_envs)]
+    env = SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    env.reset(seed=seed)
+    return env
+
+
+def register() -> None:
+    register_env("faulty_gymnasium", make_faulty_env, force=True)
