@@ -83,6 +83,12 @@ COVERED_ELSEWHERE = {
     ".venv/bin/python -m rlshell.train configs/ppo_cartpole.py": (
         "tests/shell/test_embodied_run.py runs it for 4 steps and resumes it"
     ),
+    ".venv/bin/python -m rlshell.train configs/ppo_cartpole.py algorithm.adv_type=grpo "
+    "algorithm.group_size=4 runner.rollout_steps=500 runner.max_steps=40 "
+    "runner.experiment_name=grpo_cartpole": (
+        "tests/shell/test_embodied_grpo.py::test_the_runner_trains_embodied_grpo_from_the_cli "
+        "runs it for 3 steps"
+    ),
     ".venv/bin/python -m rlshell.train configs/sac_pendulum.py": (
         "tests/shell/test_sac_run.py runs it for 6 steps and resumes it with its replay buffer"
     ),

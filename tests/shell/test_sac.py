@@ -224,12 +224,12 @@ def test_collected_truncated_steps_keep_the_final_observation_and_bootstrap() ->
     sent: list[torch.Tensor] = []
     original_step = stepper.step
 
-    def recording_step(actions: torch.Tensor) -> StepResult:
+    def recording_step(actions: torch.Tensor, **kwargs: str | None) -> StepResult:
         sent.append(actions.clone())
-        results.append(original_step(actions))
+        results.append(original_step(actions, **kwargs))
         return results[-1]
 
-    stepper.step = recording_step  # type: ignore[method-assign]
+    stepper.step = recording_step  # type: ignore[method-assign,assignment]
     generator = torch.Generator().manual_seed(0)
     obs = collect_sac_steps(policy, stepper, replay, stepper.reset(0), 3, generator, True)
     obs = collect_sac_steps(policy, stepper, replay, obs, 3, generator, False)

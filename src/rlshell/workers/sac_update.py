@@ -46,6 +46,7 @@ from rlcore.types import LossOutput
 from rlshell.envs.stepper import EnvObs, EnvStepper
 from rlshell.models.base import BasePolicy, ForwardType
 from rlshell.rollout.replay import ReplayBatch, ReplayBuffer
+from rlshell.workers.embodied_update import policy_name
 
 __all__ = ["SACLearner", "SACSettings", "collect_sac_steps", "polyak_update"]
 
@@ -324,6 +325,7 @@ def collect_sac_steps(
     observation where an episode ended.
     """
     low, high = _box_bounds(stepper)
+    name = f"{policy_name(policy)}.predict_action_batch"
     for _ in range(steps):
         if random_actions:
             unit = torch.rand(stepper.action_shape, generator=generator)
@@ -332,7 +334,7 @@ def collect_sac_steps(
         else:
             env_actions, info = policy.predict_action_batch(obs, mode="train", compute_values=False)
             squashed = torch.tanh(info["forward_inputs"]["action"].float())
-        result = stepper.step(env_actions)
+        result = stepper.step(env_actions, policy=name)
         replay.add(
             obs["states"],
             squashed,
