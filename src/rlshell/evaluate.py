@@ -1,13 +1,24 @@
-"""Evaluate a policy: greedy decoding on the held-out split, scored by the run's reward.
+"""Evaluate a checkpoint: reasoning runs on their held-out split, embodied runs in their env.
 
     python -m rlshell.evaluate runs/grpo/checkpoints/global_step_200
     python -m rlshell.evaluate runs/grpo/hf_model --config runs/grpo/config.json
+    python -m rlshell.evaluate runs/ppo_cartpole/checkpoints/global_step_390 --episodes 50
 
-PATH is a checkpoint directory or an exported Hugging Face directory. The
-data and reward come from the run's resolved config (found beside a
-checkpoint, or given with ``--config``; ``key.path=value`` overrides apply),
-so the accuracy is the ``eval/accuracy`` the training run logs. It runs in
-this process: no Ray, no workers. One JSON object is printed.
+PATH is a checkpoint directory (or, for a reasoning run, an exported Hugging
+Face directory). The run's resolved config (found beside a checkpoint, or
+given with ``--config``; ``key.path=value`` overrides apply) says which
+runner made it, and `EVALUATORS` maps the runner type to its evaluation:
+
+- ``reasoning``: greedy decoding on the held-out split, scored by the run's
+  reward, so the accuracy is the ``eval/accuracy`` the training run logs
+  (``--limit N`` takes the first N examples);
+- ``embodied``: the policy's deterministic (``mode="eval"``) actions for
+  ``--episodes`` episodes on ``--num-envs`` copies of the run's env, seeded
+  apart from training (``--seed``), with a GIF per task written to
+  ``<run dir>/eval/step_N/`` (``--no-gif`` skips it); see
+  `rlshell.evaluation.embodied`.
+
+It runs in this process: no Ray, no workers. One JSON object is printed.
 """
 
 from __future__ import annotations
@@ -16,17 +27,20 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from attrs import frozen
 
 from rlshell.checkpoint import TRAINER_STATE, CheckpointError
 from rlshell.config import Config
 from rlshell.config_loading import ConfigError, load_config
+from rlshell.evaluation.embodied import EvaluationError, missing_checkpoint_message
+from rlshell.extensions import ExtensionError, load_extensions
 
-__all__ = ["evaluate", "main"]
+__all__ = ["EVALUATORS", "Evaluator", "evaluate", "main"]
 
 DEFAULT_CONFIG = Path("configs/grpo.py")
 
@@ -90,25 +104,153 @@ def evaluate(
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+@frozen
+class Evaluator:
+    """How one runner type's checkpoints are evaluated: a function, and the CLI options it reads.
+
+    ``run(path, config, args)`` returns the JSON object to print; ``options``
+    names the ``args`` attributes it reads (any other evaluator option given
+    on the command line is refused).
+    """
+
+    run: Callable[[Path, Config, argparse.Namespace], dict[str, Any]]
+    options: frozenset[str]
+
+
+def _evaluate_reasoning(path: Path, config: Config, args: argparse.Namespace) -> dict[str, Any]:
+    return {"path": str(path), **evaluate(path, config, limit=args.limit)}
+
+
+def _evaluate_embodied(path: Path, config: Config, args: argparse.Namespace) -> dict[str, Any]:
+    from rlshell.evaluation.embodied import EmbodiedEvalSettings, evaluate_embodied
+
+    defaults = EmbodiedEvalSettings()
+    settings = EmbodiedEvalSettings(
+        episodes=args.episodes if args.episodes is not None else defaults.episodes,
+        num_envs=args.num_envs,
+        seed=args.seed if args.seed is not None else defaults.seed,
+        gif=args.gif if args.gif is not None else defaults.gif,
+    )
+    result = evaluate_embodied(path, config, settings)
+    if result.gif_warning is not None:
+        print(f"warning: {result.gif_warning}", file=sys.stderr)
+    return {"path": str(path), **result.report()}
+
+
+# runner.runner_type -> its evaluation. SAC runs are embodied runs (algorithm.loss_type='sac'):
+# their checkpoint layout is an entry of rlshell.evaluation.embodied.POLICY_LAYOUTS.
+EVALUATORS: dict[str, Evaluator] = {
+    "reasoning": Evaluator(_evaluate_reasoning, frozenset({"limit"})),
+    "embodied": Evaluator(_evaluate_embodied, frozenset({"episodes", "num_envs", "seed", "gif"})),
+}
+_OPTION_FLAGS = {
+    "limit": "--limit",
+    "episodes": "--episodes",
+    "num_envs": "--num-envs",
+    "seed": "--seed",
+    "gif": "--gif/--no-gif",
+}
+
+
+def _evaluator_for(config: Config) -> Evaluator:
+    runner = config.runner.runner_type
+    evaluator = EVALUATORS.get(runner)
+    if evaluator is None:
+        raise ConfigError(
+            [
+                f"runner.runner_type: '{runner}' runs have no evaluation; "
+                f"python -m rlshell.evaluate evaluates {', '.join(sorted(EVALUATORS))} runs"
+            ]
+        )
+    return evaluator
+
+
+def _foreign_options(evaluator: Evaluator, args: argparse.Namespace) -> list[str]:
+    """The evaluator options given on the command line that ``evaluator`` does not read."""
+    return [
+        flag
+        for option, flag in _OPTION_FLAGS.items()
+        if option not in evaluator.options and getattr(args, option) is not None
+    ]
+
+
+def _int_at_least(minimum: int, what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m rlshell.evaluate",
-        description="Greedy accuracy of a checkpoint or exported model on the held-out split.",
+        description=(
+            "Evaluate a checkpoint: greedy accuracy on the held-out split (reasoning runs), "
+            "or episode returns and success in the run's env (embodied runs). Prints one "
+            "JSON object."
+        ),
     )
     parser.add_argument("path", type=Path, help="a checkpoint or Hugging Face model directory")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value")
     parser.add_argument("--config", type=Path, help="the run's config.json or a config file")
-    parser.add_argument("--limit", type=int, help="evaluate the first N held-out examples")
+    reasoning = parser.add_argument_group("reasoning runs")
+    reasoning.add_argument("--limit", type=int, help="evaluate the first N held-out examples")
+    embodied = parser.add_argument_group("embodied runs")
+    embodied.add_argument(
+        "--episodes", type=_int_at_least(1, "a positive int"), help="episodes to play (default 20)"
+    )
+    embodied.add_argument(
+        "--num-envs",
+        type=_int_at_least(1, "a positive int"),
+        help="envs stepped side by side (default: the run's env.num_envs, at most --episodes)",
+    )
+    embodied.add_argument(
+        "--seed",
+        type=_int_at_least(0, "a non-negative int"),
+        help="evaluation seed (default 0); env seeds are drawn apart from training's",
+    )
+    embodied.add_argument(
+        "--gif",
+        action=argparse.BooleanOptionalAction,
+        help="write a GIF of one episode per task to <run dir>/eval/step_N/ (default: on)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     try:
+        load_extensions(where="evaluate")
+        if not args.path.exists():
+            raise CheckpointError(missing_checkpoint_message(args.path))
         source = args.config or _config_beside(args.path)
         config = load_config(source, args.overrides)
-        metrics = evaluate(args.path, config, limit=args.limit)
-    except (ConfigError, CheckpointError, FileNotFoundError) as error:
+        evaluator = _evaluator_for(config)
+        foreign = _foreign_options(evaluator, args)
+        if foreign:
+            parser.error(
+                f"{', '.join(foreign)}: not an option of the evaluation of "
+                f"{config.runner.runner_type} runs"
+            )
+        report = evaluator.run(args.path, config, args)
+    except (
+        ConfigError,
+        CheckpointError,
+        EvaluationError,
+        ExtensionError,
+        FileNotFoundError,
+    ) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(json.dumps({"path": str(args.path), **metrics}))
+    print(json.dumps(report))
     return 0
 
 

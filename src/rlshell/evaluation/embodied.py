@@ -1,0 +1,373 @@
+"""Evaluate an embodied checkpoint: its policy's deterministic actions on fresh env seeds.
+
+`evaluate_embodied` builds the run's policy (``actor.model``), loads its
+weights from the checkpoint (`load_embodied_policy`), plays
+``settings.episodes`` episodes on ``num_envs`` copies of the run's env with
+``mode="eval"`` actions, and returns an `EmbodiedEvaluation`: returns and
+lengths per episode, the mean return with a Student-t 95% interval, the
+success rate with a Wilson 95% interval where the env reports success, and
+the GIFs `rlshell.evaluation.recording` wrote.
+
+Episodes are split over the envs before they start (env i plays its first
+⌈N/K⌉ or ⌊N/K⌋ episodes), so short episodes are not favoured by counting
+whichever finish first. The envs are seeded from `eval_seed`, not from the
+training runner's ``runner.seed + 1000 × rank``.
+
+Checkpoint layouts are table entries (`POLICY_LAYOUTS`): a marker file that
+identifies the layout and a function that loads the policy's weights from it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from attrs import evolve, frozen
+from torch import Tensor, nn
+from torch.distributed.checkpoint.api import CheckpointException as DCPCheckpointException
+
+from rlshell.checkpoint import CheckpointError, list_checkpoints, read_trainer_state
+from rlshell.config import Config
+from rlshell.envs.stepper import EnvStepper
+from rlshell.evaluation.intervals import student_t_interval, wilson_interval
+from rlshell.evaluation.recording import RecordingUnavailableError, record_task_gifs
+from rlshell.models import get_model
+from rlshell.models.base import BasePolicy
+
+if TYPE_CHECKING:
+    from gymnasium.vector import VectorEnv
+
+__all__ = [
+    "MAX_STEPS_PER_EPISODE",
+    "POLICY_LAYOUTS",
+    "EmbodiedEvalSettings",
+    "EmbodiedEvaluation",
+    "Episode",
+    "EvaluationError",
+    "PolicyLayout",
+    "eval_seed",
+    "evaluate_embodied",
+    "gif_dir",
+    "load_embodied_policy",
+    "missing_checkpoint_message",
+    "run_episodes",
+]
+
+# SeedSequence([seed, _EVAL_STREAM]): an evaluation's env seeds come from their own stream.
+_EVAL_STREAM = int.from_bytes(b"eval", "big")
+# A safety stop for envs whose episodes never end (no time limit and a policy that never fails).
+MAX_STEPS_PER_EPISODE = 100_000
+
+
+class EvaluationError(RuntimeError):
+    """The run's env or policy cannot be evaluated (the message says which and why)."""
+
+
+# --- checkpoint layouts ------------------------------------------------------------------------
+
+
+def _load_fsdp_actor(checkpoint: Path, policy: nn.Module) -> None:
+    """The embodied PPO runner: ``actor/`` is `FSDPModelManager.save_checkpoint`'s DCP shards."""
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+    state = {"model": policy.state_dict()}
+    with warnings.catch_warnings():
+        # Reading shards in one process without a process group is the intent here.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp_load(state, checkpoint_id=str(checkpoint / "actor"), no_dist=True)
+    policy.load_state_dict(state["model"])
+
+
+def _load_sac_learner(checkpoint: Path, policy: nn.Module) -> None:
+    """The SAC runner: ``sac_learner.pt`` holds the learner's state, the policy's under "policy"."""
+    state = torch.load(checkpoint / "sac_learner.pt", map_location="cpu", weights_only=False)
+    policy.load_state_dict(state["learner"]["policy"])
+
+
+@frozen
+class PolicyLayout:
+    """Where one runner's checkpoints keep the policy: a file that marks it, and its loader."""
+
+    marker: str
+    description: str
+    load: Callable[[Path, nn.Module], None]
+
+
+# The first layout whose marker exists in the checkpoint directory is used.
+POLICY_LAYOUTS: tuple[PolicyLayout, ...] = (
+    PolicyLayout("actor/.metadata", "the PPO runner's FSDP actor shards", _load_fsdp_actor),
+    PolicyLayout("sac_learner.pt", "the SAC runner's learner state", _load_sac_learner),
+)
+
+
+def missing_checkpoint_message(checkpoint: Path) -> str:
+    """``checkpoint`` does not exist; the run's checkpoints when its parent holds any."""
+    message = f"checkpoint {checkpoint} does not exist"
+    if checkpoint.parent.name == "checkpoints":
+        found = [path.name for _, path in list_checkpoints(checkpoint.parent.parent)]
+        message += f"; the run has {', '.join(found)}" if found else "; the run has none yet"
+    return message
+
+
+def _first_failure(error: BaseException) -> BaseException:
+    """What went wrong inside a torch.distributed.checkpoint load (it wraps each rank's error)."""
+    if isinstance(error, DCPCheckpointException) and error.failures:
+        failure: Any = next(iter(error.failures.values()))
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, BaseException):
+            return inner
+    return error
+
+
+def load_embodied_policy(checkpoint: Path, config: Config) -> BasePolicy:
+    """The policy ``config.actor.model`` builds, with the checkpoint's weights, in eval mode."""
+    if not checkpoint.is_dir():
+        raise CheckpointError(missing_checkpoint_message(checkpoint))
+    layout = next((lay for lay in POLICY_LAYOUTS if (checkpoint / lay.marker).exists()), None)
+    if layout is None:
+        expected = " or ".join(f"{lay.marker} ({lay.description})" for lay in POLICY_LAYOUTS)
+        raise CheckpointError(
+            f"checkpoint {checkpoint} holds no policy weights: expected {expected}"
+        )
+    torch.manual_seed(config.actor.seed)
+    policy = get_model(config.actor.model)
+    if not isinstance(policy, BasePolicy):
+        raise EvaluationError(
+            f"actor.model.model_type '{config.actor.model.model_type}' builds a "
+            f"{type(policy).__name__}, not a rlshell.models.BasePolicy: only a policy with "
+            "predict_action_batch can act in an env"
+        )
+    try:
+        layout.load(checkpoint, policy)
+    except (RuntimeError, KeyError, ValueError, OSError, DCPCheckpointException) as error:
+        cause = _first_failure(error)
+        text = str(cause).strip()
+        detail = f"{type(cause).__name__}: {text.splitlines()[0] if text else repr(cause)}"
+        raise CheckpointError(
+            f"checkpoint {checkpoint}: {layout.marker} does not fit the {type(policy).__name__} "
+            f"that actor.model builds ({detail})"
+        ) from error
+    return policy.eval()
+
+
+# --- episodes ----------------------------------------------------------------------------------
+
+
+@frozen
+class Episode:
+    """One finished episode: env ``env_index``'s ``ordinal``-th since the reset."""
+
+    env_index: int
+    ordinal: int
+    episode_return: float
+    length: int
+    success: bool | None  # at the last step; None when the env reports no success
+    success_once: bool | None  # at any step
+
+
+class _EpisodeRecorder(EnvStepper):
+    """An `EnvStepper` that keeps every finished episode with its env index.
+
+    The base class keeps only what `EnvStepper.pop_metrics` averages; this
+    reads the same figures (return, length, success at the end, success at
+    any step) per episode, just before the base class clears them.
+    """
+
+    def __init__(self, env: VectorEnv, env_id: str | None = None) -> None:
+        super().__init__(env, env_id)
+        self.episodes: list[Episode] = []
+        self.finished = [0] * self.num_envs
+
+    def _record_episodes(self, rows: Tensor, success: Tensor | None) -> None:
+        reported = self._reports_success
+        # As the base class counts them: no success flag at an episode's last step is a failure.
+        at_end = success if success is not None else torch.zeros_like(self._success_once)
+        for row in rows.tolist():
+            self.episodes.append(
+                Episode(
+                    env_index=row,
+                    ordinal=self.finished[row],
+                    episode_return=float(self._returns[row]),
+                    length=int(self._lengths[row]),
+                    success=bool(at_end[row]) if reported else None,
+                    success_once=bool(self._success_once[row]) if reported else None,
+                )
+            )
+            self.finished[row] += 1
+        super()._record_episodes(rows, success)
+
+
+def eval_seed(seed: int) -> int:
+    """The env seed of evaluation seed ``seed``: a 32-bit draw of SeedSequence([seed, "eval"])."""
+    sequence = np.random.SeedSequence([seed, _EVAL_STREAM])
+    return int(sequence.generate_state(1, dtype=np.uint32)[0])
+
+
+def run_episodes(
+    policy: BasePolicy, stepper: _EpisodeRecorder, episodes: int, seed: int
+) -> list[Episode]:
+    """``episodes`` episodes, env i playing its first ``quota[i]`` (an even split) from ``seed``.
+
+    Ordered by (ordinal, env index): the first ``num_envs`` are each env's
+    first episode. Deterministic for a deterministic policy and env.
+    """
+    count = stepper.num_envs
+    quotas = [episodes // count + (index < episodes % count) for index in range(count)]
+    obs = stepper.reset(seed)
+    steps = 0
+    with torch.no_grad():
+        while any(done < quota for done, quota in zip(stepper.finished, quotas, strict=True)):
+            if steps >= MAX_STEPS_PER_EPISODE * max(quotas):
+                raise EvaluationError(
+                    f"env {stepper.env_id}: episodes still running after {steps} steps; "
+                    "set env.max_episode_steps to cut them"
+                )
+            actions, _ = policy.predict_action_batch(obs, mode="eval", compute_values=False)
+            obs = stepper.step(actions).obs
+            steps += 1
+    kept = [e for e in stepper.episodes if e.ordinal < quotas[e.env_index]]
+    return sorted(kept, key=lambda e: (e.ordinal, e.env_index))
+
+
+# --- the evaluation ----------------------------------------------------------------------------
+
+
+@frozen
+class EmbodiedEvalSettings:
+    """What `evaluate_embodied` plays: episodes, envs (None: the run's, at most ``episodes``),
+    the evaluation seed, and whether (and how long) to record GIFs."""
+
+    episodes: int = 20
+    num_envs: int | None = None
+    seed: int = 0
+    gif: bool = True
+    gif_max_frames: int = 200
+
+
+@frozen
+class EmbodiedEvaluation:
+    """What an evaluation found; `report` is the JSON object the CLI prints."""
+
+    step: int
+    env_id: str
+    seed: int
+    num_envs: int
+    episodes: tuple[Episode, ...]
+    gifs: dict[str, Path] | None
+    gif_warning: str | None
+    seconds: float
+
+    def report(self) -> dict[str, Any]:
+        returns = [e.episode_return for e in self.episodes]
+        lengths = [e.length for e in self.episodes]
+        count = len(returns)
+        mean = math.fsum(returns) / count
+        interval = student_t_interval(returns)
+        std = (
+            math.sqrt(math.fsum((r - mean) ** 2 for r in returns) / (count - 1))
+            if count > 1
+            else None
+        )
+        reports_success = any(e.success is not None for e in self.episodes)
+        wins = sum(bool(e.success) for e in self.episodes)
+        return {
+            "step": self.step,
+            "env_id": self.env_id,
+            "seed": self.seed,
+            "num_envs": self.num_envs,
+            "eval/episodes": count,
+            "eval/episode_return": mean,
+            "eval/episode_return_ci95": list(interval) if interval is not None else None,
+            "eval/episode_return_std": std,
+            "eval/episode_length": math.fsum(lengths) / count,
+            "eval/success": wins / count if reports_success else None,
+            "eval/success_ci95": list(wilson_interval(wins, count)) if reports_success else None,
+            "eval/success_once": (
+                sum(bool(e.success_once) for e in self.episodes) / count
+                if reports_success
+                else None
+            ),
+            "episode_returns": returns,
+            "episode_lengths": lengths,
+            "gifs": (
+                {task: str(path) for task, path in self.gifs.items()}
+                if self.gifs is not None
+                else None
+            ),
+            "time/eval": self.seconds,
+        }
+
+
+def gif_dir(checkpoint: Path, step: int) -> Path:
+    """``<run dir>/eval/step_N`` for ``<run dir>/checkpoints/global_step_N``."""
+    parent = checkpoint.parent
+    run_dir = parent.parent if parent.name == "checkpoints" else parent
+    return run_dir / "eval" / f"step_{step}"
+
+
+def _make_stepper(config: Config, num_envs: int, seed: int) -> _EpisodeRecorder:
+    import gymnasium
+
+    from rlshell.envs import make_env
+
+    env_cfg = evolve(config.env, num_envs=num_envs)
+    try:
+        env = make_env(env_cfg, seed)
+    except (ValueError, KeyError, ImportError, RuntimeError, gymnasium.error.Error) as error:
+        raise EvaluationError(
+            f"cannot make the run's env (env.env_type={env_cfg.env_type!r}, "
+            f"env.env_id={env_cfg.env_id!r}): {error}"
+        ) from error
+    return _EpisodeRecorder(env, env_cfg.env_id)
+
+
+def evaluate_embodied(
+    checkpoint: Path, config: Config, settings: EmbodiedEvalSettings | None = None
+) -> EmbodiedEvaluation:
+    """Play the checkpoint's policy on the run's env; see the module docstring."""
+    settings = settings or EmbodiedEvalSettings()
+    if settings.episodes < 1:
+        raise ValueError(f"episodes must be a positive int, got {settings.episodes}")
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():
+        raise CheckpointError(missing_checkpoint_message(checkpoint))
+    step = read_trainer_state(checkpoint).step
+    started = time.perf_counter()
+    policy = load_embodied_policy(checkpoint, config)
+    num_envs = min(settings.num_envs or config.env.num_envs, settings.episodes)
+    seed = eval_seed(settings.seed)
+    stepper = _make_stepper(config, num_envs, seed)
+    try:
+        episodes = run_episodes(policy, stepper, settings.episodes, seed)
+    finally:
+        stepper.close()
+    env_id = stepper.env_id
+    gifs: dict[str, Path] | None = None
+    warning = None
+    if settings.gif:
+        try:
+            gifs = record_task_gifs(
+                policy,
+                config.env,
+                seed,
+                gif_dir(checkpoint, step),
+                max_frames=settings.gif_max_frames,
+            )
+        except RecordingUnavailableError as error:
+            warning = f"no GIF: {error}"
+    return EmbodiedEvaluation(
+        step=step,
+        env_id=env_id,
+        seed=settings.seed,
+        num_envs=num_envs,
+        episodes=tuple(episodes),
+        gifs=gifs,
+        gif_warning=warning,
+        seconds=time.perf_counter() - started,
+    )
