@@ -56,6 +56,10 @@ RUN_HERE = {
     "rollout.backend=vllm rollout.tensor_parallel_size=4 cluster.component_placement="
     """'{"actor": "all", "rollout": "16-31", "reward": "0-3"}' runner.experiment_name=grpo_4x8""",
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run cluster.simulate=1x0x2",
+    # docs/embodied.md
+    ".venv/bin/python -m rlshell.train configs/ppo_cartpole.py --dry-run cluster.simulate=1x2 "
+    """cluster.component_placement='{"actor": "0-1", "rollout": "1", "env": "0:0-1"}' """
+    "rollout.pipeline_stage_num=2 runner.experiment_name=ppo_cartpole_hybrid",
     # docs/grpo.md
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run algorithm.adv_type=dr_grpo "
     "algorithm.loss_agg_mode=seq-mean-token-sum-norm runner.experiment_name=dr_grpo",
@@ -88,6 +92,12 @@ COVERED_ELSEWHERE = {
     "runner.experiment_name=grpo_cartpole": (
         "tests/shell/test_embodied_grpo.py::test_the_runner_trains_embodied_grpo_from_the_cli "
         "runs it for 3 steps"
+    ),
+    ".venv/bin/python -m rlshell.train configs/ppo_cartpole.py cluster.component_placement="
+    """'{"actor": "0:0", "rollout": "0:0", "env": "0:0"}' rollout.pipeline_stage_num=2""": (
+        "tests/shell/test_embodied_pipeline.py::"
+        "test_a_hybrid_cartpole_run_in_two_stages_logs_overlap_metrics_and_resumes runs it for "
+        "2 steps (16-step windows) and resumes it for a third"
     ),
     ".venv/bin/python -m rlshell.train configs/sac_pendulum.py": (
         "tests/shell/test_sac_run.py runs it for 6 steps and resumes it with its replay buffer"

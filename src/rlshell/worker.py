@@ -536,6 +536,18 @@ class GroupCall:
             f"{len(self.ranks) - len(self._pending)}/{len(self.ranks)} done)"
         )
 
+    @property
+    def refs(self) -> tuple[ray.ObjectRef[Any], ...]:
+        """The Ray ObjectRefs of the ranks' results, in the order of the ranks called.
+
+        Passed as a top-level argument of another call (of this group or
+        another), a ref is a channel: Ray hands that worker the result once it
+        is ready, without the driver waiting for it or fetching it, so a chain
+        of dependent calls can be submitted at once. A failure travels down
+        the chain: each dependent call fails with the first one's error.
+        """
+        return tuple(self._refs)
+
     def done(self) -> bool:
         """Whether every rank has finished (returned or failed); never blocks."""
         if not self._pending:

@@ -49,9 +49,9 @@ def test_a_short_ppo_run_logs_env_and_train_metrics_and_resumes(tmp_path: Path) 
     assert steps[-2:] == [5, 6]
 
 
-def test_a_rollout_placed_apart_from_the_actor_is_refused(tmp_path: Path) -> None:
+def test_two_components_grouped_apart_from_the_third_are_refused(tmp_path: Path) -> None:
     env = cli_env(Path(tempfile.mkdtemp(prefix="re", dir="/tmp")))
-    placement = '{"actor": "0:0-1", "rollout": "0:0", "env": "0:0-1"}'
+    placement = '{"actor": "0:0-1", "rollout,env": "0:0-1"}'
     result = train(
         *SHORT,
         f"cluster.component_placement={placement}",
@@ -60,7 +60,7 @@ def test_a_rollout_placed_apart_from_the_actor_is_refused(tmp_path: Path) -> Non
         timeout=300,
     )
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "runs 'rollout' in the actor's processes" in result.stdout + result.stderr
+    assert "'rollout,env' groups two of them apart from 'actor'" in result.stdout + result.stderr
 
 
 def test_a_short_halfcheetah_run_normalises_and_resumes_its_reward_scaler(tmp_path: Path) -> None:

@@ -11,8 +11,10 @@ Each lives in ``rlshell.runners.<runner_type>``:
   ``runner.max_steps`` rounds. A health check for a new cluster.
 - ``reasoning``: GRPO and its relatives on a language model (FSDP2 actor, HF
   rollout, reward processes, weight sync, checkpoints), `rlshell.runners.reasoning`.
-- ``embodied``: PPO on vectorised environments with env, rollout and actor
-  in the same processes, `rlshell.runners.embodied` (SAC comes later).
+- ``embodied``: PPO (GAE or group-normalised episode returns) on vectorised
+  environments, with env, rollout and actor in the same processes or on
+  workers of their own (pipelined), and asynchronous SAC
+  (``algorithm.loss_type='sac'``), `rlshell.runners.embodied`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,25 @@
-"""The ``embodied`` runner: PPO on vectorised environments, env and policy in the same workers.
+"""The ``embodied`` runner: PPO, embodied GRPO and asynchronous SAC on vectorised environments.
 
-Each rank of the actor group is also the rollout and the env worker
-(placement ``"actor,rollout,env": ...``): cheap environments cannot afford a
-Ray round trip per env step, so a rank steps its share of ``env.num_envs``
-envs with its own copy of the policy for ``runner.rollout_steps`` steps,
-then all ranks run PPO's update together as FSDP2 ranks (gradients averaged
-by FSDP's reduce-scatter). One Ray call per rank per step:
+Collocated PPO (placement ``"actor,rollout,env": ...``): each rank of the
+actor group is also the rollout and the env worker. Cheap environments
+cannot afford a Ray round trip per env step, so a rank steps its share of
+``env.num_envs`` envs with its own copy of the policy for
+``runner.rollout_steps`` steps, then all ranks run PPO's update together as
+FSDP2 ranks (gradients averaged by FSDP's reduce-scatter). One Ray call per
+rank per step:
 
     rollout (collect_rollout, parameters gathered once) → GAE (rlcore) →
     update_epochs × num_minibatches PPO steps (rlcore's losses) → metrics
 
-`rlshell.workers.embodied_update` has the rollout and update; this module
-places them, logs ``env/``, ``train/`` and ``time/`` metrics, and saves and
-resumes checkpoints (model, optimizer, schedule and RNG states of each rank;
-envs start new episodes on resume).
+With a group estimator as ``algorithm.adv_type`` the rollout is one episode
+per env from group-seeded resets and the advantages are group-normalised
+returns (`rlshell.workers.embodied_grpo`). Env, rollout and actor each on
+workers of their own (the hybrid placement) run pipelined
+(`rlshell.workers.embodied_pipeline`); ``algorithm.loss_type='sac'`` runs
+`run_sac`. `rlshell.workers.embodied_update` has PPO's rollout and update;
+this module places them, logs ``env/``, ``train/`` and ``time/`` metrics,
+and saves and resumes checkpoints (model, optimizer, schedule and RNG states
+of each rank; envs start new episodes on resume).
 """
 
 from __future__ import annotations
@@ -48,9 +54,23 @@ from rlshell.placement import ComponentPlan, PlacementPlan
 from rlshell.rollout.trajectory import RewardScaler, Samples, TrajectoryBuffer
 from rlshell.worker import Worker, WorkerDiedError, WorkerGroup
 from rlshell.workers.actor import worker_device
+from rlshell.workers.embodied_grpo import collect_group_episodes, group_samples
 from rlshell.workers.embodied_update import PPOSettings, collect_rollout, ppo_update
 
-__all__ = ["EmbodiedWorker", "PPOActor", "merge_metrics", "ppo_settings", "run", "updates_per_step"]
+__all__ = [
+    "EmbodiedWorker",
+    "PPOActor",
+    "actor_share_problems",
+    "merge_metrics",
+    "ppo_settings",
+    "run",
+    "updates_per_step",
+]
+
+
+def is_embodied_grpo(config: Config) -> bool:
+    """Group-normalised episode returns (``adv_type`` other than ``gae``) instead of GAE."""
+    return config.algorithm.adv_type != "gae"
 
 
 def updates_per_step(config: Config) -> int:
@@ -66,7 +86,7 @@ def ppo_settings(config: Config) -> PPOSettings:
         num_minibatches=algorithm.num_minibatches,
         clip_coef=algorithm.clip_low if algorithm.clip_low is not None else 0.2,
         clip_vloss=algorithm.value_clip,
-        vf_coef=algorithm.vf_coef,
+        vf_coef=0.0 if is_embodied_grpo(config) else algorithm.vf_coef,  # GRPO has no critic
         ent_coef=algorithm.entropy_coef,
         max_grad_norm=config.actor.optim.clip_grad,
         norm_adv=algorithm.norm_adv,
@@ -86,6 +106,7 @@ class PPOActor(Worker):
         self.config = config
         self.manager: FSDPModelManager | None = None
         self.reward_scaler: RewardScaler | None = None
+        self.windows = 0  # rollout windows collected since the run began
         self.generator = torch.Generator()
 
     def _setup_actor(self) -> FSDPModelManager:
@@ -135,6 +156,7 @@ class PPOActor(Worker):
         if self.manager is None:
             raise RuntimeError("init_worker() has not run")
         step = self.manager.load_checkpoint(Path(path) / "actor")
+        self.windows = step
         if self.reward_scaler is not None:
             saved = self._scaler_path(path)
             if not saved.is_file():
@@ -186,19 +208,39 @@ class EmbodiedWorker(PPOActor):
         algorithm = config.algorithm
         metrics: dict[str, float] = {}
         started = time.perf_counter()
+        grouped = is_embodied_grpo(config)
         with manager.unsharded() as policy:  # gathered once for every step of the rollout
             assert isinstance(policy, BasePolicy)
             policy.eval()
-            self.obs = collect_rollout(
-                policy, stepper, buffer, self.obs, config.runner.rollout_steps, self.reward_scaler
-            )
+            if grouped:
+                # Every window resets its envs: one seed per group, new ones each window.
+                seed = config.runner.seed + 1000 * self.rank + 1_000_000 * (self.windows + 1)
+                window, self.obs = collect_group_episodes(
+                    policy, stepper, seed, algorithm.group_size, config.runner.rollout_steps
+                )
+            else:
+                self.obs = collect_rollout(
+                    policy,
+                    stepper,
+                    buffer,
+                    self.obs,
+                    config.runner.rollout_steps,
+                    self.reward_scaler,
+                )
         rollout_done = time.perf_counter()
-        samples = buffer.finish(algorithm.gamma, algorithm.lam)
+        if grouped:
+            samples = group_samples(window, algorithm.adv_type, algorithm.group_size)
+            env_steps = window.valid.numel()
+        else:
+            samples = buffer.finish(algorithm.gamma, algorithm.lam)
+            env_steps = samples.size
         metrics.update(self._update(samples))
         metrics.update(stepper.pop_metrics())
         metrics["time/rollout"] = rollout_done - started
         metrics["time/update"] = time.perf_counter() - rollout_done
-        metrics["env/steps"] = float(samples.size)
+        metrics["env/steps"] = float(env_steps)
+        metrics["train/samples"] = float(samples.size)
+        self.windows += 1
         return metrics
 
 
@@ -227,13 +269,21 @@ def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
 def _check_placement(config: Config, plan: PlacementPlan) -> None:
     actor = plan.component("actor")
     problems = [
-        f"cluster.component_placement: the embodied runner of this version runs '{name}' in "
+        f"cluster.component_placement: the collocated embodied runner runs '{name}' in "
         f"the actor's processes; place them under one key, e.g. "
         '{"actor,rollout,env": "0:0-1"}'
         for name in ("rollout", "env")
         if plan.component(name).placement != actor.placement
     ]
-    ranks = len(actor.workers)
+    problems += actor_share_problems(config, len(actor.workers))
+    if problems:
+        raise ConfigError(problems)
+
+
+def actor_share_problems(config: Config, ranks: int) -> list[str]:
+    """Each of the actor's ``ranks`` trains on an equal share of ``env.num_envs`` envs,
+    whose samples must fill ``algorithm.num_minibatches``."""
+    problems = []
     if config.env.num_envs % ranks:
         problems.append(
             f"env.num_envs: {config.env.num_envs} envs do not split evenly over the actor's "
@@ -245,8 +295,7 @@ def _check_placement(config: Config, plan: PlacementPlan) -> None:
             f"algorithm.num_minibatches: {config.algorithm.num_minibatches} minibatches of a "
             f"rank's {samples} samples per step (env.num_envs / ranks × runner.rollout_steps)"
         )
-    if problems:
-        raise ConfigError(problems)
+    return problems
 
 
 @contextmanager

@@ -1,0 +1,697 @@
+"""Embodied PPO in the hybrid placement: env and rollout workers of their own, pipelined.
+
+With env, rollout and actor under three keys, e.g.
+``{"actor": "0:0-1", "rollout": "0:0", "env": "0:0"}``, the embodied runner
+starts three groups: `EnvWorker`s step the envs, `RolloutWorker`s hold a copy
+of the policy and choose the actions, and the `PipelineActor` ranks (FSDP2, as
+in the collocated placement) train on what they collected. Each env worker
+splits its ``env.num_envs / env workers`` envs into
+``rollout.pipeline_stage_num`` stages, one vector env each, and the driver
+submits a window's whole chain of calls at once, each call's result handed to
+the next as a Ray ObjectRef (`rlshell.worker.GroupCall.refs`), never waited for:
+
+    for t in range(runner.rollout_steps):
+        for s in range(stages):
+            actions[s] = rollout.predict(env, s, obs[s])
+            obs[s] = env.step(s, actions[s])
+
+A worker runs its calls in the order they were submitted, each once its
+inputs exist, so while the rollout worker computes stage s + 1's actions the
+env worker steps stage s. Env worker e is served by rollout worker
+e mod (rollout workers). At the window's end:
+
+    rollout.finish(e, obs[0], …)  → RolloutWindow: forward_inputs, log-probs, values, bootstraps
+    env.finish()                  → EnvWindow: rewards, terminated, truncated, env/ metrics
+    actor.train_on(windows…)      → GAE (rlcore, `TrajectoryBuffer.finish`), PPO's update
+    rollout.set_weights(actor.policy_state())
+
+A truncated step bootstraps from V(final observation): the env worker hands
+the final observations of its truncated rows to the rollout worker with the
+next observation, and the rollout worker values them with the policy that
+acted (at its next ``predict`` for that stage, or in ``finish``). The actor's
+ranks split the window's envs as collocated ranks do (env workers side by
+side in rank order, each one's stages in order; rank r takes the r-th equal
+share) and scale rewards in step order (``algorithm.norm_reward``), so a
+window gives the samples a collocated rollout of the same envs and actions
+gives. A policy's buffers that move on during rollout (``mlp_policy``'s
+``normalize_obs`` statistics) come back to the actor from rollout worker 0's
+copy with each window, so checkpoints carry them.
+
+Timing: ``time/rollout_busy`` and ``time/env_busy`` are the seconds the
+busiest rollout and env worker computed in the window; set against
+``time/rollout`` they show the overlap.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from attrs import evolve, frozen
+from jaxtyping import Bool, Float, Int
+from torch import Tensor, nn
+
+from rlshell.checkpoint import clean_partials, read_trainer_state, resolve_resume
+from rlshell.cluster import Cluster
+from rlshell.config import Config
+from rlshell.config_loading import ConfigError
+from rlshell.envs.stepper import EnvObs, EnvStepper
+from rlshell.metrics import logger_for_run, plot_run
+from rlshell.models.base import BasePolicy
+from rlshell.placement import PlacementPlan
+from rlshell.rollout.trajectory import RewardScaler, TrajectoryBuffer
+from rlshell.runners.embodied import (
+    PPOActor,
+    _group,
+    _save,
+    actor_share_problems,
+    merge_metrics,
+)
+from rlshell.worker import GroupCall, Worker, WorkerDiedError, WorkerError, WorkerGroup
+from rlshell.workers.actor import build_rollout_model, worker_device
+from rlshell.workers.embodied_update import _values, policy_name
+
+__all__ = [
+    "EnvWindow",
+    "EnvWorker",
+    "Pipeline",
+    "PipelineActor",
+    "RolloutWindow",
+    "RolloutWorker",
+    "StageObs",
+    "SubmittedWindow",
+    "check_pipeline_placement",
+    "is_hybrid",
+    "run_pipelined",
+    "stage_seed",
+    "window_buffer",
+]
+
+_TRIO = ("actor", "rollout", "env")
+
+
+# ---------------------------------------------------------------- records
+
+
+@frozen(eq=False)
+class StageObs:
+    """What an env worker hands the rollout worker for one stage: the observation to act
+    on, and the final observations of the rows whose episode was truncated by the step
+    that led to it (their value is the bootstrap of that step)."""
+
+    obs: EnvObs
+    truncated_rows: Int[Tensor, " rows"]
+    final_obs: EnvObs
+
+
+@frozen(eq=False)
+class RolloutWindow:
+    """What a rollout worker computed for one env worker's window, ``[steps, envs]``
+    with the envs of stage 0 first: the policy's ``forward_inputs``, log-probs and
+    values, the bootstrap V(final observation) of truncated steps (0 elsewhere), the
+    truncations it saw, V of the observation after the window, and the policy's buffers."""
+
+    env_rank: int
+    forward_inputs: dict[str, Tensor]
+    logprobs: Float[Tensor, "steps envs"]
+    values: Float[Tensor, "steps envs"]
+    bootstrap: Float[Tensor, "steps envs"]
+    truncated: Bool[Tensor, "steps envs"]
+    last_values: Float[Tensor, " envs"]
+    buffers: dict[str, Tensor]
+
+
+@frozen(eq=False)
+class EnvWindow:
+    """What an env worker's envs answered in one window, ``[steps, envs]`` with the
+    envs of stage 0 first, and its ``env/`` and ``time/env_busy`` metrics."""
+
+    env_rank: int
+    rewards: Float[Tensor, "steps envs"]
+    terminated: Bool[Tensor, "steps envs"]
+    truncated: Bool[Tensor, "steps envs"]
+    metrics: dict[str, float]
+
+
+def stage_seed(config: Config, env_rank: int, stage: int) -> int:
+    """The seed of one stage's envs; with one stage, env worker r's is collocated rank r's."""
+    return config.runner.seed + 1000 * (env_rank * config.rollout.pipeline_stage_num + stage)
+
+
+def _on(obs: EnvObs, device: torch.device) -> EnvObs:
+    return {key: value.to(device) for key, value in obs.items()}
+
+
+def _side_by_side(steps: Sequence[Sequence[Tensor]]) -> Tensor:
+    """Per stage, one tensor per step → ``[steps, envs, ...]``, the stages' envs in order."""
+    return torch.cat([torch.stack(list(stage)) for stage in steps], dim=1)
+
+
+def _same_lengths(what: str, lengths: Sequence[int]) -> None:
+    if len(set(lengths)) != 1:
+        raise RuntimeError(
+            f"{what}: the stages recorded different numbers of steps {list(lengths)}"
+        )
+
+
+# ---------------------------------------------------------------- env workers
+
+
+class EnvWorker(Worker):
+    """One env worker: its share of ``env.num_envs`` envs in ``pipeline_stage_num`` stages."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.steppers: list[EnvStepper] = []
+        self.obs: list[EnvObs] = []
+        self.policy: str | None = None
+        self._columns: dict[str, list[list[Tensor]]] = {}
+        self._busy = 0.0
+
+    def init_worker(self, policy: str | None = None) -> dict[str, Any]:
+        """Make and reset each stage's envs; ``policy`` names what acts, for action errors."""
+        config = self.config
+        stages = config.rollout.pipeline_stage_num
+        per_stage = config.env.num_envs // self.world_size // stages
+        self.policy = policy
+        for stage in range(stages):
+            seed = stage_seed(config, self.rank, stage)
+            stepper = EnvStepper.from_config(evolve(config.env, num_envs=per_stage), seed)
+            self.steppers.append(stepper)
+            self.obs.append(stepper.reset(seed))
+        self._clear()
+        return {"envs": per_stage * stages, "env_id": self.steppers[0].env_id}
+
+    def observe(self, stage: int) -> StageObs:
+        """The observation ``stage``'s envs are at, with no truncation to report."""
+        obs = _on(self.obs[stage], torch.device("cpu"))
+        return StageObs(obs=obs, truncated_rows=torch.zeros(0, dtype=torch.int64), final_obs={})
+
+    def step(self, stage: int, actions: Tensor) -> StageObs:
+        """Step ``stage``'s envs with ``actions``; what the rollout worker acts on next."""
+        started = time.perf_counter()
+        result = self.steppers[stage].step(actions, policy=self.policy)
+        cpu = torch.device("cpu")
+        for key, value in (
+            ("rewards", result.rewards),
+            ("terminated", result.terminated),
+            ("truncated", result.truncated),
+        ):
+            self._columns[key][stage].append(value.to(cpu))
+        rows = result.truncated.nonzero().flatten()
+        final = {key: value[rows] for key, value in result.next_obs.items()}
+        self.obs[stage] = result.obs
+        handed = StageObs(
+            obs=_on(result.obs, cpu), truncated_rows=rows.to(cpu), final_obs=_on(final, cpu)
+        )
+        self._busy += time.perf_counter() - started
+        return handed
+
+    def finish(self) -> EnvWindow:
+        """The window's rewards and flags, the episodes that ended in it; then start anew."""
+        columns = self._columns
+        _same_lengths(f"env worker {self.rank}", [len(steps) for steps in columns["rewards"]])
+        per_stage = [stepper.pop_metrics() for stepper in self.steppers]
+        window = EnvWindow(
+            env_rank=self.rank,
+            rewards=_side_by_side(columns["rewards"]),
+            terminated=_side_by_side(columns["terminated"]),
+            truncated=_side_by_side(columns["truncated"]),
+            metrics=merge_metrics(per_stage),
+        )
+        window.metrics["env/steps"] = float(window.rewards.numel())
+        window.metrics["time/env_busy"] = self._busy
+        self._clear()
+        return window
+
+    def _clear(self) -> None:
+        stages = range(len(self.steppers))
+        self._columns = {
+            key: [[] for _ in stages] for key in ("rewards", "terminated", "truncated")
+        }
+        self._busy = 0.0
+
+
+# ---------------------------------------------------------------- rollout workers
+
+
+class _StageRecord:
+    """What a rollout worker predicted for one stage of one env worker in this window.
+
+    ``bootstrap`` and ``truncated`` of a step are known once the observation
+    that followed it arrives, so they trail the other columns by one step.
+    """
+
+    def __init__(self) -> None:
+        self.forward_inputs: list[dict[str, Tensor]] = []
+        self.logprobs: list[Tensor] = []
+        self.values: list[Tensor] = []
+        self.bootstrap: list[Tensor] = []
+        self.truncated: list[Tensor] = []
+
+
+class RolloutWorker(Worker):
+    """A copy of the policy acting for env workers e ≡ rank (mod rollout workers).
+
+    ``mode`` is ``predict_action_batch``'s: ``"train"`` samples, ``"eval"`` acts
+    deterministically.
+    """
+
+    def __init__(self, config: Config, mode: Literal["train", "eval"] = "train") -> None:
+        self.config = config
+        self.mode: Literal["train", "eval"] = mode
+        self.policy: BasePolicy | None = None
+        self.device = torch.device("cpu")
+        self._records: dict[tuple[int, int], _StageRecord] = {}
+        self._busy = 0.0
+
+    def init_worker(self) -> dict[str, Any]:
+        """Build the policy copy (the actor's initial weights until `set_weights`)."""
+        config = self.config
+        self.device = worker_device()
+        policy = build_rollout_model(config)
+        if not isinstance(policy, BasePolicy):
+            raise TypeError(
+                f"actor.model.model_type '{config.actor.model.model_type}' builds a "
+                f"{type(policy).__name__}, not a rlshell.models.BasePolicy"
+            )
+        self.policy = policy.to(self.device).eval().requires_grad_(False)
+        # The policy samples from torch's global generator: one stream per rollout worker.
+        torch.manual_seed(config.runner.seed + 7919 * (self.rank + 1))
+        return {"policy": f"{policy_name(policy)}.predict_action_batch"}
+
+    def set_weights(self, state: dict[str, Tensor]) -> None:
+        """Load the actor's policy (a full state dict)."""
+        self._policy().load_state_dict(state)
+
+    def predict(self, env_rank: int, stage: int, observation: StageObs) -> Tensor:
+        """Actions for ``stage`` of env worker ``env_rank``, recording what PPO needs."""
+        started = time.perf_counter()
+        policy = self._policy()
+        record = self._records.setdefault((env_rank, stage), _StageRecord())
+        cpu = torch.device("cpu")
+        with torch.no_grad():
+            self._close_last_step(policy, record, observation)
+            actions, info = policy.predict_action_batch(
+                _on(observation.obs, self.device), mode=self.mode, compute_values=True
+            )
+            if "prev_values" not in info:
+                raise ValueError(f"{policy_name(policy)} has no value head; PPO needs one")
+            record.forward_inputs.append(_on(info["forward_inputs"], cpu))
+            record.logprobs.append(info["prev_logprobs"].to(cpu))
+            record.values.append(info["prev_values"].to(cpu))
+        self._busy += time.perf_counter() - started
+        return actions.to(cpu)
+
+    def finish(self, env_rank: int, *last: StageObs) -> RolloutWindow:
+        """Env worker ``env_rank``'s window, given the observation after it for each stage."""
+        started = time.perf_counter()
+        policy = self._policy()
+        stages = self.config.rollout.pipeline_stage_num
+        if len(last) != stages:
+            raise ValueError(f"finish: {len(last)} observations for {stages} stages")
+        records = []
+        last_values = []
+        cpu = torch.device("cpu")
+        with torch.no_grad():
+            for stage, observation in enumerate(last):
+                record = self._records.pop((env_rank, stage), None)
+                if record is None or not record.values:
+                    raise RuntimeError(
+                        f"finish: no step of env worker {env_rank}, stage {stage} in this window"
+                    )
+                self._close_last_step(policy, record, observation)
+                last_values.append(_values(policy, _on(observation.obs, self.device)).to(cpu))
+                records.append(record)
+        _same_lengths(f"env worker {env_rank}", [len(record.values) for record in records])
+        keys = records[0].forward_inputs[0]
+        window = RolloutWindow(
+            env_rank=env_rank,
+            forward_inputs={
+                key: _side_by_side([[s[key] for s in r.forward_inputs] for r in records])
+                for key in keys
+            },
+            logprobs=_side_by_side([r.logprobs for r in records]),
+            values=_side_by_side([r.values for r in records]),
+            bootstrap=_side_by_side([r.bootstrap for r in records]),
+            truncated=_side_by_side([r.truncated for r in records]),
+            last_values=torch.cat(last_values),
+            buffers=_persistent_buffers(policy),
+        )
+        self._busy += time.perf_counter() - started
+        return window
+
+    def pop_metrics(self) -> dict[str, float]:
+        """``time/rollout_busy``: seconds in ``predict`` and ``finish`` since the last call."""
+        busy, self._busy = self._busy, 0.0
+        return {"time/rollout_busy": busy}
+
+    def _policy(self) -> BasePolicy:
+        if self.policy is None:
+            raise RuntimeError("init_worker() has not run")
+        return self.policy
+
+    def _close_last_step(
+        self, policy: BasePolicy, record: _StageRecord, observation: StageObs
+    ) -> None:
+        """The truncations and bootstrap of the step that led to ``observation``."""
+        if len(record.bootstrap) == len(record.values):
+            return  # the window's first observation: its step was closed by the last finish
+        values = record.values[-1]
+        bootstrap = torch.zeros_like(values)
+        truncated = torch.zeros(values.shape[0], dtype=torch.bool)
+        rows = observation.truncated_rows
+        if rows.numel():
+            truncated[rows] = True
+            final = _values(policy, _on(observation.final_obs, self.device))
+            bootstrap[rows] = final.to(bootstrap.device, bootstrap.dtype)
+        record.bootstrap.append(bootstrap)
+        record.truncated.append(truncated)
+
+
+def _persistent_buffers(model: nn.Module) -> dict[str, Tensor]:
+    """The state-dict buffers of ``model`` (running statistics a rollout moves on), on CPU."""
+    state = model.state_dict()
+    parameters = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    return {name: t.detach().cpu() for name, t in state.items() if name not in parameters}
+
+
+# ---------------------------------------------------------------- the actor
+
+
+class PipelineActor(PPOActor):
+    """An FSDP2 rank of the actor that trains on windows env and rollout workers collected."""
+
+    def init_worker(self) -> dict[str, Any]:
+        """Join the process group and build the sharded policy and its optimizer."""
+        config = self.config
+        self._setup_actor()
+        share = config.env.num_envs // self.world_size
+        if config.algorithm.norm_reward:
+            self.reward_scaler = RewardScaler(share, config.algorithm.gamma)
+        self.generator.manual_seed(config.runner.seed + 1000 * self.rank)
+        return {"envs": share}
+
+    def train_on(self, *windows: RolloutWindow | EnvWindow) -> dict[str, float]:
+        """GAE and PPO's update on this rank's share of the window; its ``train/`` metrics.
+
+        ``windows``: every env worker's `RolloutWindow` and `EnvWindow`, in any order.
+        """
+        if self.manager is None:
+            raise RuntimeError("init_worker() has not run")
+        rollouts = sorted(
+            (w for w in windows if isinstance(w, RolloutWindow)), key=lambda w: w.env_rank
+        )
+        envs = sorted((w for w in windows if isinstance(w, EnvWindow)), key=lambda w: w.env_rank)
+        _adopt_buffers(self.manager.module, rollouts[0].buffers)
+        share = self.config.env.num_envs // self.world_size
+        columns = slice(self.rank * share, (self.rank + 1) * share)
+        buffer = window_buffer(rollouts, envs, columns, self.reward_scaler)
+        algorithm = self.config.algorithm
+        return self._update(buffer.finish(algorithm.gamma, algorithm.lam))
+
+    def policy_state(self) -> dict[str, Tensor]:
+        """The policy's full state dict on rank 0 (empty on the others); collective."""
+        if self.manager is None:
+            raise RuntimeError("init_worker() has not run")
+        state = self.manager.get_model_state_dict(cpu_offload=True, full_state_dict=True)
+        return state if self.rank == 0 else {}
+
+
+def _adopt_buffers(model: nn.Module, buffers: dict[str, Tensor]) -> None:
+    with torch.no_grad():
+        for name, value in buffers.items():
+            model.get_buffer(name).copy_(value)
+
+
+def window_buffer(
+    rollouts: Sequence[RolloutWindow],
+    envs: Sequence[EnvWindow],
+    columns: slice | None = None,
+    reward_scaler: RewardScaler | None = None,
+) -> TrajectoryBuffer:
+    """Every env worker's window as one `TrajectoryBuffer` over ``columns`` of the envs.
+
+    The envs are laid side by side in env-worker rank order, each worker's
+    stages in order. Step t's ``next_values`` is V(sₜ₊₁): the bootstrap where
+    the step was truncated, else the next step's value (V after the window for
+    the last step). ``reward_scaler`` scales the rewards step by step.
+    A rollout worker that saw truncations other than its env worker's means
+    the stages were mixed up: RuntimeError.
+    """
+    ranks = [w.env_rank for w in rollouts]
+    if ranks != list(range(len(envs))) or [w.env_rank for w in envs] != ranks:
+        raise ValueError(
+            f"window_buffer: rollout windows of env workers {ranks} and env windows of "
+            f"{[w.env_rank for w in envs]}; expected one of each for env workers 0-{len(envs) - 1}"
+        )
+    for rollout, env in zip(rollouts, envs, strict=True):
+        if rollout.truncated.shape != env.truncated.shape or not torch.equal(
+            rollout.truncated, env.truncated
+        ):
+            raise RuntimeError(
+                f"env worker {env.env_rank}: its rollout worker saw truncations "
+                f"{tuple(rollout.truncated.shape)} that differ from the envs' "
+                f"{tuple(env.truncated.shape)}: the pipeline mixed up steps or stages"
+            )
+    picked = slice(None) if columns is None else columns
+
+    def joined(tensors: Sequence[Tensor]) -> Tensor:
+        return torch.cat(list(tensors), dim=1)[:, picked]
+
+    keys = rollouts[0].forward_inputs
+    inputs = {key: joined([w.forward_inputs[key] for w in rollouts]) for key in keys}
+    logprobs = joined([w.logprobs for w in rollouts])
+    values = joined([w.values for w in rollouts])
+    bootstrap = joined([w.bootstrap for w in rollouts])
+    last_values = torch.cat([w.last_values for w in rollouts])[picked]
+    rewards = joined([w.rewards for w in envs])
+    terminated = joined([w.terminated for w in envs])
+    truncated = joined([w.truncated for w in envs])
+    following = torch.cat([values[1:], last_values[None]])
+    next_values = torch.where(truncated, bootstrap, following)
+    buffer = TrajectoryBuffer(int(values.shape[1]))
+    for t in range(values.shape[0]):
+        step_rewards = rewards[t]
+        if reward_scaler is not None:
+            step_rewards = reward_scaler(step_rewards, terminated[t] | truncated[t])
+        buffer.add(
+            {key: value[t] for key, value in inputs.items()},
+            logprobs[t],
+            values[t],
+            step_rewards,
+            terminated[t],
+            truncated[t],
+            next_values[t],
+        )
+    return buffer
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def is_hybrid(config: Config) -> bool:
+    """Whether env, rollout and actor are placed under three keys of their own."""
+    keys = {
+        name.strip(): key for key in config.cluster.component_placement for name in key.split(",")
+    }
+    return len({keys.get(name) for name in _TRIO}) == 3 and all(name in keys for name in _TRIO)
+
+
+def check_pipeline_placement(config: Config, plan: PlacementPlan) -> None:
+    """The hybrid placement's sizes: envs split evenly over env workers, stages and actor
+    ranks, no more rollout workers than env workers, and GAE (ConfigError)."""
+    env_workers = len(plan.component("env").workers)
+    rollout_workers = len(plan.component("rollout").workers)
+    stages = config.rollout.pipeline_stage_num
+    num_envs = config.env.num_envs
+    problems = []
+    if rollout_workers > env_workers:
+        problems.append(
+            f"cluster.component_placement: {rollout_workers} rollout workers for "
+            f"{env_workers} env workers; rollout worker r acts for env workers r, "
+            f"r + {rollout_workers}, ..., so some would idle: place at most {env_workers}"
+        )
+    if num_envs % env_workers:
+        problems.append(
+            f"env.num_envs: {num_envs} envs do not split evenly over the {env_workers} env workers"
+        )
+    elif (num_envs // env_workers) % stages:
+        problems.append(
+            f"rollout.pipeline_stage_num: an env worker's {num_envs // env_workers} envs do not "
+            f"split evenly into {stages} stages"
+        )
+    if config.algorithm.adv_type != "gae":
+        problems.append(
+            f"algorithm.adv_type: the hybrid placement trains PPO with GAE; "
+            f"'{config.algorithm.adv_type}' (group-normalised episode returns) runs with env, "
+            'rollout and actor under one key, e.g. {"actor,rollout,env": "0:0"}'
+        )
+    problems += actor_share_problems(config, len(plan.component("actor").workers))
+    if problems:
+        raise ConfigError(problems)
+
+
+@frozen(eq=False)
+class SubmittedWindow:
+    """The calls of one window, in submission order, and the ones the driver reads."""
+
+    calls: list[GroupCall]
+    rollout_windows: list[GroupCall]
+    env_windows: GroupCall
+    rollout_metrics: GroupCall
+
+    def wait(self, call: GroupCall) -> list[Any]:
+        """``call.wait()``; a failure is reported as the first call of the chain that failed
+        (a call whose input failed fails with that error, naming the wrong worker)."""
+        try:
+            return call.wait()
+        except WorkerError as error:
+            raise _first_failure(self.calls, error) from None
+
+
+def _first_failure(calls: Sequence[GroupCall], error: WorkerError) -> WorkerError:
+    for call in calls:
+        if not call.done():
+            continue
+        try:
+            call.wait(timeout=0)
+        except WorkerError as failure:
+            error = failure
+            break
+    if isinstance(error, WorkerDiedError) and error.component == "env":
+        error._add_note_to_message(
+            "\nIt was stepping envs (an env that crashes its process ends this way); "
+            "checkpoint.resume=auto continues from the last checkpoint."
+        )
+    return error
+
+
+class Pipeline:
+    """Submits windows of env ↔ rollout calls; each stage's observation travels as an ObjectRef.
+
+    The observation refs carry over from one window to the next, as the envs do.
+    """
+
+    def __init__(
+        self,
+        envs: WorkerGroup[EnvWorker],
+        rollout: WorkerGroup[RolloutWorker],
+        steps: int,
+        stages: int,
+    ) -> None:
+        self.envs = envs
+        self.rollout = rollout
+        self.steps = steps
+        self.stages = stages
+        self._calls: list[GroupCall] = []
+        self.obs: list[list[Any]] = []
+        for env_rank in range(envs.world_size):
+            observed = [envs.execute_on(env_rank).observe(stage) for stage in range(stages)]
+            self._calls += observed
+            self.obs.append([call.refs[0] for call in observed])
+
+    def _rollout_of(self, env_rank: int) -> int:
+        return env_rank % self.rollout.world_size
+
+    def submit(self) -> SubmittedWindow:
+        """Submit one window's calls without waiting for any."""
+        calls, self._calls = self._calls, []
+        env_ranks = range(self.envs.world_size)
+        for _ in range(self.steps):
+            for stage in range(self.stages):
+                for env_rank in env_ranks:
+                    rollout = self.rollout.execute_on(self._rollout_of(env_rank))
+                    actions = rollout.predict(env_rank, stage, self.obs[env_rank][stage])
+                    stepped = self.envs.execute_on(env_rank).step(stage, actions.refs[0])
+                    self.obs[env_rank][stage] = stepped.refs[0]
+                    calls += [actions, stepped]
+        rollout_windows = [
+            self.rollout.execute_on(self._rollout_of(env_rank)).finish(
+                env_rank, *self.obs[env_rank]
+            )
+            for env_rank in env_ranks
+        ]
+        env_windows = self.envs.finish()
+        rollout_metrics = self.rollout.pop_metrics()
+        calls += [*rollout_windows, env_windows, rollout_metrics]
+        return SubmittedWindow(calls, rollout_windows, env_windows, rollout_metrics)
+
+
+def _sync_weights(
+    actor: WorkerGroup[PipelineActor], rollout: WorkerGroup[RolloutWorker]
+) -> list[GroupCall]:
+    """Rank 0's full state dict straight to every rollout worker (Ray stores it once)."""
+    state = actor.policy_state()
+    return [state, rollout.set_weights(state.refs[0])]
+
+
+def run_pipelined(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> None:
+    """PPO with env, rollout and actor apart: ``runner.max_steps`` pipelined windows and updates."""
+    check_pipeline_placement(config, plan)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    clean_partials(run_dir)
+    resume_from = resolve_resume(config.checkpoint.resume, run_dir)
+    timeout = config.cluster.call_timeout_s
+    stages = config.rollout.pipeline_stage_num
+    with ExitStack() as stack:
+        started = time.perf_counter()
+        envs: WorkerGroup[EnvWorker] = stack.enter_context(
+            _group(EnvWorker.create_group(config), cluster, plan.component("env"), timeout)
+        )
+        rollout: WorkerGroup[RolloutWorker] = stack.enter_context(
+            _group(RolloutWorker.create_group(config), cluster, plan.component("rollout"), timeout)
+        )
+        actor: WorkerGroup[PipelineActor] = stack.enter_context(
+            _group(PipelineActor.create_group(config), cluster, plan.component("actor"), timeout)
+        )
+        actor_up = actor.init_worker()
+        policy = rollout.init_worker().wait()[0]["policy"]
+        env_info = envs.init_worker(policy).wait()
+        actor_up.wait()
+        print(
+            f"workers up in {time.perf_counter() - started:.1f} s ({len(env_info)} env workers × "
+            f"{env_info[0]['envs']} {env_info[0]['env_id']} envs in {stages} stages, "
+            f"{rollout.world_size} rollout workers, {actor.world_size} actor ranks; pipelined)",
+            flush=True,
+        )
+        start_step = 0
+        if resume_from is not None:
+            read_trainer_state(resume_from)
+            start_step = int(actor.load_checkpoint(str(resume_from)).wait()[0])
+            print(f"resumed from {resume_from} (step {start_step})", flush=True)
+        for call in _sync_weights(actor, rollout):
+            call.wait()
+        logger = stack.enter_context(logger_for_run(config, run_dir, start_step))
+        env_steps = start_step * config.env.num_envs * config.runner.rollout_steps
+        pipeline = Pipeline(envs, rollout, config.runner.rollout_steps, stages)
+        for step in range(start_step + 1, config.runner.max_steps + 1):
+            step_started = time.perf_counter()
+            window = pipeline.submit()
+            parts = [call.refs[0] for call in window.rollout_windows]
+            train = actor.train_on(*parts, *window.env_windows.refs)
+            synced = _sync_weights(actor, rollout)
+            window.calls.extend([train, *synced])
+            collected = window.wait(window.env_windows)
+            busy = window.wait(window.rollout_metrics)
+            rollout_done = time.perf_counter()
+            train_metrics = window.wait(train)
+            for call in synced:
+                window.wait(call)
+            metrics = merge_metrics([w.metrics for w in collected] + busy)
+            metrics.update(merge_metrics(train_metrics))
+            metrics["time/rollout"] = rollout_done - step_started
+            metrics["time/update"] = time.perf_counter() - rollout_done
+            metrics["time/step"] = time.perf_counter() - step_started
+            env_steps += int(metrics["env/steps"])
+            metrics["env/total_steps"] = float(env_steps)
+            metrics["perf/env_steps_per_s"] = metrics["env/steps"] / metrics["time/step"]
+            logger.log(step, metrics)
+            interval = config.checkpoint.interval
+            if interval and (step % interval == 0 or step == config.runner.max_steps):
+                _save(config, actor, run_dir, step)
+    plot_run(run_dir, ("env/episode_return", "env/success"))
