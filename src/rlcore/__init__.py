@@ -6,11 +6,12 @@ torch tensors. No I/O, no global state, no model code; the only imports are
 torch, numpy, attrs, beartype and jaxtyping (and jax inside `rlcore.jax`).
 
 Every public function is wrapped by `typecheck`, which checks shapes and
-dtypes at call time; set ``RLCORE_TYPECHECK=0`` before import to skip it.
+dtypes at call time; set ``RLCORE_TYPECHECK=0`` before import to skip it,
+or run a hot loop whose shapes were checked once inside `rlcore.unchecked()`.
 """
 
 from rlcore import advantages, logprobs, losses, masked, normalize, registry, rollout
-from rlcore._checking import TypeCheckError, typecheck, typecheck_enabled
+from rlcore._checking import TypeCheckError, typecheck, typecheck_enabled, unchecked
 from rlcore.types import Advantages, LossOutput, Mask, as_bool_mask
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "rollout",
     "typecheck",
     "typecheck_enabled",
+    "unchecked",
 ]
 
 __version__ = "0.1.0"

@@ -15,14 +15,16 @@ dimension were wrong before jaxtyping's full report, e.g.::
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import inspect
 import os
 import re
+import threading
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import jaxtyping._decorator as _jaxtyping_decorator
@@ -30,7 +32,7 @@ import torch
 from beartype import BeartypeConf, beartype
 from jaxtyping import TypeCheckError, jaxtyped
 
-__all__ = ["TypeCheckError", "typecheck", "typecheck_enabled"]
+__all__ = ["TypeCheckError", "typecheck", "typecheck_enabled", "unchecked"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,14 +58,40 @@ def typecheck_enabled() -> bool:
     return _ENABLED
 
 
+class _Suspension(threading.local):
+    depth = 0
+
+
+_SUSPENDED = _Suspension()
+
+
+@contextlib.contextmanager
+def unchecked() -> Iterator[None]:
+    """Skip the checks of rlcore calls made inside, in this thread.
+
+    For a hot loop that repeats calls whose shapes and dtypes were checked
+    once already (the embodied runner checks its first update and runs the
+    rest inside this): the checks cost more than the maths on small tensors.
+    Nests; other threads keep checking.
+    """
+    _SUSPENDED.depth += 1
+    try:
+        yield
+    finally:
+        _SUSPENDED.depth -= 1
+
+
 def typecheck(fn: F) -> F:
-    """Check shapes and dtypes of ``fn``'s arguments and result on every call."""
+    """Check shapes and dtypes of ``fn``'s arguments and result on every call
+    (except inside `unchecked`)."""
     if not typecheck_enabled():
         return fn
     checked = jaxtyped(typechecker=_BEARTYPE)(fn)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _SUSPENDED.depth:
+            return fn(*args, **kwargs)
         try:
             return checked(*args, **kwargs)
         except TypeCheckError as error:

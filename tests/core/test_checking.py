@@ -92,3 +92,42 @@ def test_rlcore_typecheck_0_turns_checking_off() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert result.stdout.split() == ["torch.Size([2])", "False"]
+
+
+def test_unchecked_skips_the_checks_in_its_thread_only_and_nests() -> None:
+    import threading
+
+    import rlcore
+    from rlcore.masked import masked_sum
+
+    if not rlcore.typecheck_enabled():
+        pytest.skip("RLCORE_TYPECHECK=0: there are no checks to suspend")
+    values = torch.ones(2, 3)
+    wrong = torch.ones(2, 4, dtype=torch.bool)  # the mask's shape must be the values'
+    with pytest.raises(rlcore.TypeCheckError):
+        masked_sum(values, wrong)
+    seen: list[BaseException | None] = []
+
+    def other_thread() -> None:
+        try:
+            masked_sum(values, wrong)
+            seen.append(None)
+        except rlcore.TypeCheckError as error:
+            seen.append(error)
+
+    with rlcore.unchecked():
+        with rlcore.unchecked():
+            masked_sum(values, torch.ones(2, 3, dtype=torch.bool))
+        # Still suspended after the inner block: the wrong shape reaches the maths unchecked.
+        try:
+            masked_sum(values, wrong)
+        except rlcore.TypeCheckError:  # pragma: no cover - the failure this test exists for
+            pytest.fail("a check ran inside rlcore.unchecked()")
+        except RuntimeError:  # torch's own broadcasting error, not rlcore's check
+            pass
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+    assert isinstance(seen[0], rlcore.TypeCheckError)
+    with pytest.raises(rlcore.TypeCheckError):
+        masked_sum(values, wrong)

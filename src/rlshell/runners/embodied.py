@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from rlcore import unchecked
 from rlshell.checkpoint import (
     TrainerState,
     clean_partials,
@@ -107,6 +108,7 @@ class PPOActor(Worker):
         self.manager: FSDPModelManager | None = None
         self.reward_scaler: RewardScaler | None = None
         self.windows = 0  # rollout windows collected since the run began
+        self.checked: set[str] = set()  # phases whose rlcore calls were shape-checked once
         self.generator = torch.Generator()
 
     def _setup_actor(self) -> FSDPModelManager:
@@ -139,11 +141,24 @@ class PPOActor(Worker):
             lrs[:] = lr
             return grad_norm
 
-        metrics = ppo_update(
-            policy, optimizer_step, samples, ppo_settings(self.config), self.generator
-        )
+        with self.checked_once("update"):
+            metrics = ppo_update(
+                policy, optimizer_step, samples, ppo_settings(self.config), self.generator
+            )
         metrics["train/lr"] = lrs[0] if lrs else float("nan")
         return metrics
+
+    def checked_once(self, phase: str) -> AbstractContextManager[None]:
+        """rlcore's shape and dtype checks on a phase's first run in this process, not after.
+
+        Every window repeats the same calls on tensors of the same shapes, and
+        on an MLP policy the checks cost about a third of PPO's update
+        (`rlcore.unchecked`).
+        """
+        if phase in self.checked:
+            return unchecked()
+        self.checked.add(phase)
+        return nullcontext()
 
     def save_checkpoint(self, path: str, step: int) -> None:
         if self.manager is None:
@@ -209,7 +224,7 @@ class EmbodiedWorker(PPOActor):
         metrics: dict[str, float] = {}
         started = time.perf_counter()
         grouped = is_embodied_grpo(config)
-        with manager.unsharded() as policy:  # gathered once for every step of the rollout
+        with manager.unsharded() as policy, self.checked_once("rollout"):
             assert isinstance(policy, BasePolicy)
             policy.eval()
             if grouped:

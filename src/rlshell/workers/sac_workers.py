@@ -16,6 +16,7 @@ in asynchronous SAC (RLinf's async embodied runner, SRL, Sample Factory).
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 from attrs import evolve
 from torch import Tensor
 
+from rlcore import unchecked
 from rlshell.config import Config
 from rlshell.envs.stepper import EnvObs, EnvStepper
 from rlshell.fsdp import rng_state, set_rng_state
@@ -129,6 +131,7 @@ class SACLearnerWorker(Worker):
         self.generator = torch.Generator()
         self.transitions = 0  # added to the replay buffer since the run began
         self.owed = 0.0  # updates earned by transitions and not yet made
+        self.checked = False  # whether an update ran with rlcore's shape checks
 
     def init_worker(self, obs_dim: int, action_dim: int) -> dict[str, Any]:
         """Build the learner for the collectors' observation and action sizes."""
@@ -175,10 +178,14 @@ class SACLearnerWorker(Worker):
         totals: dict[str, float] = {}
         counts: dict[str, int] = {}
         learner.policy.train()
-        for _ in range(updates):
-            for key, value in learner.update(replay.sample(sac.batch_size, self.generator)).items():
-                totals[key] = totals.get(key, 0.0) + value
-                counts[key] = counts.get(key, 0) + 1
+        for index in range(updates):
+            # rlcore's checks on this process's first update; the rest repeat its shapes.
+            with unchecked() if self.checked or index else nullcontext():
+                batch = replay.sample(sac.batch_size, self.generator)
+                for key, value in learner.update(batch).items():
+                    totals[key] = totals.get(key, 0.0) + value
+                    counts[key] = counts.get(key, 0) + 1
+        self.checked = self.checked or updates > 0
         metrics = {key: totals[key] / counts[key] for key in totals}
         metrics["train/updates"] = float(updates)
         metrics["train/replay_size"] = float(len(replay))
