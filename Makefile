@@ -28,11 +28,11 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks configs docs/examples examples/typed_extension examples/custom_policy
-	$(VENV)/bin/ruff format --check src tests benchmarks configs docs/examples examples/typed_extension examples/custom_policy
+	$(VENV)/bin/ruff check src tests benchmarks configs docs/examples examples
+	$(VENV)/bin/ruff format --check src tests benchmarks configs docs/examples examples
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy src docs/examples examples/typed_extension examples/custom_policy
+	$(VENV)/bin/mypy src docs/examples examples/typed_extension examples/custom_policy examples/jax_ppo_cartpole.py
 
 # pytest exits 5 when it collected nothing: that is a broken suite, never a pass.
 pytest: $(STAMP)

@@ -71,6 +71,24 @@ def test_core_advantages_quick_run_prints_the_expected_json() -> None:
             assert run[estimator]["max_abs_diff_vs_loop"] < 1e-4
 
 
+def test_core_jax_quick_run_prints_the_expected_json() -> None:
+    report = quick_run("core_jax.py")
+    assert report["benchmark"] == "core_jax"
+    assert report["quick"] is True
+    assert isinstance(report["met"], bool)
+    run = report["results"]["threads_1"]
+    implementations = {"torch_eager", "torch_eager_checked", "jax_jit", "jax_eager"}
+    for case in ("gae", "ppo_loss", "ppo_loss_grad"):
+        assert implementations <= set(run[case])
+        assert run[case]["fastest"] in run[case]
+        assert run[case]["jax_jit"]["compile_s"] > 0
+        for name in implementations - {"torch_eager"}:
+            assert {"ms", "speedup_vs_torch_eager"} <= set(run[case][name])
+            # Every implementation computes the baseline's numbers: correctness, not timing.
+            assert run[case][name]["max_rel_diff"] < 1e-5, (case, name, run[case][name])
+    assert run["gae"]["jax_jit_lax_scan"]["max_rel_diff"] < 1e-5
+
+
 def test_shell_workers_quick_run_prints_the_expected_json() -> None:
     report = quick_run("shell_workers.py", ray=True)
     assert report["benchmark"] == "shell_workers"
