@@ -81,15 +81,18 @@ def trajectories(
     max_time: int = 24,
     dtype: torch.dtype = torch.float64,
     consistent_values: bool = False,
+    min_batch: int = 1,
+    min_time: int = 1,
 ) -> Trajectory:
     """Windows of steps with terminations and truncations anywhere.
 
     ``consistent_values`` makes ``next_values[t] = values[t + 1]`` whenever
     step t neither ended the episode nor was the last of the window, as a
-    critic evaluated on the same observations would give.
+    critic evaluated on the same observations would give. The shape is drawn
+    from ``[min_batch, max_batch] × [min_time, max_time]`` (equal bounds fix it).
     """
-    batch = draw(st.integers(1, max_batch))
-    time = draw(st.integers(1, max_time))
+    batch = draw(st.integers(min_batch, max_batch))
+    time = draw(st.integers(min_time, max_time))
     shape = (batch, time)
     rewards = draw(_values(shape, dtype, _FINITE))
     values = draw(_values(shape, dtype, _FINITE))
@@ -129,16 +132,21 @@ def token_batches(
     contiguous_mask: bool = False,
     allow_empty_rows: bool = True,
     batch_multiple_of: int = 1,
+    min_batch: int = 1,
+    min_time: int = 1,
 ) -> TokenBatch:
     """Token batches with log-probabilities in [−8, 0] close to each other.
 
     ``old_logprobs`` and ``ref_logprobs`` differ from ``logprobs`` by up to
     ±1.5 nats, so ratios exercise both sides of a clip range.
-    ``batch_multiple_of`` makes the batch a whole number of groups.
+    ``batch_multiple_of`` makes the batch a whole number of groups. The batch
+    lies in ``[min_batch, max_batch]`` (rounded to whole groups) and the time
+    axis in ``[min_time, max_time]``; equal bounds fix the shape.
     """
-    groups = draw(st.integers(1, max(1, max_batch // batch_multiple_of)))
+    fewest = max(1, -(-min_batch // batch_multiple_of))
+    groups = draw(st.integers(fewest, max(fewest, max_batch // batch_multiple_of)))
     batch = groups * batch_multiple_of
-    time = draw(st.integers(1, max_time))
+    time = draw(st.integers(min_time, max_time))
     shape = (batch, time)
     logprobs = draw(_values(shape, dtype, st.floats(-8.0, 0.0)))
     shift = st.floats(-1.5, 1.5)
@@ -167,13 +175,15 @@ def group_scores(
     min_group_size: int = 2,
     max_group_size: int = 8,
     dtype: torch.dtype = torch.float64,
+    min_groups: int = 1,
 ) -> Tensor:
     """Outcome scores ``[groups, group_size]``: binary, small integers, or continuous.
 
     Binary and integer scores make groups of equal scores (all right, all
-    wrong) common, the case group-relative estimators must map to 0.
+    wrong) common, the case group-relative estimators must map to 0. The
+    number of groups lies in ``[min_groups, max_groups]``.
     """
-    groups = draw(st.integers(1, max_groups))
+    groups = draw(st.integers(min_groups, max_groups))
     size = draw(st.integers(min_group_size, max_group_size))
     kind = draw(st.sampled_from(["binary", "integer", "continuous"]))
     elements = {
