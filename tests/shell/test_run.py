@@ -152,6 +152,7 @@ def test_a_placement_the_runner_cannot_run_is_named_before_ray_starts(
         "actor.model.model_type=bandit_mlp",
         "actor.model.category=embodied",
         "env.env_type=two_armed_bandit",
+        "algorithm.adv_type=gae",
         'cluster.component_placement={"actor,rollout": "0:0-1", "env": "0"}',
         f"runner.output_dir={tmp_path}",
         env=cli_env(
@@ -160,8 +161,10 @@ def test_a_placement_the_runner_cannot_run_is_named_before_ray_starts(
     )
     assert result.returncode == 2
     assert result.stderr.splitlines()[1:] == [
-        "  - cluster.component_placement: the embodied runner of this version runs 'env' in "
-        'the actor\'s processes; place them under one key, e.g. {"actor,rollout,env": "0:0-1"}'
+        "  - cluster.component_placement: the embodied PPO runner places env, rollout and "
+        'actor either all under one key (collocated, e.g. {"actor,rollout,env": "0:0-1"}) or '
+        'each under its own (hybrid, pipelined, e.g. {"actor": "0:0-1", "rollout": "0:0", '
+        "\"env\": \"0:0\"}); 'actor,rollout' groups two of them apart from 'env'"
     ]
     assert ray_processes_using(ray_tmpdir) == []
 
