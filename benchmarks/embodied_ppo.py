@@ -88,7 +88,8 @@ def sb3_settings() -> dict[str, Any]:
         "gamma": algorithm.gamma,
         "clip_range": algorithm.clip_low if algorithm.clip_low is not None else 0.2,
         "ent_coef": algorithm.entropy_coef,
-        "vf_coef": algorithm.vf_coef,
+        # rlcore's value loss is ½ (V − R)², SB3's the plain squared error: half the coefficient.
+        "vf_coef": algorithm.vf_coef / 2,
         "normalize_advantage": algorithm.norm_adv,
         # SB3 passes the remaining fraction of training, 1 → 0.
         "learning_rate": (lambda progress: lr * progress) if optim.lr_scheduler == "linear" else lr,

@@ -37,6 +37,8 @@ config = Config(
         update_epochs=20,
         num_minibatches=1,
         entropy_coef=0.0,
+        # rlcore's value loss is ½ (V − R)²; SB3 (rl-zoo's 0.5) weights the plain squared error.
+        vf_coef=1.0,
     ),
     # 100,000 env steps: rl-zoo's budget (8 envs × 32 steps × 390 rollouts).
     runner=RunnerConfig(
