@@ -62,9 +62,13 @@ __all__ = [
     "EmbodiedWorker",
     "PPOActor",
     "actor_share_problems",
+    "is_embodied_grpo",
+    "launched_group",
     "merge_metrics",
     "ppo_settings",
     "run",
+    "run_sac",
+    "save_run_checkpoint",
     "updates_per_step",
 ]
 
@@ -315,27 +319,26 @@ def actor_share_problems(config: Config, ranks: int) -> list[str]:
 
 @contextmanager
 def _launched(config: Config, cluster: Cluster, plan: PlacementPlan) -> Iterator[Any]:
-    group: WorkerGroup[EmbodiedWorker] = EmbodiedWorker.create_group(config).launch(
-        cluster, plan.component("actor"), call_timeout_s=config.cluster.call_timeout_s
-    )
-    try:
-        started = time.perf_counter()
-        info = group.init_worker().wait()
-        print(
-            f"workers up in {time.perf_counter() - started:.1f} s ({len(info)} ranks × "
-            f"{info[0]['envs']} {info[0]['env_id']} envs, env and policy in the same processes)",
-            flush=True,
-        )
-        yield group
-    except WorkerDiedError as error:  # its traceback died with it: say what it was running
-        error._add_note_to_message(
-            f"\nIt was stepping env {config.env.env_id or config.env.env_type} (an env that "
-            "crashes its process ends this way); checkpoint.resume=auto continues from the "
-            "last checkpoint."
-        )
-        raise
-    finally:
-        group.shutdown()
+    timeout = config.cluster.call_timeout_s
+    actor = plan.component("actor")
+    with launched_group(EmbodiedWorker.create_group(config), cluster, actor, timeout) as group:
+        try:
+            started = time.perf_counter()
+            info = group.init_worker().wait()
+            print(
+                f"workers up in {time.perf_counter() - started:.1f} s ({len(info)} ranks × "
+                f"{info[0]['envs']} {info[0]['env_id']} envs, env and policy in the same "
+                "processes)",
+                flush=True,
+            )
+            yield group
+        except WorkerDiedError as error:  # its traceback died with it: say what it was running
+            error._add_note_to_message(
+                f"\nIt was stepping env {config.env.env_id or config.env.env_type} (an env "
+                "that crashes its process ends this way); checkpoint.resume=auto continues "
+                "from the last checkpoint."
+            )
+            raise
 
 
 def run(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> None:
@@ -376,11 +379,12 @@ def run(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) ->
             logger.log(step, metrics)
             interval = config.checkpoint.interval
             if interval and (step % interval == 0 or step == config.runner.max_steps):
-                _save(config, group, run_dir, step)
+                save_run_checkpoint(config, group, run_dir, step)
     plot_run(run_dir, ("env/episode_return", "env/success"))
 
 
-def _save(config: Config, group: WorkerGroup[Any], run_dir: Path, step: int) -> None:
+def save_run_checkpoint(config: Config, group: WorkerGroup[Any], run_dir: Path, step: int) -> None:
+    """``group.save_checkpoint`` into a staging directory, then commit it and prune old ones."""
     staging = staging_dir(run_dir, step)
     group.save_checkpoint(str(staging), step).wait()
     write_trainer_state(
@@ -444,10 +448,14 @@ def run_sac(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path
     with ExitStack() as stack:
         started = time.perf_counter()
         collectors: WorkerGroup[SACCollector] = stack.enter_context(
-            _group(SACCollector.create_group(config), cluster, plan.component("env"), timeout)
+            launched_group(
+                SACCollector.create_group(config), cluster, plan.component("env"), timeout
+            )
         )
         learner: WorkerGroup[SACLearnerWorker] = stack.enter_context(
-            _group(SACLearnerWorker.create_group(config), cluster, plan.component("actor"), timeout)
+            launched_group(
+                SACLearnerWorker.create_group(config), cluster, plan.component("actor"), timeout
+            )
         )
         info = collectors.init_worker().wait()
         learner.init_worker(info[0]["obs_dim"], info[0]["action_dim"]).wait()
@@ -483,14 +491,15 @@ def run_sac(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path
             logger.log(step, metrics)
             interval = config.checkpoint.interval
             if interval and (step % interval == 0 or step == config.runner.max_steps):
-                _save(config, learner, run_dir, step)
+                save_run_checkpoint(config, learner, run_dir, step)
     plot_run(run_dir, ("env/episode_return", "env/success"))
 
 
 @contextmanager
-def _group(
+def launched_group(
     group: WorkerGroup[Any], cluster: Cluster, placement: ComponentPlan, timeout: float | None
 ) -> Iterator[Any]:
+    """``group`` launched on ``placement`` for the block, shut down after it."""
     launched = group.launch(cluster, placement, call_timeout_s=timeout)
     try:
         yield launched

@@ -66,14 +66,14 @@ from rlshell.placement import PlacementPlan
 from rlshell.rollout.trajectory import RewardScaler, TrajectoryBuffer
 from rlshell.runners.embodied import (
     PPOActor,
-    _group,
-    _save,
     actor_share_problems,
+    launched_group,
     merge_metrics,
+    save_run_checkpoint,
 )
 from rlshell.worker import GroupCall, Worker, WorkerDiedError, WorkerError, WorkerGroup
 from rlshell.workers.actor import build_rollout_model, worker_device
-from rlshell.workers.embodied_update import _values, policy_name
+from rlshell.workers.embodied_update import policy_name, policy_values
 
 __all__ = [
     "EnvWindow",
@@ -325,7 +325,7 @@ class RolloutWorker(Worker):
                         f"finish: no step of env worker {env_rank}, stage {stage} in this window"
                     )
                 self._close_last_step(policy, record, observation)
-                last_values.append(_values(policy, _on(observation.obs, self.device)).to(cpu))
+                last_values.append(policy_values(policy, _on(observation.obs, self.device)).to(cpu))
                 records.append(record)
         _same_lengths(f"env worker {env_rank}", [len(record.values) for record in records])
         keys = records[0].forward_inputs[0]
@@ -367,7 +367,7 @@ class RolloutWorker(Worker):
         rows = observation.truncated_rows
         if rows.numel():
             truncated[rows] = True
-            final = _values(policy, _on(observation.final_obs, self.device))
+            final = policy_values(policy, _on(observation.final_obs, self.device))
             bootstrap[rows] = final.to(bootstrap.device, bootstrap.dtype)
         record.bootstrap.append(bootstrap)
         record.truncated.append(truncated)
@@ -641,13 +641,17 @@ def run_pipelined(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir
     with ExitStack() as stack:
         started = time.perf_counter()
         envs: WorkerGroup[EnvWorker] = stack.enter_context(
-            _group(EnvWorker.create_group(config), cluster, plan.component("env"), timeout)
+            launched_group(EnvWorker.create_group(config), cluster, plan.component("env"), timeout)
         )
         rollout: WorkerGroup[RolloutWorker] = stack.enter_context(
-            _group(RolloutWorker.create_group(config), cluster, plan.component("rollout"), timeout)
+            launched_group(
+                RolloutWorker.create_group(config), cluster, plan.component("rollout"), timeout
+            )
         )
         actor: WorkerGroup[PipelineActor] = stack.enter_context(
-            _group(PipelineActor.create_group(config), cluster, plan.component("actor"), timeout)
+            launched_group(
+                PipelineActor.create_group(config), cluster, plan.component("actor"), timeout
+            )
         )
         actor_up = actor.init_worker()
         policy = rollout.init_worker().wait()[0]["policy"]
@@ -693,5 +697,5 @@ def run_pipelined(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir
             logger.log(step, metrics)
             interval = config.checkpoint.interval
             if interval and (step % interval == 0 or step == config.runner.max_steps):
-                _save(config, actor, run_dir, step)
+                save_run_checkpoint(config, actor, run_dir, step)
     plot_run(run_dir, ("env/episode_return", "env/success"))

@@ -34,7 +34,14 @@ from rlshell.envs.stepper import EnvObs, EnvStepper
 from rlshell.models.base import BasePolicy, ForwardType, MissingInputError
 from rlshell.rollout.trajectory import RewardScaler, Samples, TrajectoryBuffer
 
-__all__ = ["OptimizerStep", "PPOSettings", "collect_rollout", "policy_name", "ppo_update"]
+__all__ = [
+    "OptimizerStep",
+    "PPOSettings",
+    "collect_rollout",
+    "policy_name",
+    "policy_values",
+    "ppo_update",
+]
 
 OptimizerStep = Callable[[], float]
 """Clip, step and clear the gradients; return their norm before clipping."""
@@ -89,7 +96,7 @@ def collect_rollout(
         if bool(result.truncated.any()):
             rows = result.truncated.nonzero().flatten()
             final = {key: value[rows] for key, value in result.next_obs.items()}
-            bootstrap[rows] = _values(policy, final)
+            bootstrap[rows] = policy_values(policy, final)
         pending.append(
             (
                 info["forward_inputs"],
@@ -106,7 +113,7 @@ def collect_rollout(
             )
         )
         obs = result.obs
-    last = _values(policy, obs)
+    last = policy_values(policy, obs)
     for t, (inputs, logprobs, values, rewards, terminated, truncated, bootstrap) in enumerate(
         pending
     ):
@@ -123,7 +130,8 @@ def policy_name(policy: BasePolicy) -> str:
     return type(policy).__name__
 
 
-def _values(policy: BasePolicy, obs: EnvObs) -> Tensor:
+def policy_values(policy: BasePolicy, obs: EnvObs) -> Tensor:
+    """V(s) of ``obs`` from the policy's value head (deterministic, no sampling)."""
     _, info = policy.predict_action_batch(obs, mode="eval", compute_values=True)
     if "prev_values" not in info:
         raise ValueError(f"{policy_name(policy)} has no value head; PPO needs one")
