@@ -107,7 +107,7 @@ FULL = {
     "group_size": 8,
     "max_new_tokens": 32,
     "warmup": 1,
-    "steps": 5,
+    "steps": 10,
     "sync_size": "5M",
     "sync_repeats": 20,
 }
@@ -216,7 +216,9 @@ def rlstack_trainer(spec: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]
     try:
         tokenizer_dir = prepare_tokenizer(config, Path(temp_dir) / "run")
         config = with_tokenizer_ids(config, tokenizer_dir)
-        with Cluster(num_cpus=2, temp_dir=temp_dir) as cluster:
+        with Cluster(
+            num_cpus=2, temp_dir=temp_dir, runtime_env_vars=config.cluster.worker_env_vars
+        ) as cluster:
             plan = plan_for(config, cluster.spec())
             started = time.perf_counter()
             with ReasoningTrainer.launch(config, cluster, plan, tokenizer_dir) as trainer:

@@ -33,6 +33,7 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rlshell.config import WORKER_MALLOC_ENV
 from rlshell.extensions import ENV_VAR as EXT_MODULE_ENV_VAR
 from rlshell.placement import (
     DEFAULT_NODE_GROUP,
@@ -211,7 +212,8 @@ class Cluster:
     ``temp_dir`` apply only then; Ray's socket paths must stay under 107
     characters, so keep ``temp_dir`` short). ``"auto"`` or ``"ray://host:port"``
     attaches to a cluster started with ``ray start``. ``runtime_env_vars`` are
-    set in every worker this cluster launches. Use it as a context manager, or
+    set in every worker this cluster launches (None: `WORKER_MALLOC_ENV`, the
+    default of ``cluster.worker_env_vars``). Use it as a context manager, or
     call `shutdown`.
     """
 
@@ -232,7 +234,9 @@ class Cluster:
             )
         self.address = address
         self.namespace = namespace
-        self.runtime_env_vars: dict[str, str] = dict(runtime_env_vars or {})
+        self.runtime_env_vars: dict[str, str] = dict(
+            WORKER_MALLOC_ENV if runtime_env_vars is None else runtime_env_vars
+        )
         self._stoppables: list[_Stoppable] = []
         self._reservations: list[Reservation] = []
         self._closed = False

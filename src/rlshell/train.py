@@ -121,7 +121,11 @@ def _run(config: Config) -> int:
     try:
         embedded = config.cluster.address is None
         num_cpus = config.cluster.num_cpus if embedded else None
-        with Cluster(address=config.cluster.address, num_cpus=num_cpus) as cluster:
+        with Cluster(
+            address=config.cluster.address,
+            num_cpus=num_cpus,
+            runtime_env_vars=config.cluster.worker_env_vars,
+        ) as cluster:
             spec = _wait_for_nodes(cluster, config)
             try:
                 plan = plan_for(config, spec)

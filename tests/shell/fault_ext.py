@@ -1,7 +1,8 @@
 """An extension module for fault tests: a causal LM that fails on purpose during training.
 
 ``register()`` adds the model type ``faulty_lm``: the built-in ``hf_causal_lm``
-with a forward hook that, on the actor's N-th training forward
+with a forward hook that, on the actor's N-th training forward (counting
+the response pass only when the prompts run apart)
 (``RLSHELL_TEST_FAULT_AT``), either makes the logits NaN
 (``RLSHELL_TEST_FAULT=nan``) or kills its own process with SIGKILL
 (``RLSHELL_TEST_FAULT=kill``, rank 1 only, once: it leaves the marker file
@@ -31,9 +32,11 @@ def _build(cfg: ModelConfig, dtype: torch.dtype) -> nn.Module:
     marker = Path(os.environ.get("RLSHELL_TEST_FAULT_MARKER", "/nonexistent/marker"))
     calls = {"training": 0}
 
-    def hook(module: nn.Module, args: Any, output: Any) -> Any:
+    def hook(module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> Any:
         if not module.training:
             return output
+        if kwargs.get("use_cache") and kwargs.get("past_key_values") is None:
+            return output  # the shared prompts' pass (`prompt_prefix_forward`): not a step's
         calls["training"] += 1
         if calls["training"] != at:
             return output
@@ -44,7 +47,7 @@ def _build(cfg: ModelConfig, dtype: torch.dtype) -> nn.Module:
             os.kill(os.getpid(), signal.SIGKILL)
         return output
 
-    model.register_forward_hook(hook)
+    model.register_forward_hook(hook, with_kwargs=True)
     return model
 
 

@@ -19,6 +19,7 @@ from rlshell.cluster import (
     local_cluster_spec,
     parse_node_ranks,
 )
+from rlshell.config import WORKER_MALLOC_ENV
 from rlshell.placement import ComponentPlan, NodeGroup
 from rlshell.worker import Worker
 
@@ -35,6 +36,7 @@ ENV_NAMES = (
     "CUDA_VISIBLE_DEVICES",
     "OMP_NUM_THREADS",
     "RLSHELL_TEST_FLAVOUR",
+    "MALLOC_TRIM_THRESHOLD_",
 )
 
 
@@ -182,6 +184,8 @@ def test_worker_env_pins_gpus_and_keeps_ray_off_them(
     assert env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1"
     assert env["OMP_NUM_THREADS"] == "3"
     assert (env["RLSHELL_EXT_MODULE"], env["PYTHONPATH"]) == ("my_ext", "/opt/ext")
+    # By default workers keep freed memory (cluster.worker_env_vars' default).
+    assert {key: env[key] for key in WORKER_MALLOC_ENV} == WORKER_MALLOC_ENV
     cpu_only = ray_cluster.worker_env(plan_component("cpu-env"), plan.workers[0], gpu_node=False)
     assert "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES" in cpu_only  # the worker asked for GPUs
 
@@ -205,6 +209,7 @@ def test_workers_see_their_rank_rendezvous_and_devices(
             assert env["CUDA_VISIBLE_DEVICES"] == ""
             assert env["OMP_NUM_THREADS"] == "1"
             assert env["RLSHELL_TEST_FLAVOUR"] == "mint"
+            assert env["MALLOC_TRIM_THRESHOLD_"] is None  # explicit vars replace the default
         assert group.reservation is not None
         groups = list(group.reservation.groups.values())
     # Cluster.shutdown stopped the group and removed its placement groups, not Ray.

@@ -72,6 +72,38 @@ def test_behaviour_logprobs_equal_a_forward_recompute(engine: HFRolloutEngine) -
     assert torch.all(entropy[mask] > 0)
 
 
+def test_the_shared_prompt_forward_gives_the_full_forwards_logprobs_and_gradients(
+    config: tuple[Config, Path],
+) -> None:
+    # Prompts of different lengths (left padding), repeated in groups, with early EOS.
+    from rlshell.tokenizer import load_tokenizer
+
+    cfg, tokenizer_dir = config
+    torch.manual_seed(1)
+    model = get_model(cfg.actor.model)
+    engine = HFRolloutEngine(model, load_tokenizer(tokenizer_dir), torch.device("cpu"))
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6)
+    batch = engine.generate(["1+2=", "13+40+7=", "7+7=", "5="], params, seed=3)
+    batch = batch.select([0, 4, 1, 5, 2, 8, 9, 10, 11])  # groups interleaved and cut
+    assert len(set(batch.prompt_mask.sum(1).tolist())) > 1
+    for param in model.parameters():
+        param.requires_grad_(True)
+    results = []
+    for share in (False, True):
+        model.zero_grad()
+        logprobs, entropy = policy_forward(model, batch, 0.8, None, share_prompts=share)
+        (logprobs * batch.response_mask).sum().backward()
+        grads = [param.grad.clone() for param in model.parameters() if param.grad is not None]
+        results.append((logprobs.detach(), entropy.detach(), grads))
+    mask = batch.response_mask
+    (full_lp, full_h, full_g), (shared_lp, shared_h, shared_g) = results
+    torch.testing.assert_close(shared_lp[mask], full_lp[mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(shared_h[mask], full_h[mask], atol=1e-5, rtol=0)
+    assert len(shared_g) == len(full_g) > 0
+    for shared, full in zip(shared_g, full_g, strict=True):
+        torch.testing.assert_close(shared, full, atol=1e-5, rtol=1e-4)
+
+
 def test_sampling_is_reproducible_from_its_seed_and_leaves_the_global_rng_alone(
     engine: HFRolloutEngine,
 ) -> None:

@@ -51,6 +51,7 @@ __all__ = [
     "build_rollout_model",
     "compute_advantages",
     "policy_forward",
+    "prompt_prefix_forward",
     "rollout_precision",
     "worker_device",
 ]
@@ -98,23 +99,41 @@ def compute_advantages(batch: RolloutBatch, scores: Tensor, config: Config) -> A
 
 
 def policy_forward(
-    model: nn.Module, batch: RolloutBatch, temperature: float, chunk_size: int | None
+    model: nn.Module,
+    batch: RolloutBatch,
+    temperature: float,
+    chunk_size: int | None,
+    share_prompts: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """(log-probs, entropies) of the batch's response tokens under ``model``.
 
     Positions count valid tokens only, as ``generate`` saw them with left padding.
+    With ``share_prompts`` rows that repeat a prompt (a GRPO group's samples)
+    run it once: the distinct prompts go through the model first, their
+    key/value cache is gathered to the rows (`prompt_prefix_forward`), and
+    only the responses run on every row. Same log-probs and gradients
+    (tested to float32 round-off); fewer FLOPs by (1 − distinct/rows) of the
+    prompt tokens.
     """
-    input_ids = batch.input_ids
-    attention_mask = batch.attention_mask
     device = next(model.parameters()).device
-    logits = model(
-        input_ids=input_ids.to(device),
-        attention_mask=attention_mask.to(device).long(),
-        position_ids=position_ids(attention_mask).to(device),
-        use_cache=False,
-    ).logits
     width = batch.prompt_ids.shape[1]
-    response_logits = logits[:, width - 1 : -1, :]
+    response_logits: Tensor | None = None
+    if share_prompts and batch.response_ids.shape[1] > 1:
+        keys = torch.cat([batch.prompt_ids, batch.prompt_mask.long()], dim=1)
+        distinct, inverse = torch.unique(keys, dim=0, return_inverse=True)
+        if distinct.shape[0] < batch.rows:
+            response_logits = prompt_prefix_forward(
+                model, batch, distinct[:, :width], distinct[:, width:].bool(), inverse, device
+            )
+    if response_logits is None:
+        attention_mask = batch.attention_mask
+        logits = model(
+            input_ids=batch.input_ids.to(device),
+            attention_mask=attention_mask.to(device).long(),
+            position_ids=position_ids(attention_mask).to(device),
+            use_cache=False,
+        ).logits
+        response_logits = logits[:, width - 1 : -1, :]
     stats = token_stats(
         response_logits.float(),
         batch.response_ids.to(device),
@@ -122,6 +141,46 @@ def policy_forward(
         chunk_size,
     )
     return stats.logprobs, stats.entropy
+
+
+def prompt_prefix_forward(
+    model: nn.Module,
+    batch: RolloutBatch,
+    prompts: Tensor,
+    prompt_masks: Tensor,
+    inverse: Tensor,
+    device: torch.device,
+) -> Tensor:
+    """The logits that predict each row's response tokens, running each distinct prompt once.
+
+    ``prompts``/``prompt_masks`` are the distinct left-padded prompts and
+    ``inverse`` maps every row to its prompt. Pass 1 runs the prompts with a
+    key/value cache; the cache (and the last prompt position's logits) are
+    gathered to the rows with ``index_select``, which back-propagates by
+    summing over a prompt's rows; pass 2 runs the responses, all but their
+    last token, on top of it.
+    """
+    width = batch.prompt_ids.shape[1]
+    prefix = model(
+        input_ids=prompts.to(device),
+        attention_mask=prompt_masks.to(device).long(),
+        position_ids=position_ids(prompt_masks).to(device),
+        use_cache=True,
+    )
+    rows = inverse.to(device)
+    cache = prefix.past_key_values
+    cache.reorder_cache(rows)
+    first = prefix.logits[:, -1:, :].index_select(0, rows)
+    attention_mask = batch.attention_mask
+    positions = position_ids(attention_mask)[:, width:-1]
+    rest = model(
+        input_ids=batch.response_ids[:, :-1].to(device),
+        attention_mask=attention_mask[:, :-1].to(device).long(),
+        position_ids=positions.to(device),
+        past_key_values=cache,
+        use_cache=True,
+    ).logits
+    return torch.cat([first, rest], dim=1)
 
 
 class ActorWorker(Worker):
@@ -271,7 +330,13 @@ class ActorWorker(Worker):
         advantages = self.compute_advantages_and_returns(batch, scores).advantages
         horizon = self.config.rollout.max_new_tokens
         normalizer = aggregation_normalizer(batch.response_mask, algorithm.loss_agg_mode, horizon)
-        mine = list(range(self.rank, batch.rows, self.world_size))
+        # Contiguous rows: a rank holds whole groups, whose prompt runs once per micro-batch.
+        mine = list(
+            range(
+                self.rank * batch.rows // self.world_size,
+                (self.rank + 1) * batch.rows // self.world_size,
+            )
+        )
         micro_batches = self._micro_batches(batch, mine)
         model = self.model
         model.train()
@@ -343,6 +408,7 @@ class ActorWorker(Worker):
             micro,
             self.config.rollout.temperature,
             self.config.actor.logprob_chunk_size,
+            share_prompts=self.config.actor.share_prompt_forward,
         )
         mask = micro.response_mask.to(logprobs.device)
         policy_loss = POLICY_LOSSES.get(algorithm.loss_type)(

@@ -84,5 +84,6 @@ class ReferenceWorker(Worker):
             batch,
             self.config.rollout.temperature,
             self.config.actor.logprob_chunk_size,
+            share_prompts=self.config.actor.share_prompt_forward,
         )
         return torch.where(batch.response_mask, logprobs.cpu(), 0.0)
