@@ -15,7 +15,9 @@ lr 1e-3 decaying linearly over 100,000 steps, gradient norm 0.5, entropy 0):
 returns is ≥ 475 (SB3: its ``ep_info_buffer`` read after each rollout, the
 same window). The clock starts at the first env step (workers up and the
 model built: start-up is reported apart) and stops after the update that
-reached it. One torch thread per process. 3 seeds each. Target (reported,
+reached it. One torch thread per process. rlstack runs with ``actor.compile``
+(its PPO step compiled at worker start-up, which ``startup_s`` includes);
+``--no-compile`` runs it eager. 3 seeds each. Target (reported,
 not asserted): rlstack's median wall time ≤ 0.5× SB3's. Prints one JSON
 object; ``--quick`` is a smoke run (one seed, a few thousand steps).
 """
@@ -42,13 +44,13 @@ TIME_TARGET = 0.5  # rlstack wall time ≤ 0.5× SB3's
 TOTAL_STEPS = 100_000
 
 
-def run_rlstack(seed: int, max_env_steps: int) -> dict[str, Any]:
+def run_rlstack(seed: int, max_env_steps: int, compile_update: bool) -> dict[str, Any]:
     from rlshell.cluster import Cluster
     from rlshell.config_loading import load_config
     from rlshell.runners.embodied import EmbodiedWorker, merge_metrics
     from rlshell.validation import plan_for
 
-    config = load_config(CONFIG, [f"runner.seed={seed}"])
+    config = load_config(CONFIG, [f"runner.seed={seed}", f"actor.compile={compile_update}"])
     temp_dir = tempfile.mkdtemp(prefix="rb", dir=os.environ.get("RAY_TMPDIR", "/tmp"))
     started = time.perf_counter()
     with Cluster(num_cpus=2, temp_dir=temp_dir) as cluster:
@@ -175,6 +177,12 @@ def _loop(step: Any, max_env_steps: int, startup: float) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one seed, a few thousand steps")
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="rlstack with actor.compile (its update compiled at start-up; the default)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("RAY_worker_niceness", "0")
     seeds = [0] if args.quick else [0, 1, 2]
@@ -183,7 +191,7 @@ def main() -> None:
     results: dict[str, list[dict[str, Any]]] = {"rlstack": [], "sb3": []}
     for seed in seeds:
         results["sb3"].append({"seed": seed, **run_sb3(seed, budget)})
-        results["rlstack"].append({"seed": seed, **run_rlstack(seed, budget)})
+        results["rlstack"].append({"seed": seed, **run_rlstack(seed, budget, args.compile)})
 
     def median(side: str, key: str) -> float | None:
         values = [r[key] for r in results[side] if r.get("reached")]
@@ -202,6 +210,7 @@ def main() -> None:
                 "settings": "rl-zoo: 8 envs x 32 steps, batch 256, 20 epochs, lambda 0.8, "
                 "gamma 0.98, clip 0.2, lr 1e-3 linear, max_grad_norm 0.5",
                 "sb3": stable_baselines3.__version__,
+                "rlstack_compile": args.compile,
                 "seeds": seeds,
                 "results": results,
                 "median_wall_s": {"rlstack": rl_wall, "sb3": sb3_wall},

@@ -204,7 +204,15 @@ class FSDPConfig:
 
 @frozen
 class ActorConfig:
-    """The trained policy: model, optimizer, FSDP and the micro-batch budget."""
+    """The trained policy: model, optimizer, FSDP and the micro-batch budget.
+
+    ``compile``: the collocated embodied PPO runner's update runs each
+    minibatch's forward pass, rlcore's losses and the backward pass as one
+    ``torch.compile``d graph (`rlshell.workers.embodied_update.CompiledPPOGradients`),
+    compiled at worker start-up (seconds); same maths to float rounding, about
+    3× faster per forward-and-backward on a small MLP policy. One actor rank
+    with a ``gae`` estimator only; other runners and placements ignore it.
+    """
 
     model: ModelConfig = Factory(ModelConfig)
     optim: OptimConfig = Factory(OptimConfig)
@@ -220,6 +228,7 @@ class ActorConfig:
     # log-probs between the actor's phases, so it reserves little CPU.
     reference_cpus_per_worker: float = field(default=0.125, metadata=POSITIVE)
     seed: int = 0
+    compile: bool = False
 
 
 @frozen

@@ -56,12 +56,18 @@ from rlshell.rollout.trajectory import RewardScaler, Samples, TrajectoryBuffer
 from rlshell.worker import Worker, WorkerDiedError, WorkerGroup
 from rlshell.workers.actor import worker_device
 from rlshell.workers.embodied_grpo import collect_group_episodes, group_samples
-from rlshell.workers.embodied_update import PPOSettings, collect_rollout, ppo_update
+from rlshell.workers.embodied_update import (
+    CompiledPPOGradients,
+    PPOSettings,
+    collect_rollout,
+    ppo_update,
+)
 
 __all__ = [
     "EmbodiedWorker",
     "PPOActor",
     "actor_share_problems",
+    "dummy_samples",
     "is_embodied_grpo",
     "launched_group",
     "merge_metrics",
@@ -114,6 +120,7 @@ class PPOActor(Worker):
         self.windows = 0  # rollout windows collected since the run began
         self.checked: set[str] = set()  # phases whose rlcore calls were shape-checked once
         self.generator = torch.Generator()
+        self.compiled: CompiledPPOGradients | None = None  # actor.compile's update
 
     def _setup_actor(self) -> FSDPModelManager:
         """Join the process group and build the sharded policy with its optimizer."""
@@ -147,10 +154,52 @@ class PPOActor(Worker):
 
         with self.checked_once("update"):
             metrics = ppo_update(
-                policy, optimizer_step, samples, ppo_settings(self.config), self.generator
+                policy,
+                optimizer_step,
+                samples,
+                ppo_settings(self.config),
+                self.generator,
+                self.compiled,
             )
         metrics["train/lr"] = lrs[0] if lrs else float("nan")
         return metrics
+
+    def _compile_update(self, samples_per_window: int, obs: dict[str, torch.Tensor]) -> None:
+        """``actor.compile``: compile PPO's minibatch step now, for every minibatch size a
+        window of ``samples_per_window`` samples splits into, on dummy batches built from
+        ``obs``. Parameters, optimizer state and RNG streams stay as they were."""
+        config = self.config
+        if not config.actor.compile:
+            return
+        problems = []
+        if self.world_size > 1:
+            problems.append(
+                f"actor.compile: the compiled update needs one actor rank (an unsharded "
+                f"policy); got {self.world_size}. Set actor.compile=false or place the actor "
+                'on one process, e.g. {"actor,rollout,env": "0:0"}'
+            )
+        if is_embodied_grpo(config):
+            problems.append(
+                f"actor.compile: compiles PPO's update with algorithm.adv_type 'gae'; got "
+                f"'{config.algorithm.adv_type}', whose windows vary in size. Set "
+                "actor.compile=false"
+            )
+        if problems:
+            raise ConfigError(problems)
+        manager = self.manager
+        assert manager is not None
+        policy = manager.module
+        assert isinstance(policy, BasePolicy)
+        policy.train()  # as PPO's update runs it
+        self.compiled = CompiledPPOGradients(policy, ppo_settings(config))
+        sizes = {
+            len(rows)
+            for rows in torch.tensor_split(
+                torch.arange(samples_per_window), config.algorithm.num_minibatches
+            )
+        }
+        for size in sorted(sizes):
+            self.compiled.warm_up(dummy_samples(policy, obs, size))
 
     def checked_once(self, phase: str) -> AbstractContextManager[None]:
         """rlcore's shape and dtype checks on a phase's first run in this process, not after.
@@ -216,6 +265,7 @@ class EmbodiedWorker(PPOActor):
             self.reward_scaler = RewardScaler(per_rank, config.algorithm.gamma)
         self.generator.manual_seed(seed)
         self.obs = self.stepper.reset(seed)
+        self._compile_update(per_rank * config.runner.rollout_steps, self.obs)
         return {"envs": per_rank, "env_id": self.stepper.env_id}
 
     def train_step(self) -> dict[str, float]:
@@ -261,6 +311,23 @@ class EmbodiedWorker(PPOActor):
         metrics["train/samples"] = float(samples.size)
         self.windows += 1
         return metrics
+
+
+def dummy_samples(policy: BasePolicy, obs: dict[str, torch.Tensor], size: int) -> Samples:
+    """``size`` samples shaped like a window's, from the deterministic actions on ``obs``
+    (``"eval"`` mode: no sampling, no observation statistics updated); for compiling."""
+    with torch.no_grad():
+        _, info = policy.predict_action_batch(obs, mode="eval", compute_values=False)
+    logprobs = info["prev_logprobs"]
+    rows = torch.arange(size, device=logprobs.device) % logprobs.shape[0]
+    return Samples(
+        forward_inputs={key: value[rows] for key, value in info["forward_inputs"].items()},
+        logprobs=logprobs[rows],
+        # Tensors of their own: the compiled step is traced for inputs that do not alias.
+        values=torch.zeros(size, device=rows.device),
+        advantages=torch.linspace(-1.0, 1.0, size, device=rows.device),
+        returns=torch.ones(size, device=rows.device),
+    )
 
 
 def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:

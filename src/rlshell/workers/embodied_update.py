@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from attrs import field, frozen
@@ -144,6 +145,7 @@ def ppo_update(
     samples: Samples,
     settings: PPOSettings,
     generator: torch.Generator,
+    compiled: CompiledPPOGradients | None = None,
 ) -> dict[str, float]:
     """``update_epochs`` passes of ``num_minibatches`` steps each; the last pass's mean metrics.
 
@@ -152,15 +154,18 @@ def ppo_update(
     clears the gradients itself and returns the norm before clipping (e.g.
     `rlshell.fsdp.FSDPModelManager.optimizer_step`, whose clipping is
     ``actor.optim.clip_grad``). A non-finite loss stops before its backward
-    pass (FloatingPointError).
+    pass (FloatingPointError). ``compiled``: the forward and backward passes of
+    `CompiledPPOGradients` (the same maths) instead of eager ones.
     """
     step = optimizer if callable(optimizer) else _torch_step(policy, optimizer, settings)
+    if compiled is not None:
+        compiled.bind(policy)
     totals: dict[str, float] = {}
     steps = 0
     for epoch in range(settings.update_epochs):
         last = epoch == settings.update_epochs - 1
         for minibatch in samples.minibatches(settings.num_minibatches, generator):
-            metrics = _step(policy, step, minibatch, settings)
+            metrics = _step(policy, step, minibatch, settings, compiled)
             if last:
                 steps += 1
                 for key, value in metrics.items():
@@ -180,10 +185,19 @@ def _torch_step(
     return step
 
 
-def _step(
-    policy: BasePolicy, optimizer_step: OptimizerStep, batch: Samples, settings: PPOSettings
-) -> dict[str, float]:
-    out = _default_forward(policy, batch.forward_inputs)
+class PPOLoss(NamedTuple):
+    """One minibatch's PPO objective and its parts (0-d tensors; ``loss`` keeps its graph)."""
+
+    loss: Tensor
+    pg_loss: Tensor
+    value_loss: Tensor
+    entropy: Tensor
+    policy_metrics: dict[str, Tensor]
+
+
+def ppo_loss(out: dict[str, Tensor], batch: Samples, settings: PPOSettings) -> PPOLoss:
+    """L = L_clip + c_v · L_V − c_H · H on one minibatch from rlcore's losses, given
+    ``default_forward``'s outputs ``out`` on ``batch.forward_inputs``."""
     logprobs, entropy, values = out["logprobs"], out["entropy"], out["values"]
     # rlcore's losses read [batch, time]: each sample is a row of one step.
     mask = torch.ones_like(logprobs, dtype=torch.bool)[:, None]
@@ -206,30 +220,190 @@ def _step(
     )
     bonus = entropy_loss(entropy[:, None], mask)
     loss = policy_loss.loss + settings.vf_coef * critic.loss + settings.ent_coef * bonus.loss
-    value = float(loss.detach())
-    if not math.isfinite(value):
-        raise FloatingPointError(f"PPO update: the loss is {value}; stopping before its backward")
-    torch.autograd.backward(loss)
+    return PPOLoss(
+        loss,
+        policy_loss.loss.detach(),
+        critic.loss.detach(),
+        entropy.detach().mean(),
+        {key: value.detach() for key, value in policy_loss.metrics.items()},
+    )
+
+
+_Shapes = tuple[tuple[str, tuple[int, ...]], ...]  # a minibatch's shapes, input by input
+
+
+class CompiledPPOGradients:
+    """`ppo_loss` and its gradients in one compiled call (``actor.compile``).
+
+    The policy's ``default_forward``, rlcore's losses and their backward pass
+    are traced once (``torch.func.grad`` under ``make_fx``, on fake tensors)
+    into one graph of the parameters, buffers and a minibatch, which
+    ``torch.compile`` (inductor) compiles: one call instead of a few hundred
+    eager ops per PPO step. The maths is the eager path's; inductor's fused
+    kernels round differently, so the result agrees with it to float
+    rounding (~1e-7 relative), not bit for bit, and a run drifts from the
+    eager one after some windows as any float change would make it.
+
+    A policy's ``default_forward`` must not branch on tensor values nor
+    draw random numbers (tracing fails on the first; the second would be
+    inductor's generator, not torch's). Compiled per minibatch shape; `warm_up`
+    compiles for one on a dummy batch without touching parameters, gradients,
+    optimizer state or RNG streams.
+    """
+
+    def __init__(self, policy: BasePolicy, settings: PPOSettings) -> None:
+        self.policy = policy
+        self.settings = settings
+        self.trained: dict[str, Tensor] = {}
+        self._params: dict[str, Tensor] = {}
+        self._buffers: dict[str, Tensor] = {}
+        self.bind(policy)
+        # One compiled graph per minibatch shape (a window may split into two sizes).
+        self._compiled: dict[_Shapes, Callable[..., tuple[dict[str, Tensor], PPOLoss]]] = {}
+
+    def bind(self, policy: BasePolicy) -> None:
+        """Read ``policy``'s current parameters and buffers (`ppo_update` does, once per
+        window: a checkpoint load may have replaced them)."""
+        if policy is not self.policy:
+            raise ValueError(
+                f"CompiledPPOGradients was built for a {policy_name(self.policy)} at "
+                f"{id(self.policy):#x}, not this {policy_name(policy)}: build one per policy"
+            )
+        self.trained = {name: p for name, p in policy.named_parameters() if p.requires_grad}
+        # Detached views of the same storage: the optimizer steps them in place.
+        self._params = {name: p.detach() for name, p in self.trained.items()}
+        self._buffers = dict(policy.named_buffers())
+
+    def __call__(self, batch: Samples) -> tuple[PPOLoss, dict[str, Tensor]]:
+        """The minibatch's `PPOLoss` (detached) and d loss / d parameter by parameter name."""
+        shapes = _batch_shapes(batch)
+        compiled = self._compiled.get(shapes)
+        if compiled is None:
+            compiled = self._compiled[shapes] = self._compile(batch)
+        grads, parts = compiled(self._params, self._buffers, *_fields(batch))
+        return parts, grads
+
+    def backward(self, batch: Samples) -> PPOLoss:
+        """Like ``ppo_loss(...).loss.backward()``: gradients into ``.grad``; the detached parts."""
+        parts, grads = self(batch)
+        value = float(parts.loss)
+        if not math.isfinite(value):
+            raise FloatingPointError(
+                f"PPO update: the loss is {value}; stopping before its backward"
+            )
+        for name, grad in grads.items():
+            param = self.trained[name]
+            if param.grad is None:
+                param.grad = grad
+            else:
+                param.grad += grad
+        return parts
+
+    @property
+    def compiled_rows(self) -> list[int]:
+        """The minibatch sizes compiled so far."""
+        return sorted(dict(shapes)["rows"][0] for shapes in self._compiled)
+
+    def warm_up(self, example: Samples) -> None:
+        """Compile for ``example``'s shapes now (e.g. at worker start-up), changing nothing."""
+        rng = torch.get_rng_state()
+        self(example)
+        torch.set_rng_state(rng)
+
+    def _compile(self, example: Samples) -> Callable[..., tuple[dict[str, Tensor], PPOLoss]]:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        policy, settings = self.policy, self.settings
+
+        def loss_and_grads(
+            params: dict[str, Tensor],
+            buffers: dict[str, Tensor],
+            forward_inputs: dict[str, Tensor],
+            *tensors: Tensor,
+        ) -> tuple[dict[str, Tensor], PPOLoss]:
+            batch = Samples(forward_inputs, *tensors)
+
+            def objective(trained: dict[str, Tensor]) -> tuple[Tensor, PPOLoss]:
+                def call(*args: object, **kwargs: object) -> dict[str, Tensor]:
+                    state = {**buffers, **trained}
+                    out: dict[str, Tensor] = torch.func.functional_call(policy, state, args, kwargs)
+                    return out
+
+                parts = ppo_loss(
+                    _default_forward(policy, batch.forward_inputs, call), batch, settings
+                )
+                return parts.loss, parts._replace(loss=parts.loss.detach())
+
+            grads, parts = torch.func.grad(objective, has_aux=True)(params)
+            return grads, parts
+
+        # rlcore's shape checks run once, on the traced call.
+        # On fake tensors: a branch on a tensor's value fails here instead of being baked in.
+        # On copies: make_fx would trace inputs that share storage as one.
+        inputs, *tensors = _fields(example)
+        graph = make_fx(loss_and_grads, tracing_mode="fake")(
+            self._params,
+            self._buffers,
+            {key: value.clone() for key, value in inputs.items()},
+            *(tensor.clone() for tensor in tensors),
+        )
+        return torch.compile(graph, dynamic=False)
+
+
+def _fields(batch: Samples) -> tuple[dict[str, Tensor], Tensor, Tensor, Tensor, Tensor]:
+    return batch.forward_inputs, batch.logprobs, batch.values, batch.advantages, batch.returns
+
+
+def _batch_shapes(batch: Samples) -> _Shapes:
+    inputs = sorted(batch.forward_inputs.items())
+    return (*((key, tuple(value.shape)) for key, value in inputs), ("rows", (batch.size,)))
+
+
+def _step(
+    policy: BasePolicy,
+    optimizer_step: OptimizerStep,
+    batch: Samples,
+    settings: PPOSettings,
+    compiled: CompiledPPOGradients | None = None,
+) -> dict[str, float]:
+    if compiled is not None:
+        parts = compiled.backward(batch)
+        value = float(parts.loss)
+    else:
+        parts = ppo_loss(_default_forward(policy, batch.forward_inputs), batch, settings)
+        value = float(parts.loss.detach())
+        if not math.isfinite(value):
+            raise FloatingPointError(
+                f"PPO update: the loss is {value}; stopping before its backward"
+            )
+        torch.autograd.backward(parts.loss)
     grad_norm = optimizer_step()
     metrics = {
         "loss": value,
-        "pg_loss": float(policy_loss.loss.detach()),
-        "value_loss": float(critic.loss.detach()),
-        "entropy": float(entropy.detach().mean()),
+        "pg_loss": float(parts.pg_loss),
+        "value_loss": float(parts.value_loss),
+        "entropy": float(parts.entropy),
         "grad_norm": grad_norm,
     }
-    metrics.update({key: float(v) for key, v in policy_loss.metrics.items()})
+    metrics.update({key: float(v) for key, v in parts.policy_metrics.items()})
     return metrics
 
 
 _PPO_OUTPUTS = ("logprobs", "entropy", "values")
 
 
-def _default_forward(policy: BasePolicy, forward_inputs: dict[str, Tensor]) -> dict[str, Tensor]:
-    """``default_forward``'s result, with a policy's contract breaches named."""
+def _default_forward(
+    policy: BasePolicy,
+    forward_inputs: dict[str, Tensor],
+    call: Callable[..., dict[str, Tensor]] | None = None,
+) -> dict[str, Tensor]:
+    """``default_forward``'s result, with a policy's contract breaches named.
+
+    ``call``: the policy's ``__call__`` by default (so that module hooks, FSDP's
+    gathers, run); `CompiledPPOGradients` passes a ``functional_call`` of it.
+    """
     try:
-        # Through __call__, so that module hooks (FSDP's gathers) run.
-        out = policy(ForwardType.DEFAULT, forward_inputs=forward_inputs)
+        out = (policy if call is None else call)(ForwardType.DEFAULT, forward_inputs=forward_inputs)
     except MissingInputError as error:
         error.policy = policy_name(policy)  # FSDP2 renames a sharded class FSDP<name>
         raise
