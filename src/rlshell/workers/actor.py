@@ -117,14 +117,7 @@ def policy_forward(
     """
     device = next(model.parameters()).device
     width = batch.prompt_ids.shape[1]
-    response_logits: Tensor | None = None
-    if share_prompts and batch.response_ids.shape[1] > 1:
-        keys = torch.cat([batch.prompt_ids, batch.prompt_mask.long()], dim=1)
-        distinct, inverse = torch.unique(keys, dim=0, return_inverse=True)
-        if distinct.shape[0] < batch.rows:
-            response_logits = prompt_prefix_forward(
-                model, batch, distinct[:, :width], distinct[:, width:].bool(), inverse, device
-            )
+    response_logits = prompt_prefix_forward(model, batch, device) if share_prompts else None
     if response_logits is None:
         attention_mask = batch.attention_mask
         logits = model(
@@ -144,23 +137,25 @@ def policy_forward(
 
 
 def prompt_prefix_forward(
-    model: nn.Module,
-    batch: RolloutBatch,
-    prompts: Tensor,
-    prompt_masks: Tensor,
-    inverse: Tensor,
-    device: torch.device,
-) -> Tensor:
+    model: nn.Module, batch: RolloutBatch, device: torch.device
+) -> Tensor | None:
     """The logits that predict each row's response tokens, running each distinct prompt once.
 
-    ``prompts``/``prompt_masks`` are the distinct left-padded prompts and
-    ``inverse`` maps every row to its prompt. Pass 1 runs the prompts with a
-    key/value cache; the cache (and the last prompt position's logits) are
+    None when no prompt repeats (or a response has one token: nothing to run
+    on top of the prompts). Pass 1 runs the distinct left-padded prompts with
+    a key/value cache; the cache (and the last prompt position's logits) are
     gathered to the rows with ``index_select``, which back-propagates by
     summing over a prompt's rows; pass 2 runs the responses, all but their
     last token, on top of it.
     """
     width = batch.prompt_ids.shape[1]
+    if batch.response_ids.shape[1] <= 1:
+        return None
+    keys = torch.cat([batch.prompt_ids, batch.prompt_mask.long()], dim=1)
+    distinct, inverse = torch.unique(keys, dim=0, return_inverse=True)
+    if distinct.shape[0] == batch.rows:
+        return None
+    prompts, prompt_masks = distinct[:, :width], distinct[:, width:].bool()
     prefix = model(
         input_ids=prompts.to(device),
         attention_mask=prompt_masks.to(device).long(),

@@ -286,11 +286,7 @@ class CompiledPPOGradients:
     def backward(self, batch: Samples) -> PPOLoss:
         """Like ``ppo_loss(...).loss.backward()``: gradients into ``.grad``; the detached parts."""
         parts, grads = self(batch)
-        value = float(parts.loss)
-        if not math.isfinite(value):
-            raise FloatingPointError(
-                f"PPO update: the loss is {value}; stopping before its backward"
-            )
+        _finite_loss(parts.loss)
         for name, grad in grads.items():
             param = self.trained[name]
             if param.grad is None:
@@ -371,11 +367,7 @@ def _step(
         value = float(parts.loss)
     else:
         parts = ppo_loss(_default_forward(policy, batch.forward_inputs), batch, settings)
-        value = float(parts.loss.detach())
-        if not math.isfinite(value):
-            raise FloatingPointError(
-                f"PPO update: the loss is {value}; stopping before its backward"
-            )
+        value = _finite_loss(parts.loss)
         torch.autograd.backward(parts.loss)
     grad_norm = optimizer_step()
     metrics = {
@@ -387,6 +379,14 @@ def _step(
     }
     metrics.update({key: float(v) for key, v in parts.policy_metrics.items()})
     return metrics
+
+
+def _finite_loss(loss: Tensor) -> float:
+    """The loss's value; a NaN or infinite one stops the update before its backward pass."""
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise FloatingPointError(f"PPO update: the loss is {value}; stopping before its backward")
+    return value
 
 
 _PPO_OUTPUTS = ("logprobs", "entropy", "values")
