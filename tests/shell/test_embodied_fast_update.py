@@ -1,8 +1,9 @@
-"""``actor.compile``: PPO's minibatch step compiled, the same maths as the eager one."""
+"""``actor.compile``: PPO's whole minibatch step compiled, the same maths as the eager one."""
 
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +17,7 @@ from rlshell.models.mlp_policy import MLPPolicy, MLPPolicySpec
 from rlshell.rollout.trajectory import Samples, TrajectoryBuffer
 from rlshell.runners.embodied import EmbodiedWorker, dummy_samples, ppo_settings
 from rlshell.workers.embodied_update import (
-    CompiledPPOGradients,
+    CompiledPPOStep,
     PPOSettings,
     _default_forward,
     collect_rollout,
@@ -43,22 +44,51 @@ def _policy() -> MLPPolicy:
     return MLPPolicy(CARTPOLE)
 
 
+def _adamw(policy: MLPPolicy) -> torch.optim.AdamW:
+    return torch.optim.AdamW(policy.parameters(), lr=1e-2, eps=1e-5, weight_decay=0.01)
+
+
+class Compiled(SimpleNamespace):
+    policy: MLPPolicy
+    optimizer: torch.optim.AdamW
+    step: CompiledPPOStep
+    samples: Samples
+
+
 @pytest.fixture(scope="module")
-def compiled_pair() -> tuple[MLPPolicy, CompiledPPOGradients, Samples]:
+def compiled() -> Compiled:
+    """One compiled step (the graph compiles once per module) on a policy and its AdamW."""
     policy = _policy()
     samples = _window(policy)
-    compiled = CompiledPPOGradients(policy, SETTINGS)
-    compiled.warm_up(dummy_samples(policy, {"states": samples.forward_inputs["states"][:4]}, 16))
-    return policy, compiled, samples
+    optimizer = _adamw(policy)
+    step = CompiledPPOStep(policy, optimizer, SETTINGS)
+    step.warm_up(dummy_samples(policy, {"states": samples.forward_inputs["states"][:4]}, 16))
+    return Compiled(policy=policy, optimizer=optimizer, step=step, samples=samples)
 
 
-def test_start_up_compiles_without_changing_parameters_gradients_optimizer_or_rng() -> None:
-    policy = _policy()
-    samples = _window(policy)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-    ppo_update(policy, optimizer, samples, SETTINGS, torch.Generator().manual_seed(0))
+def _snapshot(policy: MLPPolicy, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     params = {name: p.detach().clone() for name, p in policy.named_parameters()}
-    moments = copy.deepcopy(optimizer.state_dict())
+    return params, copy.deepcopy(optimizer.state_dict())
+
+
+def _assert_unchanged(policy: MLPPolicy, optimizer: torch.optim.Optimizer, snap: tuple) -> None:
+    params, moments = snap
+    for name, p in policy.named_parameters():
+        assert torch.equal(p, params[name]), name
+        assert p.grad is None, name
+    after = optimizer.state_dict()["state"]
+    assert after.keys() == moments["state"].keys()
+    for key, state in moments["state"].items():
+        for field, value in state.items():
+            assert torch.equal(after[key][field], value), (key, field)
+
+
+def test_start_up_compiles_without_changing_weights_gradients_optimizer_or_rng() -> None:
+    policy = _policy()
+    samples = _window(policy)
+    optimizer = _adamw(policy)
+    ppo_update(policy, optimizer, samples, SETTINGS, torch.Generator().manual_seed(0))
+    snap = _snapshot(policy, optimizer)
     rng = torch.get_rng_state()
     overrides = [
         "actor.compile=true",
@@ -72,7 +102,9 @@ def test_start_up_compiles_without_changing_parameters_gradients_optimizer_or_rn
     assert ppo_settings(config) == SETTINGS  # the other tests' graph: compiled once
     worker = EmbodiedWorker(config)
     worker.world_size = 1
-    worker.manager = SimpleNamespace(module=policy)  # type: ignore[assignment]
+    worker.manager = SimpleNamespace(  # type: ignore[assignment]
+        module=policy, optimizer=optimizer, lr_scheduler=None
+    )
     generator_state = worker.generator.get_state()
 
     # 4 envs × 8 steps: two minibatches of 16.
@@ -80,47 +112,45 @@ def test_start_up_compiles_without_changing_parameters_gradients_optimizer_or_rn
 
     assert worker.compiled is not None
     assert worker.compiled.compiled_rows == [16]
-    for name, p in policy.named_parameters():
-        assert torch.equal(p, params[name]), name
-        assert p.grad is None, name
+    _assert_unchanged(policy, optimizer, snap)
     assert torch.equal(torch.get_rng_state(), rng)
     assert torch.equal(worker.generator.get_state(), generator_state)
-    after = optimizer.state_dict()
-    for key, state in moments["state"].items():
-        for field, value in state.items():
-            assert torch.equal(after["state"][key][field], value), (key, field)
 
 
-def test_compiled_update_matches_eager_parameters_and_metrics(
-    compiled_pair: tuple[MLPPolicy, CompiledPPOGradients, Samples],
+def test_compiled_update_matches_eager_parameters_moments_and_metrics(
+    compiled: Compiled,
 ) -> None:
-    policy, compiled, samples = compiled_pair
+    policy, optimizer = compiled.policy, compiled.optimizer
     eager = copy.deepcopy(policy)
+    eager_optimizer = _adamw(eager)
+    eager_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
     start = {name: p.detach().clone() for name, p in policy.named_parameters()}
-
-    def update(model: MLPPolicy, step: CompiledPPOGradients | None) -> dict[str, float]:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        generator = torch.Generator().manual_seed(0)
-        return ppo_update(model, optimizer, samples, SETTINGS, generator, step)
-
-    eager_metrics = update(eager, None)
-    compiled_metrics = update(policy, compiled)
+    generator = torch.Generator().manual_seed(0)
+    eager_metrics = ppo_update(eager, eager_optimizer, compiled.samples, SETTINGS, generator)
+    generator = torch.Generator().manual_seed(0)
+    compiled_metrics = ppo_update(policy, compiled.step, compiled.samples, SETTINGS, generator)
 
     moved = 0.0
     for (name, p), q in zip(policy.named_parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-5, msg=name)
         moved = max(moved, float((p - start[name]).abs().max()))
     assert moved > 1e-3  # the update did change the weights
+    eager_state, state = eager_optimizer.state_dict()["state"], optimizer.state_dict()["state"]
+    assert state.keys() == eager_state.keys()
+    assert len(state) == len(list(policy.parameters()))
+    for key, moments in eager_state.items():
+        assert float(state[key]["step"]) == float(moments["step"]) == 4.0  # 2 epochs × 2
+        for field in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(state[key][field], moments[field], atol=1e-6, rtol=1e-4)
     assert eager_metrics.keys() == compiled_metrics.keys()
     for key, value in eager_metrics.items():
         assert compiled_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
 
 
-def test_compiled_loss_that_is_not_finite_stops_before_the_gradients(
-    compiled_pair: tuple[MLPPolicy, CompiledPPOGradients, Samples],
+def test_compiled_loss_that_is_not_finite_stops_with_weights_and_moments_as_they_were(
+    compiled: Compiled,
 ) -> None:
-    policy, compiled, samples = compiled_pair
-    rows = samples.select(torch.arange(16))
+    rows = compiled.samples.select(torch.arange(16))
     broken = Samples(
         rows.forward_inputs,
         rows.logprobs,
@@ -128,9 +158,53 @@ def test_compiled_loss_that_is_not_finite_stops_before_the_gradients(
         rows.advantages,
         torch.full_like(rows.returns, float("nan")),
     )
+    compiled.step(rows)  # AdamW's state exists
+    snap = _snapshot(compiled.policy, compiled.optimizer)
     with pytest.raises(FloatingPointError, match="the loss is nan"):
-        compiled.backward(broken)
-    assert all(p.grad is None for p in policy.parameters())
+        compiled.step(broken)
+    _assert_unchanged(compiled.policy, compiled.optimizer, snap)
+
+
+class KinkedPolicy(MLPPolicy):
+    """CartPole's MLP with √(u · [u > 0]) added to its values, u = a critic bias − 10⁶:
+    −0 forward (a finite loss), 0 · ∞ backward (a NaN gradient)."""
+
+    def default_forward(
+        self,
+        forward_inputs: dict[str, torch.Tensor],
+        compute_logprobs: bool = True,
+        compute_entropy: bool = True,
+        compute_values: bool = True,
+    ) -> dict[str, torch.Tensor]:
+        out = super().default_forward(
+            forward_inputs, compute_logprobs, compute_entropy, compute_values
+        )
+        assert self.critic is not None
+        u = self.critic[0].bias[0] - 1e6
+        out["values"] = out["values"] + torch.sqrt(u * (u > 0))
+        return out
+
+
+def test_compiled_step_skips_a_gradient_whose_norm_is_not_finite() -> None:
+    torch.manual_seed(0)
+    policy = KinkedPolicy(CARTPOLE)
+    samples = _window(policy).select(torch.arange(16))
+    optimizer = _adamw(policy)
+    step = CompiledPPOStep(policy, optimizer, SETTINGS)
+    snap = _snapshot(policy, optimizer)  # AdamW's state: created by the step, zeros
+    parts, grad_norm = step(samples)
+    assert torch.isfinite(parts.loss)
+    assert math.isnan(grad_norm)
+    _assert_unchanged(policy, optimizer, snap)
+
+
+def test_compiled_step_refuses_an_optimizer_it_does_not_run() -> None:
+    policy = _policy()
+    with pytest.raises(ValueError, match=r"runs torch\.optim\.AdamW's update; got a SGD"):
+        CompiledPPOStep(policy, torch.optim.SGD(policy.parameters(), lr=0.1), SETTINGS)
+    groups = [{"params": [p]} for p in policy.parameters()]
+    with pytest.raises(ValueError, match="needs one param group; got 12"):
+        CompiledPPOStep(policy, torch.optim.AdamW(groups), SETTINGS)
 
 
 def test_compile_takes_true_or_false() -> None:
@@ -150,15 +224,28 @@ def test_compile_refuses_group_estimators_and_several_ranks_by_name() -> None:
     assert "algorithm.adv_type 'gae'; got 'grpo'" in message
 
 
-def test_compiled_step_reads_the_parameters_a_checkpoint_load_put_in_place(
-    compiled_pair: tuple[MLPPolicy, CompiledPPOGradients, Samples],
+def test_compiled_step_reads_the_weights_and_moments_a_checkpoint_load_put_in_place(
+    compiled: Compiled,
 ) -> None:
-    policy, compiled, samples = compiled_pair
-    torch.manual_seed(5)
-    policy.load_state_dict(MLPPolicy(CARTPOLE).state_dict(), assign=True)  # new tensors
-    batch = samples.select(torch.arange(16))
-    compiled.bind(policy)  # as ppo_update does
+    policy, optimizer, step = compiled.policy, compiled.optimizer, compiled.step
+    batch = compiled.samples.select(torch.arange(16))
+    saved = copy.deepcopy((policy.state_dict(), optimizer.state_dict()))
     eager = ppo_loss(_default_forward(policy, batch.forward_inputs), batch, SETTINGS)
-    assert float(compiled(batch)[0].loss) == pytest.approx(float(eager.loss.detach()), rel=1e-5)
+    step.bind(policy)
+    parts, _ = step(batch)
+    assert float(parts.loss) == pytest.approx(float(eager.loss.detach()), rel=1e-5)
+    first = {name: p.detach().clone() for name, p in policy.named_parameters()}
+
+    # A resume: the weights loaded in place, AdamW's state as new tensors; the same step again.
+    policy.load_state_dict(saved[0])
+    optimizer.load_state_dict(copy.deepcopy(saved[1]))
+    step.bind(policy)  # as ppo_update does
+    step(batch)
+    for name, p in policy.named_parameters():
+        torch.testing.assert_close(p, first[name], atol=0.0, rtol=0.0, msg=name)
     with pytest.raises(ValueError, match="build one per policy"):
-        compiled.bind(_policy())
+        step.bind(_policy())
+    # Weights swapped for new tensors leave the optimizer stepping the old ones: said so.
+    policy.load_state_dict(copy.deepcopy(saved[0]), assign=True)
+    with pytest.raises(ValueError, match=r"steps 12 parameter\(s\) that are not MLPPolicy's"):
+        step.bind(policy)

@@ -509,8 +509,12 @@ class MLPPolicy(BasePolicy):
 
     @property
     def action_dtype(self) -> torch.dtype:
-        """The dtype of the networks' weights (``cfg.precision``)."""
-        return next(self.actor.parameters()).dtype
+        """The dtype of the networks' weights (``cfg.precision``): the first layer's."""
+        # Indexing, not parameters(): a generator over the module tree costs ~8 µs, twice per
+        # rollout step on a policy whose whole forward takes ~60.
+        first = self.actor[0]
+        assert isinstance(first, nn.Linear)
+        return first.weight.dtype
 
     def _sample_discrete(self, logits: Tensor, deterministic: bool) -> Tensor:
         if deterministic:

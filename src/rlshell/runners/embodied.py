@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
 from rlcore import unchecked
 from rlshell.checkpoint import (
@@ -57,7 +58,7 @@ from rlshell.worker import Worker, WorkerDiedError, WorkerGroup
 from rlshell.workers.actor import worker_device
 from rlshell.workers.embodied_grpo import collect_group_episodes, group_samples
 from rlshell.workers.embodied_update import (
-    CompiledPPOGradients,
+    CompiledPPOStep,
     PPOSettings,
     collect_rollout,
     ppo_update,
@@ -120,7 +121,7 @@ class PPOActor(Worker):
         self.windows = 0  # rollout windows collected since the run began
         self.checked: set[str] = set()  # phases whose rlcore calls were shape-checked once
         self.generator = torch.Generator()
-        self.compiled: CompiledPPOGradients | None = None  # actor.compile's update
+        self.compiled: CompiledPPOStep | None = None  # actor.compile's update
 
     def _setup_actor(self) -> FSDPModelManager:
         """Join the process group and build the sharded policy with its optimizer."""
@@ -155,12 +156,13 @@ class PPOActor(Worker):
         with self.checked_once("update"):
             metrics = ppo_update(
                 policy,
-                optimizer_step,
+                self.compiled if self.compiled is not None else optimizer_step,
                 samples,
                 ppo_settings(self.config),
                 self.generator,
-                self.compiled,
             )
+        if self.compiled is not None:
+            lrs[:] = [self.compiled.lr]
         metrics["train/lr"] = lrs[0] if lrs else float("nan")
         return metrics
 
@@ -189,9 +191,21 @@ class PPOActor(Worker):
         manager = self.manager
         assert manager is not None
         policy = manager.module
+        if isinstance(policy, FSDPModule):  # one rank, sharded only to cast the weights
+            raise ConfigError(
+                [
+                    "actor.compile: the compiled update needs the policy's weights in "
+                    "actor.fsdp_config.mixed_precision's dtype (no FSDP cast); got "
+                    f"mixed_precision '{config.actor.fsdp_config.mixed_precision}'. Set "
+                    "actor.compile=false or mixed_precision to the model's dtype"
+                ]
+            )
         assert isinstance(policy, BasePolicy)
+        assert manager.optimizer is not None
         policy.train()  # as PPO's update runs it
-        self.compiled = CompiledPPOGradients(policy, ppo_settings(config))
+        self.compiled = CompiledPPOStep(
+            policy, manager.optimizer, ppo_settings(config), manager.lr_scheduler
+        )
         sizes = {
             len(rows)
             for rows in torch.tensor_split(

@@ -21,8 +21,9 @@ and both shapes), ``forward_inputs`` without a key ``default_forward`` reads
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from attrs import field, frozen
@@ -36,6 +37,7 @@ from rlshell.models.base import BasePolicy, ForwardType, MissingInputError
 from rlshell.rollout.trajectory import RewardScaler, Samples, TrajectoryBuffer
 
 __all__ = [
+    "CompiledPPOStep",
     "OptimizerStep",
     "PPOSettings",
     "collect_rollout",
@@ -141,31 +143,35 @@ def policy_values(policy: BasePolicy, obs: EnvObs) -> Tensor:
 
 def ppo_update(
     policy: BasePolicy,
-    optimizer: torch.optim.Optimizer | OptimizerStep,
+    optimizer: torch.optim.Optimizer | OptimizerStep | CompiledPPOStep,
     samples: Samples,
     settings: PPOSettings,
     generator: torch.Generator,
-    compiled: CompiledPPOGradients | None = None,
 ) -> dict[str, float]:
     """``update_epochs`` passes of ``num_minibatches`` steps each; the last pass's mean metrics.
 
     ``optimizer``: a torch optimizer (gradients clipped to
-    ``settings.max_grad_norm`` first), or a callable that clips, steps and
-    clears the gradients itself and returns the norm before clipping (e.g.
+    ``settings.max_grad_norm`` first); a callable that clips, steps and clears
+    the gradients itself and returns the norm before clipping (e.g.
     `rlshell.fsdp.FSDPModelManager.optimizer_step`, whose clipping is
-    ``actor.optim.clip_grad``). A non-finite loss stops before its backward
-    pass (FloatingPointError). ``compiled``: the forward and backward passes of
-    `CompiledPPOGradients` (the same maths) instead of eager ones.
+    ``actor.optim.clip_grad``); or a `CompiledPPOStep` of this policy, which
+    runs the whole step (the same maths) in one compiled call. A non-finite
+    loss stops the update (FloatingPointError) with the weights as the
+    previous step left them.
     """
-    step = optimizer if callable(optimizer) else _torch_step(policy, optimizer, settings)
-    if compiled is not None:
-        compiled.bind(policy)
+    if isinstance(optimizer, CompiledPPOStep):
+        optimizer.bind(policy)
+        step: OptimizerStep | CompiledPPOStep = optimizer
+    elif isinstance(optimizer, torch.optim.Optimizer):
+        step = _torch_step(policy, optimizer, settings)
+    else:
+        step = optimizer
     totals: dict[str, float] = {}
     steps = 0
     for epoch in range(settings.update_epochs):
         last = epoch == settings.update_epochs - 1
         for minibatch in samples.minibatches(settings.num_minibatches, generator):
-            metrics = _step(policy, step, minibatch, settings, compiled)
+            metrics = _step(policy, step, minibatch, settings)
             if last:
                 steps += 1
                 for key, value in metrics.items():
@@ -232,68 +238,118 @@ def ppo_loss(out: dict[str, Tensor], batch: Samples, settings: PPOSettings) -> P
 _Shapes = tuple[tuple[str, tuple[int, ...]], ...]  # a minibatch's shapes, input by input
 
 
-class CompiledPPOGradients:
-    """`ppo_loss` and its gradients in one compiled call (``actor.compile``).
+class CompiledPPOStep:
+    """PPO's whole minibatch step as one compiled call (``actor.compile``).
 
-    The policy's ``default_forward``, rlcore's losses and their backward pass
-    are traced once (``torch.func.grad`` under ``make_fx``, on fake tensors)
-    into one graph of the parameters, buffers and a minibatch, which
-    ``torch.compile`` (inductor) compiles: one call instead of a few hundred
-    eager ops per PPO step. The maths is the eager path's; inductor's fused
-    kernels round differently, so the result agrees with it to float
-    rounding (~1e-7 relative), not bit for bit, and a run drifts from the
-    eager one after some windows as any float change would make it.
+    The policy's ``default_forward``, rlcore's losses (`ppo_loss`), their
+    backward pass, the gradient-norm clip (`torch.nn.utils.get_total_norm` and
+    `torch.nn.utils.clip_grad_norm_`'s coefficient ``min(1, max_norm / (norm +
+    1e-6))``) and ``optimizer``'s AdamW update (torch's functional
+    `torch.optim.adamw.adamw`, its tensor-step branch, with the learning rate
+    an input so a schedule needs no recompile) are traced once (``make_fx`` on
+    fake tensors, ``torch.func.grad``) into one graph over flat tensors, which
+    ``torch.compile`` (inductor, C++ wrapper) compiles: one call and a few
+    fused kernels instead of a few hundred eager ops, a ``.grad`` per
+    parameter and the optimizer's Python loop. Parameters and AdamW's state
+    (``step``, ``exp_avg``, ``exp_avg_sq``: ``optimizer.state``, so
+    checkpoints save them as usual) are updated in place.
 
-    A policy's ``default_forward`` must not branch on tensor values nor
-    draw random numbers (tracing fails on the first; the second would be
-    inductor's generator, not torch's). Compiled per minibatch shape; `warm_up`
-    compiles for one on a dummy batch without touching parameters, gradients,
-    optimizer state or RNG streams.
+    As `rlshell.fsdp.FSDPModelManager.optimizer_step` does: a non-finite
+    gradient norm leaves the weights and moments as they were (the step is
+    skipped inside the graph); a non-finite loss does too and then raises
+    FloatingPointError. ``lr_scheduler`` (if given) steps after each update.
+
+    The same maths as the eager step, not the same bits: inductor's fused
+    kernels round differently (~1e-7 relative), so a seeded run drifts from
+    the eager one after some windows, as any float change would make it. A
+    trained parameter that the loss does not reach gets a zero gradient (eager
+    AdamW skips a parameter without ``.grad``). A policy's
+    ``default_forward`` must not branch on tensor values nor draw random
+    numbers (tracing fails on the first; the second would be inductor's
+    generator, not torch's). Compiled per minibatch shape; `warm_up` compiles
+    for one on a dummy batch without touching weights, optimizer state or RNG
+    streams.
     """
 
-    def __init__(self, policy: BasePolicy, settings: PPOSettings) -> None:
+    def __init__(
+        self,
+        policy: BasePolicy,
+        optimizer: torch.optim.Optimizer,
+        settings: PPOSettings,
+        lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    ) -> None:
         self.policy = policy
+        self.optimizer = optimizer
         self.settings = settings
-        self.trained: dict[str, Tensor] = {}
-        self._params: dict[str, Tensor] = {}
-        self._buffers: dict[str, Tensor] = {}
+        self.lr_scheduler = lr_scheduler
+        self.group = _adamw_group(optimizer)
+        self.lr = float(self.group["lr"])  # the learning rate of the last step
+        self.names: list[str] = []  # trained parameters, in the graph's order
+        self._static: list[Tensor] = []  # params, moments, steps, lr, buffers: the graph's head
+        self._lr = torch.zeros((), dtype=torch.float32)
+        self._buffer_names: list[str] = []
         self.bind(policy)
         # One compiled graph per minibatch shape (a window may split into two sizes).
-        self._compiled: dict[_Shapes, Callable[..., tuple[dict[str, Tensor], PPOLoss]]] = {}
+        self._compiled: dict[_Shapes, tuple[Callable[..., list[Tensor]], list[str]]] = {}
 
     def bind(self, policy: BasePolicy) -> None:
-        """Read ``policy``'s current parameters and buffers (`ppo_update` does, once per
-        window: a checkpoint load may have replaced them)."""
+        """Read ``policy``'s parameters and buffers and the optimizer's state (`ppo_update`
+        does, once per window: a checkpoint load may have replaced them). AdamW's state of
+        a parameter not yet stepped is created as ``torch.optim.AdamW`` keeps it."""
         if policy is not self.policy:
             raise ValueError(
-                f"CompiledPPOGradients was built for a {policy_name(self.policy)} at "
+                f"CompiledPPOStep was built for a {policy_name(self.policy)} at "
                 f"{id(self.policy):#x}, not this {policy_name(policy)}: build one per policy"
             )
-        self.trained = {name: p for name, p in policy.named_parameters() if p.requires_grad}
-        # Detached views of the same storage: the optimizer steps them in place.
-        self._params = {name: p.detach() for name, p in self.trained.items()}
-        self._buffers = dict(policy.named_buffers())
+        named = {id(p): name for name, p in policy.named_parameters()}
+        trained = [p for p in self.group["params"] if p.requires_grad]
+        strangers = [p for p in trained if id(p) not in named]
+        if strangers:
+            raise ValueError(
+                f"actor.compile: the optimizer steps {len(strangers)} parameter(s) that are "
+                f"not {policy_name(policy)}'s"
+            )
+        if not trained:
+            raise ValueError(f"actor.compile: {policy_name(policy)} has no trained parameter")
+        states = [self._state(p) for p in trained]
+        self.names = [named[id(p)] for p in trained]
+        buffers = sorted(policy.named_buffers())
+        self._buffer_names = [name for name, _ in buffers]
+        self._lr = torch.zeros((), dtype=torch.float32, device=trained[0].device)
+        self._static = [
+            *(p.detach() for p in trained),  # views of the same storage, stepped in place
+            *(state["exp_avg"] for state in states),
+            *(state["exp_avg_sq"] for state in states),
+            *(state["step"] for state in states),
+            self._lr,
+            *(buffer for _, buffer in buffers),
+        ]
 
-    def __call__(self, batch: Samples) -> tuple[PPOLoss, dict[str, Tensor]]:
-        """The minibatch's `PPOLoss` (detached) and d loss / d parameter by parameter name."""
-        shapes = _batch_shapes(batch)
-        compiled = self._compiled.get(shapes)
-        if compiled is None:
-            compiled = self._compiled[shapes] = self._compile(batch)
-        grads, parts = compiled(self._params, self._buffers, *_fields(batch))
-        return parts, grads
+    def _state(self, param: Tensor) -> dict[str, Tensor]:
+        state: dict[str, Tensor] = self.optimizer.state[param]
+        if not state:  # AdamW creates it on a parameter's first step; its layout
+            state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
+            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        return state
 
-    def backward(self, batch: Samples) -> PPOLoss:
-        """Like ``ppo_loss(...).loss.backward()``: gradients into ``.grad``; the detached parts."""
-        parts, grads = self(batch)
-        _finite_loss(parts.loss)
-        for name, grad in grads.items():
-            param = self.trained[name]
-            if param.grad is None:
-                param.grad = grad
-            else:
-                param.grad += grad
-        return parts
+    def __call__(self, batch: Samples) -> tuple[PPOLoss, float]:
+        """One PPO step on ``batch``: weights and AdamW's state updated in place; the
+        minibatch's `PPOLoss` (detached) and the gradient norm before clipping."""
+        compiled, metric_keys = self._graph(batch)
+        self.lr = float(self.group["lr"])
+        self._lr.fill_(self.lr)
+        out = compiled(*self._static, *_flat_batch(batch))
+        loss, pg_loss, critic, entropy, grad_norm, *metrics = out
+        policy_metrics = dict(zip(metric_keys, metrics, strict=True))
+        parts = PPOLoss(loss, pg_loss, critic, entropy, policy_metrics)
+        _finite_loss(loss)  # the graph skipped the update; say why
+        if self.lr_scheduler is not None:
+            with warnings.catch_warnings():
+                # It warns once when optimizer.step() never ran: this step is the graph's.
+                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler", UserWarning)
+                self.lr_scheduler.step()
+        return parts, float(grad_norm)
 
     @property
     def compiled_rows(self) -> list[int]:
@@ -301,27 +357,42 @@ class CompiledPPOGradients:
         return sorted(dict(shapes)["rows"][0] for shapes in self._compiled)
 
     def warm_up(self, example: Samples) -> None:
-        """Compile for ``example``'s shapes now (e.g. at worker start-up), changing nothing."""
+        """Compile for ``example``'s shapes now (e.g. at worker start-up), changing nothing:
+        the compiled step runs once on copies of the weights and optimizer state."""
+        compiled, _ = self._graph(example)
         rng = torch.get_rng_state()
-        self(example)
+        compiled(*(t.clone() for t in self._static), *_flat_batch(example))
         torch.set_rng_state(rng)
 
-    def _compile(self, example: Samples) -> Callable[..., tuple[dict[str, Tensor], PPOLoss]]:
+    def _graph(self, batch: Samples) -> tuple[Callable[..., list[Tensor]], list[str]]:
+        shapes = _batch_shapes(batch)
+        entry = self._compiled.get(shapes)
+        if entry is None:
+            entry = self._compiled[shapes] = self._compile(batch)
+        return entry
+
+    def _compile(self, example: Samples) -> tuple[Callable[..., list[Tensor]], list[str]]:
         from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.optim.adamw import adamw
 
-        policy, settings = self.policy, self.settings
+        policy, settings, group = self.policy, self.settings, self.group
+        names, buffer_names = list(self.names), list(self._buffer_names)
+        keys = sorted(example.forward_inputs)
+        n = len(names)
+        metric_keys: list[str] = []
 
-        def loss_and_grads(
-            params: dict[str, Tensor],
-            buffers: dict[str, Tensor],
-            forward_inputs: dict[str, Tensor],
-            *tensors: Tensor,
-        ) -> tuple[dict[str, Tensor], PPOLoss]:
-            batch = Samples(forward_inputs, *tensors)
+        def step(*tensors: Tensor) -> list[Tensor]:
+            params = list(tensors[:n])
+            exp_avgs, exp_avg_sqs = list(tensors[n : 2 * n]), list(tensors[2 * n : 3 * n])
+            steps, lr = list(tensors[3 * n : 4 * n]), tensors[4 * n]
+            rest = tensors[4 * n + 1 :]
+            buffers = dict(zip(buffer_names, rest[: len(buffer_names)], strict=True))
+            rest = rest[len(buffer_names) :]
+            batch = Samples(dict(zip(keys, rest[: len(keys)], strict=True)), *rest[len(keys) :])
 
-            def objective(trained: dict[str, Tensor]) -> tuple[Tensor, PPOLoss]:
+            def objective(trained: list[Tensor]) -> tuple[Tensor, PPOLoss]:
                 def call(*args: object, **kwargs: object) -> dict[str, Tensor]:
-                    state = {**buffers, **trained}
+                    state = {**buffers, **dict(zip(names, trained, strict=True))}
                     out: dict[str, Tensor] = torch.func.functional_call(policy, state, args, kwargs)
                     return out
 
@@ -331,23 +402,82 @@ class CompiledPPOGradients:
                 return parts.loss, parts._replace(loss=parts.loss.detach())
 
             grads, parts = torch.func.grad(objective, has_aux=True)(params)
-            return grads, parts
+            grad_norm = torch.nn.utils.get_total_norm(grads)
+            if settings.max_grad_norm is not None:
+                # clip_grad_norm_'s coefficient, on gradients that are not any .grad
+                coef = torch.clamp(settings.max_grad_norm / (grad_norm + 1e-6), max=1.0)
+                grads = [grad * coef for grad in grads]
+            updated = [*params, *exp_avgs, *exp_avg_sqs, *steps]
+            before = [tensor.clone() for tensor in updated]
+            adamw(
+                params,
+                grads,
+                exp_avgs,
+                exp_avg_sqs,
+                [],
+                steps,
+                # The branch whose step counts and learning rate stay tensors (no .item()).
+                foreach=False,
+                fused=False,
+                differentiable=True,
+                amsgrad=False,
+                beta1=group["betas"][0],
+                beta2=group["betas"][1],
+                lr=lr,
+                weight_decay=group["weight_decay"],
+                eps=group["eps"],
+                maximize=False,
+            )
+            finite = torch.isfinite(parts.loss) & torch.isfinite(grad_norm)
+            for tensor, old in zip(updated, before, strict=True):
+                tensor.copy_(torch.where(finite, tensor, old))
+            metric_keys[:] = list(parts.policy_metrics)
+            return [
+                parts.loss,
+                parts.pg_loss,
+                parts.value_loss,
+                parts.entropy,
+                grad_norm,
+                *parts.policy_metrics.values(),
+            ]
 
         # rlcore's shape checks run once, on the traced call.
         # On fake tensors: a branch on a tensor's value fails here instead of being baked in.
         # On copies: make_fx would trace inputs that share storage as one.
-        inputs, *tensors = _fields(example)
-        graph = make_fx(loss_and_grads, tracing_mode="fake")(
-            self._params,
-            self._buffers,
-            {key: value.clone() for key, value in inputs.items()},
-            *(tensor.clone() for tensor in tensors),
+        graph = make_fx(step, tracing_mode="fake")(
+            *(t.clone() for t in self._static), *(t.clone() for t in _flat_batch(example))
         )
-        return torch.compile(graph, dynamic=False)
+        # The C++ wrapper: ~50 µs less per call than inductor's Python one, on this small graph.
+        compiled = torch.compile(graph, dynamic=False, options={"cpp_wrapper": True})
+        return compiled, metric_keys
 
 
-def _fields(batch: Samples) -> tuple[dict[str, Tensor], Tensor, Tensor, Tensor, Tensor]:
-    return batch.forward_inputs, batch.logprobs, batch.values, batch.advantages, batch.returns
+def _adamw_group(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's one param group, checked to be AdamW's that the compiled step runs."""
+    problems = []
+    if not isinstance(optimizer, torch.optim.AdamW):
+        problems.append(f"runs torch.optim.AdamW's update; got a {type(optimizer).__name__}")
+    if len(optimizer.param_groups) != 1:
+        problems.append(f"needs one param group; got {len(optimizer.param_groups)}")
+    group = optimizer.param_groups[0]
+    for flag in ("amsgrad", "maximize"):
+        if group.get(flag):
+            problems.append(f"does not run AdamW with {flag}=True")
+    if problems:
+        raise ValueError(f"actor.compile: the compiled PPO step {'; '.join(problems)}")
+    return group
+
+
+def _flat_batch(batch: Samples) -> list[Tensor]:
+    """A minibatch as the compiled step takes it: forward_inputs by sorted key, then the rest."""
+    inputs = batch.forward_inputs
+    return [
+        *(inputs[key] for key in sorted(inputs)),
+        batch.logprobs,
+        batch.values,
+        batch.advantages,
+        batch.returns,
+    ]
 
 
 def _batch_shapes(batch: Samples) -> _Shapes:
@@ -357,19 +487,18 @@ def _batch_shapes(batch: Samples) -> _Shapes:
 
 def _step(
     policy: BasePolicy,
-    optimizer_step: OptimizerStep,
+    step: OptimizerStep | CompiledPPOStep,
     batch: Samples,
     settings: PPOSettings,
-    compiled: CompiledPPOGradients | None = None,
 ) -> dict[str, float]:
-    if compiled is not None:
-        parts = compiled.backward(batch)
+    if isinstance(step, CompiledPPOStep):
+        parts, grad_norm = step(batch)
         value = float(parts.loss)
     else:
         parts = ppo_loss(_default_forward(policy, batch.forward_inputs), batch, settings)
         value = _finite_loss(parts.loss)
         torch.autograd.backward(parts.loss)
-    grad_norm = optimizer_step()
+        grad_norm = step()
     metrics = {
         "loss": value,
         "pg_loss": float(parts.pg_loss),
@@ -382,10 +511,12 @@ def _step(
 
 
 def _finite_loss(loss: Tensor) -> float:
-    """The loss's value; a NaN or infinite one stops the update before its backward pass."""
+    """The loss's value; a NaN or infinite one stops the update before the weights change."""
     value = float(loss.detach())
     if not math.isfinite(value):
-        raise FloatingPointError(f"PPO update: the loss is {value}; stopping before its backward")
+        raise FloatingPointError(
+            f"PPO update: the loss is {value}; stopping before the weights change"
+        )
     return value
 
 
@@ -400,7 +531,7 @@ def _default_forward(
     """``default_forward``'s result, with a policy's contract breaches named.
 
     ``call``: the policy's ``__call__`` by default (so that module hooks, FSDP's
-    gathers, run); `CompiledPPOGradients` passes a ``functional_call`` of it.
+    gathers, run); `CompiledPPOStep` passes a ``functional_call`` of it.
     """
     try:
         out = (policy if call is None else call)(ForwardType.DEFAULT, forward_inputs=forward_inputs)
