@@ -6,7 +6,8 @@ lr 1e-3 decaying linearly over 100,000 steps, gradient norm 0.5, entropy 0):
 
 - rlstack: `rlshell.runners.embodied.EmbodiedWorker` from
   ``configs/ppo_cartpole.py`` (one Ray worker that is env, rollout and actor;
-  one Ray call per rollout-and-update step);
+  one Ray call per rollout-and-update step, the next queued while one runs, as
+  ``python -m rlshell.train`` does: `rlshell.runners.embodied.train_steps`);
 - Stable-Baselines3 (the baseline): ``PPO("MlpPolicy", make_vec_env(...))``
   with the same settings and a 64×64 tanh MLP as rlstack's ``mlp_policy``,
   in this process (``DummyVecEnv``).
@@ -16,10 +17,13 @@ returns is ≥ 475 (SB3: its ``ep_info_buffer`` read after each rollout, the
 same window). The clock starts at the first env step (workers up and the
 model built: start-up is reported apart) and stops after the update that
 reached it. One torch thread per process. rlstack runs with ``actor.compile``
-(its PPO step compiled at worker start-up, which ``startup_s`` includes);
-``--no-compile`` runs it eager. 3 seeds each. Target (reported,
-not asserted): rlstack's median wall time ≤ 0.5× SB3's. Prints one JSON
-object; ``--quick`` is a smoke run (one seed, a few thousand steps).
+(its PPO step compiled at worker start-up, which ``startup_s`` includes; one
+Ray cluster serves every seed, its start reported apart); ``--no-compile``
+runs it eager. ``--seeds`` seeds each, 10 by default (the issue asks for at
+least 3: the env steps a seed needs vary about 3×, which a median of 3
+barely damps). Target (reported, not asserted): rlstack's median wall time
+≤ 0.5× SB3's. Prints one JSON object; ``--quick`` is a smoke run (one seed,
+a few thousand steps).
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ import tempfile
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlshell.cluster import Cluster
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
@@ -42,26 +49,30 @@ TARGET_RETURN = 475.0
 WINDOW = 5  # rollouts averaged
 TIME_TARGET = 0.5  # rlstack wall time ≤ 0.5× SB3's
 TOTAL_STEPS = 100_000
+# Seeds per side. How many env steps a seed needs to reach 475 varies about 3x (9k-49k for
+# SB3 over 40 seeds here) and a median of 3 moves with it; 10 keep the ratio steadier.
+SEEDS = 10
 
 
-def run_rlstack(seed: int, max_env_steps: int, compile_update: bool) -> dict[str, Any]:
-    from rlshell.cluster import Cluster
+def run_rlstack(
+    cluster: Cluster, seed: int, max_env_steps: int, compile_update: bool
+) -> dict[str, Any]:
     from rlshell.config_loading import load_config
-    from rlshell.runners.embodied import EmbodiedWorker, merge_metrics
+    from rlshell.runners.embodied import EmbodiedWorker, train_steps
     from rlshell.validation import plan_for
 
     config = load_config(CONFIG, [f"runner.seed={seed}", f"actor.compile={compile_update}"])
-    temp_dir = tempfile.mkdtemp(prefix="rb", dir=os.environ.get("RAY_TMPDIR", "/tmp"))
     started = time.perf_counter()
-    with Cluster(num_cpus=2, temp_dir=temp_dir) as cluster:
-        plan = plan_for(config, cluster.spec())
-        group = EmbodiedWorker.create_group(config).launch(cluster, plan.component("actor"))
-        try:
-            group.init_worker().wait()
-            startup = time.perf_counter() - started
-            return _loop(lambda: merge_metrics(group.train_step().wait()), max_env_steps, startup)
-        finally:
-            group.shutdown()
+    plan = plan_for(config, cluster.spec())
+    group = EmbodiedWorker.create_group(config).launch(cluster, plan.component("actor"))
+    try:
+        group.init_worker().wait()
+        startup = time.perf_counter() - started
+        # As `python -m rlshell.train` runs them: the next step queued while one runs.
+        steps = train_steps(group, max_env_steps // config.env.num_envs + 1)
+        return _loop(lambda: next(steps), max_env_steps, startup)
+    finally:
+        group.shutdown()
 
 
 def sb3_settings() -> dict[str, Any]:
@@ -183,22 +194,45 @@ def main() -> None:
         default=True,
         help="rlstack with actor.compile (its update compiled at start-up; the default)",
     )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=SEEDS,
+        help=f"seeds 0..N-1 on each side (default {SEEDS}; the issue's floor is 3)",
+    )
     args = parser.parse_args()
+    if args.seeds < 1:
+        parser.error(f"--seeds: expected a positive number, got {args.seeds}")
     os.environ.setdefault("RAY_worker_niceness", "0")
-    seeds = [0] if args.quick else [0, 1, 2]
+    seeds = [0] if args.quick else list(range(args.seeds))
     budget = 4096 if args.quick else TOTAL_STEPS
     started = time.perf_counter()
     results: dict[str, list[dict[str, Any]]] = {"rlstack": [], "sb3": []}
-    for seed in seeds:
-        results["sb3"].append({"seed": seed, **run_sb3(seed, budget)})
-        results["rlstack"].append({"seed": seed, **run_rlstack(seed, budget, args.compile)})
+    from rlshell.cluster import Cluster
+
+    temp_dir = tempfile.mkdtemp(prefix="rb", dir=os.environ.get("RAY_TMPDIR", "/tmp"))
+    cluster_started = time.perf_counter()
+    with Cluster(num_cpus=2, temp_dir=temp_dir) as cluster:
+        cluster_s = time.perf_counter() - cluster_started
+        for seed in seeds:
+            results["sb3"].append({"seed": seed, **run_sb3(seed, budget)})
+            run = run_rlstack(cluster, seed, budget, args.compile)
+            results["rlstack"].append({"seed": seed, **run})
+
+    def reached(side: str, key: str) -> list[float] | None:
+        values = [r[key] for r in results[side] if r.get("reached")]
+        return values if len(values) == len(seeds) else None
 
     def median(side: str, key: str) -> float | None:
-        values = [r[key] for r in results[side] if r.get("reached")]
-        return statistics.median(values) if len(values) == len(seeds) else None
+        values = reached(side, key)
+        return statistics.median(values) if values is not None else None
 
     rl_wall, sb3_wall = median("rlstack", "wall_s"), median("sb3", "wall_s")
     ratio = rl_wall / sb3_wall if rl_wall is not None and sb3_wall else None
+    rates: dict[str, float | None] = {}
+    for side in ("rlstack", "sb3"):
+        steps, walls = reached(side, "env_steps"), reached(side, "wall_s")
+        rates[side] = sum(steps) / sum(walls) if steps is not None and walls else None
     import stable_baselines3
 
     print(
@@ -218,6 +252,8 @@ def main() -> None:
                     "rlstack": median("rlstack", "env_steps"),
                     "sb3": median("sb3", "env_steps"),
                 },
+                "env_steps_per_s": rates,
+                "ray_cluster_start_s": cluster_s,
                 "rlstack_over_sb3_wall": ratio,
                 "target": {"rlstack_over_sb3_wall_at_most": TIME_TARGET},
                 "met": ratio is not None and ratio <= TIME_TARGET,

@@ -207,11 +207,12 @@ class ActorConfig:
     """The trained policy: model, optimizer, FSDP and the micro-batch budget.
 
     ``compile``: the collocated embodied PPO runner's update runs each
-    minibatch's forward pass, rlcore's losses and the backward pass as one
-    ``torch.compile``d graph (`rlshell.workers.embodied_update.CompiledPPOGradients`),
-    compiled at worker start-up (seconds); same maths to float rounding, about
-    3× faster per forward-and-backward on a small MLP policy. One actor rank
-    with a ``gae`` estimator only; other runners and placements ignore it.
+    minibatch's whole step (forward, rlcore's losses, backward, gradient-norm
+    clip, AdamW) as one ``torch.compile``d graph
+    (`rlshell.workers.embodied_update.CompiledPPOStep`), compiled at worker
+    start-up (seconds); same maths to float rounding, about 1.7× faster per
+    step on a small MLP policy. One unsharded actor rank with a ``gae``
+    estimator only; other runners and placements ignore it.
     """
 
     model: ModelConfig = Factory(ModelConfig)
