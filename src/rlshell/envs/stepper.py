@@ -177,14 +177,35 @@ def _as_tensor(value: Any, device: torch.device | None) -> Tensor:
     return torch.as_tensor(np.asarray(value), device=device)
 
 
-_NUMPY_DTYPES = {torch.float32: np.float32, torch.bool: np.bool_}
-
-
-def _per_env(value: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """One value per env, ``[N]`` of ``dtype`` (a numpy batch cast by numpy: one op, not three)."""
+def _as_numpy(value: Any) -> np.ndarray:
+    """A host array of ``value`` (a tensor is copied off its device; a CPU tensor is viewed)."""
     if isinstance(value, Tensor):
-        return value.to(device).reshape(-1).to(dtype)
-    return torch.from_numpy(np.asarray(value, dtype=_NUMPY_DTYPES[dtype]).reshape(-1)).to(device)
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+_TORCH_DTYPES = {np.float32: torch.float32, np.bool_: torch.bool}
+
+
+def _per_env(
+    value: Any, dtype: type[np.generic], device: torch.device
+) -> tuple[Tensor, np.ndarray]:
+    """One value per env as ``[N]`` of ``dtype``: the tensor on ``device`` and a host array of it.
+
+    A numpy batch is cast by numpy and shared with the tensor (no copy); a tensor
+    batch stays on its device and its host copy is what the bookkeeping reads.
+    """
+    if isinstance(value, Tensor):
+        tensor = value.reshape(-1).to(device=device, dtype=_TORCH_DTYPES[dtype])
+        return tensor, tensor.cpu().numpy()
+    array = np.asarray(value, dtype=dtype).reshape(-1)
+    return _from_host(array, device), array
+
+
+def _from_host(array: np.ndarray, device: torch.device | None) -> Tensor:
+    """A tensor sharing ``array``'s memory, moved to ``device`` unless that is the CPU."""
+    tensor = torch.from_numpy(array)
+    return tensor if device is None or device.type == "cpu" else tensor.to(device)
 
 
 def _float_rows(value: Any, device: torch.device | None) -> Tensor:
@@ -192,8 +213,8 @@ def _float_rows(value: Any, device: torch.device | None) -> Tensor:
     if isinstance(value, Tensor):
         tensor = value if device is None else value.to(device)
         return tensor.reshape(tensor.shape[0], -1).to(torch.float32)
-    array = np.asarray(value, dtype=np.float32)
-    return torch.as_tensor(array.reshape(array.shape[0], -1), device=device)
+    array = np.ascontiguousarray(value, dtype=np.float32)
+    return _from_host(array.reshape(array.shape[0], -1), device)
 
 
 def _stack(rows: Sequence[Any]) -> Any:
@@ -206,15 +227,18 @@ def _stack(rows: Sequence[Any]) -> Any:
     return np.stack([np.asarray(row) for row in rows])
 
 
-def _check_finite(values: Tensor, what: str, env_id: str, step: int) -> None:
+def _check_finite(values: Tensor | np.ndarray, what: str, env_id: str, step: int) -> None:
     """Raise FloatingPointError naming the env, the first bad row and the step (0: the reset)."""
-    if values.device.type == "cpu":  # numpy's check is a third of torch's time on a small batch
-        if bool(np.isfinite(values.numpy()).all()):
+    if isinstance(values, Tensor):
+        # On a GPU: one reduction and one sync for the whole batch.
+        if values.device.type != "cpu" and bool(torch.isfinite(values).all()):
             return
-    elif bool(torch.isfinite(values).all()):  # one reduction and one sync for the whole batch
+        # numpy's check is a third of torch's time on a small batch
+        values = values.numpy() if values.device.type == "cpu" else values.cpu().numpy()
+    finite = np.isfinite(values)
+    if bool(finite.all()):
         return
-    finite = torch.isfinite(values)
-    bad_rows = (~finite).reshape(values.shape[0], -1).any(dim=1).nonzero().flatten().tolist()
+    bad_rows = np.flatnonzero(~finite.reshape(values.shape[0], -1).all(axis=1)).tolist()
     when = "at reset" if step == 0 else f"at env step {step}"
     raise FloatingPointError(
         f"env {env_id}: {what} of env index {bad_rows[0]} is not finite {when} "
@@ -222,17 +246,14 @@ def _check_finite(values: Tensor, what: str, env_id: str, step: int) -> None:
     )
 
 
-def _flag(info: Mapping[str, Any], device: torch.device) -> tuple[Tensor, Tensor] | None:
-    """The per-env success flag an info dict reports, and where it reports it."""
+def _flag(info: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The per-env success flag an info dict reports, and where it reports it (host arrays)."""
     for key in _SUCCESS_KEYS:
         if key in info:
-            value = _as_tensor(info[key], device).reshape(-1)
-            flag = value if value.dtype == torch.bool else value != 0
+            flag = _as_numpy(info[key]).reshape(-1) != 0
             mask = info.get(f"_{key}")
             reported = (
-                torch.ones_like(flag)
-                if mask is None
-                else _as_tensor(mask, device).reshape(-1).to(torch.bool)
+                np.ones_like(flag) if mask is None else _as_numpy(mask).reshape(-1).astype(bool)
             )
             return flag & reported, reported
     return None
@@ -270,13 +291,16 @@ class EnvStepper:
             )
         self.action_shape = (self.num_envs, *(self.action_space.shape or ()))
         self._discrete = not isinstance(self.action_space, spaces.Box)
+        self._bounds = self._discrete_bounds() if self._discrete else (0, 0)
         self._layout = _ObsLayout(env.single_observation_space, self.env_id)
         self._device: torch.device | None = None
         self._steps = 0  # vector steps since the last reset, for error messages
         self._torch_env = False
-        self._returns = torch.zeros(self.num_envs, dtype=torch.float64)
-        self._lengths = torch.zeros(self.num_envs, dtype=torch.int64)
-        self._success_once = torch.zeros(self.num_envs, dtype=torch.bool)
+        # Episode bookkeeping on the host, in numpy, whatever the env's device: a few
+        # numbers per env, where torch's per-op cost would exceed the env's own step.
+        self._returns = np.zeros(self.num_envs, dtype=np.float64)
+        self._lengths = np.zeros(self.num_envs, dtype=np.int64)
+        self._success_once = np.zeros(self.num_envs, dtype=np.bool_)
         self._reports_success = False
         self._finished: dict[str, list[float]] = {
             "return": [],
@@ -313,9 +337,9 @@ class EnvStepper:
             first = next(iter(first.values()))
         self._torch_env = isinstance(first, Tensor)
         self._device = first.device if isinstance(first, Tensor) else torch.device("cpu")
-        self._returns = torch.zeros(self.num_envs, dtype=torch.float64, device=self._device)
-        self._lengths = torch.zeros(self.num_envs, dtype=torch.int64, device=self._device)
-        self._success_once = torch.zeros(self.num_envs, dtype=torch.bool, device=self._device)
+        self._returns[:] = 0.0
+        self._lengths[:] = 0
+        self._success_once[:] = False
         env_obs = self._layout.convert(obs, self._device)
         self._layout.check_finite(env_obs, "reset observation", 0)
         return env_obs
@@ -328,12 +352,10 @@ class EnvStepper:
         env's own step is raised again as `EnvStepError` naming the env and
         the env step (counted from the last reset), chained to the original.
         """
-        if self._device is None:
+        device = self._device
+        if device is None:
             raise RuntimeError(f"env {self.env_id}: call reset(seed) before step")
-        self._check_actions(actions, policy)
-        env_actions: Any = (
-            actions.to(self._device) if self._torch_env else actions.detach().cpu().numpy()
-        )
+        env_actions = self._checked_actions(actions, policy)
         self._steps += 1
         try:
             raw_obs, raw_rewards, raw_terminated, raw_truncated, info = self.env.step(env_actions)
@@ -343,24 +365,23 @@ class EnvStepper:
                 f"{type(error).__name__}: {error}"
             ) from error
 
-        device = self._device
-        rewards = _per_env(raw_rewards, torch.float32, device)
-        terminated = _per_env(raw_terminated, torch.bool, device)
-        truncated = _per_env(raw_truncated, torch.bool, device)
+        rewards, host_rewards = _per_env(raw_rewards, np.float32, device)
+        terminated, host_terminated = _per_env(raw_terminated, np.bool_, device)
+        truncated, host_truncated = _per_env(raw_truncated, np.bool_, device)
         obs = self._layout.convert(raw_obs, device)
         self._layout.check_finite(obs, "observation", self._steps)
-        _check_finite(rewards, "reward", self.env_id, self._steps)
+        _check_finite(host_rewards, "reward", self.env_id, self._steps)
 
-        dones = terminated | truncated
-        self._returns += rewards
+        dones = host_terminated | host_truncated
+        self._returns += host_rewards
         self._lengths += 1
         success = self._success_flags(info, dones)
         if success is not None:
             self._success_once |= success
 
         next_obs = obs
-        if bool(dones.any()):
-            rows = dones.nonzero().flatten()
+        if dones.any():
+            rows = np.flatnonzero(dones)
             next_obs = self._with_final_obs(obs, info, rows)
             self._record_episodes(rows, success)
         return StepResult(
@@ -391,26 +412,36 @@ class EnvStepper:
         """Close the env (and its simulator)."""
         self.env.close()
 
-    def _check_actions(self, actions: Tensor, policy: str | None) -> None:
+    def _checked_actions(self, actions: Tensor, policy: str | None) -> Any:
+        """``actions`` as the env takes them (a tensor on its device, or a numpy array), after
+        checking their shape and, for a discrete space, their dtype and range."""
         got = f"{policy} returned" if policy else "got"
         if tuple(actions.shape) != self.action_shape:
             raise ValueError(
                 f"env {self.env_id}: {got} actions of shape {tuple(actions.shape)}, expected "
                 f"{self.action_shape} (num_envs, *single_action_space.shape)"
             )
-        if self._discrete:
-            if actions.is_floating_point() or actions.is_complex():
-                raise TypeError(
-                    f"env {self.env_id}: {self.action_space} takes integer actions, "
-                    f"{got} {actions.dtype}"
-                )
-            low, high = torch.aminmax(actions.to(torch.int64))
-            space_low, space_high = self._discrete_bounds()
-            if int(low) < space_low or int(high) > space_high:
-                raise ValueError(
-                    f"env {self.env_id}: actions must lie in [{space_low}, {space_high}] "
-                    f"for {self.action_space}, {got} values in [{int(low)}, {int(high)}]"
-                )
+        env_actions: Any = (
+            actions.to(self._device) if self._torch_env else actions.detach().cpu().numpy()
+        )
+        if not self._discrete:
+            return env_actions
+        if actions.is_floating_point() or actions.is_complex():
+            raise TypeError(
+                f"env {self.env_id}: {self.action_space} takes integer actions, "
+                f"{got} {actions.dtype}"
+            )
+        if self._torch_env:
+            low, high = (int(v) for v in torch.aminmax(actions.to(torch.int64)))
+        else:
+            low, high = int(env_actions.min()), int(env_actions.max())
+        space_low, space_high = self._bounds
+        if low < space_low or high > space_high:
+            raise ValueError(
+                f"env {self.env_id}: actions must lie in [{space_low}, {space_high}] "
+                f"for {self.action_space}, {got} values in [{low}, {high}]"
+            )
+        return env_actions
 
     def _discrete_bounds(self) -> tuple[int, int]:
         from gymnasium import spaces
@@ -422,58 +453,55 @@ class EnvStepper:
             return int(np.min(space.start)), int(np.max(space.start + space.nvec - 1))
         return 0, 1  # MultiBinary
 
-    def _success_flags(self, info: Mapping[str, Any], dones: Tensor) -> Tensor | None:
+    def _success_flags(self, info: Mapping[str, Any], dones: np.ndarray) -> np.ndarray | None:
         """Success at this step per env; an ended env's comes from its final step's info."""
-        assert self._device is not None
-        current = _flag(info, self._device)
+        current = _flag(info)
         final_info = info.get("final_info")
-        final = _flag(final_info, self._device) if isinstance(final_info, Mapping) else None
+        final = _flag(final_info) if isinstance(final_info, Mapping) else None
         if current is None and final is None:
             return None
         self._reports_success = True
-        success = torch.zeros(self.num_envs, dtype=torch.bool, device=self._device)
+        success = np.zeros(self.num_envs, dtype=np.bool_)
         if current is not None:
             # An ended env's current info describes its reset, not the step that ended it.
             success = current[0] & ~dones
         if final is not None:
-            success = torch.where(dones & final[1], final[0], success)
+            success = np.where(dones & final[1], final[0], success)
         return success
 
-    def _with_final_obs(self, obs: EnvObs, info: Mapping[str, Any], rows: Tensor) -> EnvObs:
+    def _with_final_obs(self, obs: EnvObs, info: Mapping[str, Any], rows: np.ndarray) -> EnvObs:
         final = next((info[key] for key in _FINAL_OBS_KEYS if key in info), None)
         if final is None:
             raise RuntimeError(
                 f"env {self.env_id}: an episode ended but info has no 'final_obs'; build the "
                 "env with same-step autoreset (gymnasium AutoresetMode.SAME_STEP)"
             )
+        index = torch.from_numpy(rows).to(self._device)
         if isinstance(final, np.ndarray) and final.dtype == object:
             # gymnasium: one single-env observation per ended env, None elsewhere.
-            final_rows = self._layout.convert(
-                _stack([final[i] for i in rows.tolist()]), self._device
-            )
+            final_rows = self._layout.convert(_stack([final[i] for i in rows]), self._device)
         else:
             # ManiSkill: the whole batch, read at the ended rows.
             final_rows = {
-                key: value[rows] for key, value in self._layout.convert(final, self._device).items()
+                key: value[index]
+                for key, value in self._layout.convert(final, self._device).items()
             }
         self._layout.check_finite(final_rows, "final observation", self._steps)
         next_obs = {}
         for key, value in obs.items():
             merged = value.clone()
-            merged[rows] = final_rows[key].to(merged.dtype)
+            merged[index] = final_rows[key].to(merged.dtype)
             next_obs[key] = merged
         return next_obs
 
-    def _record_episodes(self, rows: Tensor, success: Tensor | None) -> None:
+    def _record_episodes(self, rows: np.ndarray, success: np.ndarray | None) -> None:
         finished = self._finished
         finished["return"].extend(self._returns[rows].tolist())
         finished["length"].extend(self._lengths[rows].tolist())
         if self._reports_success:
-            at_end = (
-                success[rows] if success is not None else torch.zeros_like(rows, dtype=torch.bool)
-            )
-            finished["success"].extend(at_end.float().tolist())
-            finished["success_once"].extend(self._success_once[rows].float().tolist())
+            at_end = success[rows] if success is not None else np.zeros(len(rows), np.bool_)
+            finished["success"].extend(at_end.astype(np.float64).tolist())
+            finished["success_once"].extend(self._success_once[rows].astype(np.float64).tolist())
         self._returns[rows] = 0.0
         self._lengths[rows] = 0
         self._success_once[rows] = False

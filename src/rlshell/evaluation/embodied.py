@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from attrs import evolve, frozen
-from torch import Tensor, nn
+from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException as DCPCheckpointException
 
 from rlshell.checkpoint import CheckpointError, list_checkpoints, read_trainer_state
@@ -184,10 +184,10 @@ class _EpisodeRecorder(EnvStepper):
         self.episodes: list[Episode] = []
         self.finished = [0] * self.num_envs
 
-    def _record_episodes(self, rows: Tensor, success: Tensor | None) -> None:
+    def _record_episodes(self, rows: np.ndarray, success: np.ndarray | None) -> None:
         reported = self._reports_success
         # As the base class counts them: no success flag at an episode's last step is a failure.
-        at_end = success if success is not None else torch.zeros_like(self._success_once)
+        at_end = success if success is not None else np.zeros_like(self._success_once)
         for row in rows.tolist():
             self.episodes.append(
                 Episode(
