@@ -208,7 +208,7 @@ class ActorConfig:
 
     ``compile``: the collocated embodied PPO runner's update runs each
     minibatch's whole step (forward, rlcore's losses, backward, gradient-norm
-    clip, AdamW) as one ``torch.compile``d graph
+    clip, AdamW) as one inductor-compiled graph
     (`rlshell.workers.embodied_update.CompiledPPOStep`), compiled at worker
     start-up (seconds); same maths to float rounding, about 1.7× faster per
     step on a small MLP policy. One unsharded actor rank with a ``gae``

@@ -35,6 +35,7 @@ from rlshell.models.base import ActionInfo, BasePolicy
 from rlshell.models.mlp_policy import (
     categorical_entropy,
     categorical_log_prob,
+    categorical_sample,
     gaussian_entropy,
     gaussian_log_prob,
 )
@@ -232,11 +233,7 @@ class CNNPolicy(BasePolicy):
             hidden = self._hidden(inputs)
             head = self.actor_head(hidden).float()
             if self.log_std is None:
-                action = (
-                    head.argmax(-1)
-                    if mode == "eval"
-                    else torch.multinomial(torch.softmax(head, dim=-1), 1).squeeze(-1)
-                )
+                action = head.argmax(-1) if mode == "eval" else categorical_sample(head)
                 logprobs = categorical_log_prob(head, action)
                 env_action = action
             else:

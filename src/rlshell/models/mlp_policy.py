@@ -46,6 +46,7 @@ __all__ = [
     "build_mlp_policy",
     "categorical_entropy",
     "categorical_log_prob",
+    "categorical_sample",
     "gaussian_entropy",
     "gaussian_log_prob",
     "tanh_gaussian_log_prob",
@@ -71,6 +72,18 @@ def categorical_log_prob(
     """log π(a) = z_a − log Σ_v exp z_v."""
     log_probs = F.log_softmax(logits, dim=-1)
     return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+
+def categorical_sample(logits: Float[Tensor, "batch actions"]) -> Int[Tensor, " batch"]:
+    """a ~ π = softmax(z): argmax_v π_v / E_v with E_v ~ Exp(1) i.i.d. (the exponential race,
+    P(argmax = v) = π_v).
+
+    The draw ``torch.multinomial(π, 1)`` makes, with the same generator calls and so the
+    same actions, without its checks of the probabilities (28 µs against 9 µs for 8 rows
+    of 2 actions on one core). Non-finite logits give NaN log-probs, which PPO's update stops on.
+    """
+    probs = torch.softmax(logits, dim=-1)
+    return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
 
 
 def categorical_entropy(logits: Float[Tensor, "batch actions"]) -> Float[Tensor, " batch"]:
@@ -519,7 +532,7 @@ class MLPPolicy(BasePolicy):
     def _sample_discrete(self, logits: Tensor, deterministic: bool) -> Tensor:
         if deterministic:
             return logits.argmax(-1)
-        return torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(-1)
+        return categorical_sample(logits)
 
     def _gaussian_params(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
         """(μ, log σ): gaussian's log σ is a parameter; tanh_gaussian's a clamped head."""
