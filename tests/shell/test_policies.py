@@ -22,6 +22,7 @@ from rlshell.models.mlp_policy import (
     MLPPolicy,
     MLPPolicySpec,
     build_mlp_policy,
+    categorical_sample,
     tanh_gaussian_log_prob,
 )
 
@@ -148,6 +149,32 @@ def test_categorical_entropy_is_analytic(batch: int, actions: int, seed: int) ->
     _, info = policy.predict_action_batch({"states": obs})
     entropy = policy(forward_inputs=info["forward_inputs"])["entropy"]
     torch.testing.assert_close(entropy, Categorical(logits=policy.actor(obs)).entropy())
+
+
+@given(
+    batch=st.integers(1, 64),
+    actions=st.integers(1, 12),
+    scale=st.floats(0.0, 20.0),
+    seed=st.integers(0, 2**16),
+)
+def test_categorical_sample_draws_what_torch_multinomial_draws(
+    batch: int, actions: int, scale: float, seed: int
+) -> None:
+    logits = torch.randn(batch, actions, generator=torch.Generator().manual_seed(seed)) * scale
+    torch.manual_seed(seed)
+    expected = torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(-1)
+    torch.manual_seed(seed)
+    assert torch.equal(categorical_sample(logits), expected)
+
+
+def test_categorical_sample_frequencies_are_the_probabilities() -> None:
+    logits = torch.log(torch.tensor([[0.1, 0.6, 0.3]])).expand(60_000, 3)
+    torch.manual_seed(0)
+    counts = torch.bincount(categorical_sample(logits), minlength=3).double() / 60_000
+    # Three standard errors of a frequency estimated from 60,000 draws: ≤ 0.006.
+    torch.testing.assert_close(
+        counts, torch.tensor([0.1, 0.6, 0.3], dtype=torch.float64), atol=0.006, rtol=0
+    )
 
 
 @given(batch=st.integers(1, 8), action_dim=st.integers(1, 5), log_std=st.floats(-3.0, 2.0))
