@@ -212,7 +212,7 @@ class ActorConfig:
     (`rlshell.workers.embodied_update.CompiledPPOStep`), compiled at worker
     start-up (seconds); same maths to float rounding, about 1.7× faster per
     step on a small MLP policy. One unsharded actor rank with a ``gae``
-    estimator only; other runners and placements ignore it.
+    estimator only; other runners and placements refuse it.
     """
 
     model: ModelConfig = Factory(ModelConfig)
@@ -248,6 +248,11 @@ class RolloutConfig:
     and actor under keys of their own) splits each env worker's envs into this
     many stages, so that the rollout computes one stage's actions while the
     env worker steps another; 1 alternates them without overlap.
+    ``compile``: the collocated embodied runner calls the policy's
+    ``predict_action_batch`` once per env step as one inductor-compiled graph
+    (`rlshell.models.compiled.CompiledPredict`), compiled at worker start-up:
+    the same actions from the same seed, log-probs and values to float
+    rounding. One unsharded actor rank; other runners and placements refuse it.
     """
 
     backend: Literal["hf", "vllm", "sglang"] = "hf"
@@ -263,6 +268,7 @@ class RolloutConfig:
     bucket_size_mb: float = field(default=64.0, metadata=POSITIVE)
     cpus_per_worker: float = field(default=0.25, metadata=POSITIVE)
     pipeline_stage_num: int = field(default=1, metadata=POSITIVE_INT)
+    compile: bool = False
 
 
 @frozen

@@ -53,6 +53,7 @@ def validate(config: Config, *, for_run: bool = True) -> list[str]:
     problems += _algorithm_problems(config)
     problems += _embodied_algorithm_problems(config)
     problems += _rollout_problems(config)
+    problems += _compile_problems(config)
     problems += _cluster_problems(config)
     requests, request_problems = placement_requests(config)
     problems += request_problems
@@ -194,6 +195,30 @@ def _rollout_problems(config: Config) -> list[str]:
     if rollout.pipeline_stage_num > 1:
         problems += _pipeline_problems(config)
     return problems
+
+
+def _compile_problems(config: Config) -> list[str]:
+    """``actor.compile`` / ``rollout.compile``: read by the collocated embodied PPO runner."""
+    flags = {"actor.compile": config.actor.compile, "rollout.compile": config.rollout.compile}
+    keys = [key for key, on in flags.items() if on]
+    if not keys:
+        return []
+    if config.runner.runner_type != "embodied" or _is_sac(config):
+        what = "SAC" if _is_sac(config) else f"the {config.runner.runner_type} runner"
+        reason = f"{what} does not read it"
+    else:
+        names = {name: key for key in config.cluster.component_placement for name in _names(key)}
+        if len({names.get(name) for name in ("actor", "rollout", "env")}) == 1:
+            return []
+        reason = (
+            "only the collocated placement (env, rollout and actor in the same processes, "
+            f"e.g. {_COLLOCATED_EXAMPLE}) reads it; the hybrid placement runs eager"
+        )
+    return [
+        f"{key}: compiles embodied PPO's {'update' if key == 'actor.compile' else 'rollout'} "
+        f"step; {reason}. Set {key}=false"
+        for key in keys
+    ]
 
 
 def _pipeline_problems(config: Config) -> list[str]:

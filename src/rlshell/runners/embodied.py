@@ -52,6 +52,7 @@ from rlshell.envs.stepper import EnvStepper
 from rlshell.fsdp import FSDPModelManager
 from rlshell.metrics import logger_for_run, plot_run
 from rlshell.models.base import BasePolicy
+from rlshell.models.compiled import CompiledPredict
 from rlshell.placement import ComponentPlan, PlacementPlan
 from rlshell.rollout.trajectory import RewardScaler, Samples, TrajectoryBuffer
 from rlshell.worker import Worker, WorkerDiedError, WorkerGroup
@@ -174,13 +175,7 @@ class PPOActor(Worker):
         config = self.config
         if not config.actor.compile:
             return
-        problems = []
-        if self.world_size > 1:
-            problems.append(
-                f"actor.compile: the compiled update needs one actor rank (an unsharded "
-                f"policy); got {self.world_size}. Set actor.compile=false or place the actor "
-                'on one process, e.g. {"actor,rollout,env": "0:0"}'
-            )
+        problems = self._rank_problems("actor.compile", "update")
         if is_embodied_grpo(config):
             problems.append(
                 f"actor.compile: compiles PPO's update with algorithm.adv_type 'gae'; got "
@@ -189,19 +184,9 @@ class PPOActor(Worker):
             )
         if problems:
             raise ConfigError(problems)
+        policy = self._unsharded_policy("actor.compile", "update")
         manager = self.manager
         assert manager is not None
-        policy = manager.module
-        if isinstance(policy, FSDPModule):  # one rank, sharded only to cast the weights
-            raise ConfigError(
-                [
-                    "actor.compile: the compiled update needs the policy's weights in "
-                    "actor.fsdp_config.mixed_precision's dtype (no FSDP cast); got "
-                    f"mixed_precision '{config.actor.fsdp_config.mixed_precision}'. Set "
-                    "actor.compile=false or mixed_precision to the model's dtype"
-                ]
-            )
-        assert isinstance(policy, BasePolicy)
         assert manager.optimizer is not None
         policy.train()  # as PPO's update runs it
         self.compiled = CompiledPPOStep(
@@ -215,6 +200,33 @@ class PPOActor(Worker):
         }
         for size in sorted(sizes):
             self.compiled.warm_up(dummy_samples(policy, obs, size))
+
+    def _rank_problems(self, key: str, what: str) -> list[str]:
+        """A compiled call (``key``: actor.compile, rollout.compile) reads one rank's policy."""
+        if self.world_size == 1:
+            return []
+        return [
+            f"{key}: the compiled {what} needs one actor rank (an unsharded policy); got "
+            f"{self.world_size}. Set {key}=false or place the actor on one process, e.g. "
+            '{"actor,rollout,env": "0:0"}'
+        ]
+
+    def _unsharded_policy(self, key: str, what: str) -> BasePolicy:
+        """The policy module a compiled call reads (ConfigError where FSDP wraps it)."""
+        manager = self.manager
+        assert manager is not None
+        policy = manager.module
+        if isinstance(policy, FSDPModule):  # one rank, sharded only to cast the weights
+            raise ConfigError(
+                [
+                    f"{key}: the compiled {what} needs the policy's weights in "
+                    "actor.fsdp_config.mixed_precision's dtype (no FSDP cast); got "
+                    f"mixed_precision '{self.config.actor.fsdp_config.mixed_precision}'. Set "
+                    f"{key}=false or mixed_precision to the model's dtype"
+                ]
+            )
+        assert isinstance(policy, BasePolicy)
+        return policy
 
     def checked_once(self, phase: str) -> AbstractContextManager[None]:
         """rlcore's shape and dtype checks on a phase's first run in this process, not after.
@@ -265,6 +277,7 @@ class EmbodiedWorker(PPOActor):
         self.stepper: EnvStepper | None = None
         self.buffer: TrajectoryBuffer | None = None
         self.obs: dict[str, torch.Tensor] = {}
+        self.predict: CompiledPredict | None = None  # rollout.compile's call
 
     def init_worker(self) -> dict[str, Any]:
         """Join the process group, build the sharded policy and this rank's envs."""
@@ -281,7 +294,23 @@ class EmbodiedWorker(PPOActor):
         self.generator.manual_seed(seed)
         self.obs = self.stepper.reset(seed)
         self._compile_update(per_rank * config.runner.rollout_steps, self.obs)
+        self._compile_rollout(self.obs)
         return {"envs": per_rank, "env_id": self.stepper.env_id}
+
+    def _compile_rollout(self, obs: dict[str, torch.Tensor]) -> None:
+        """``rollout.compile``: compile the policy's per-step rollout call for observations
+        laid out as ``obs``. Tracing runs on fake tensors: weights, buffers and RNG streams
+        stay as they were."""
+        if not self.config.rollout.compile:
+            return
+        problems = self._rank_problems("rollout.compile", "rollout call")
+        if problems:
+            raise ConfigError(problems)
+        policy = self._unsharded_policy("rollout.compile", "rollout call")
+        policy.eval()  # as the rollout runs it
+        self.predict = CompiledPredict(
+            policy, obs, mode="train", compute_values=not is_embodied_grpo(self.config)
+        )
 
     def train_step(self) -> dict[str, float]:
         """One rollout of ``runner.rollout_steps`` steps, then PPO's update; this rank's metrics."""
@@ -296,11 +325,18 @@ class EmbodiedWorker(PPOActor):
         with manager.unsharded() as policy, self.checked_once("rollout"):
             assert isinstance(policy, BasePolicy)
             policy.eval()
+            if self.predict is not None:
+                self.predict.bind(policy)  # a checkpoint load may have replaced the weights
             if grouped:
                 # Every window resets its envs: one seed per group, new ones each window.
                 seed = config.runner.seed + 1000 * self.rank + 1_000_000 * (self.windows + 1)
                 window, self.obs = collect_group_episodes(
-                    policy, stepper, seed, algorithm.group_size, config.runner.rollout_steps
+                    policy,
+                    stepper,
+                    seed,
+                    algorithm.group_size,
+                    config.runner.rollout_steps,
+                    self.predict,
                 )
             else:
                 self.obs = collect_rollout(
@@ -310,6 +346,7 @@ class EmbodiedWorker(PPOActor):
                     self.obs,
                     config.runner.rollout_steps,
                     self.reward_scaler,
+                    self.predict,
                 )
         rollout_done = time.perf_counter()
         if grouped:

@@ -17,6 +17,8 @@ update (`rlshell.workers.embodied_update.ppo_update`) then runs with
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from attrs import frozen
 from jaxtyping import Bool, Float
@@ -28,7 +30,7 @@ from rlcore.rollout import place_on_last_token
 from rlshell.envs.stepper import EnvObs, EnvStepper
 from rlshell.models.base import BasePolicy
 from rlshell.rollout.trajectory import Samples
-from rlshell.workers.embodied_update import policy_name
+from rlshell.workers.embodied_update import Predict, policy_name
 
 __all__ = ["EpisodeWindow", "collect_group_episodes", "group_samples"]
 
@@ -49,11 +51,18 @@ class EpisodeWindow:
 
 
 def collect_group_episodes(
-    policy: BasePolicy, stepper: EnvStepper, seed: int, group_size: int, max_steps: int
+    policy: BasePolicy,
+    stepper: EnvStepper,
+    seed: int,
+    group_size: int,
+    max_steps: int,
+    predict: Predict | None = None,
 ) -> tuple[EpisodeWindow, EnvObs]:
     """Reset with one seed per group, step until each env has ended an episode (≤ ``max_steps``).
 
     Returns the window and the last observation (the next window resets anyway).
+    ``predict`` acts in place of ``policy.predict_action_batch(obs, mode="train",
+    compute_values=False)`` (a compiled call of it).
     """
     if stepper.num_envs % group_size:
         raise ValueError(
@@ -67,8 +76,10 @@ def collect_group_episodes(
     rewards: list[Tensor] = []
     valid: list[Tensor] = []
     name = f"{policy_name(policy)}.predict_action_batch"
+    if predict is None:
+        predict = functools.partial(policy.predict_action_batch, mode="train", compute_values=False)
     for _ in range(max_steps):
-        actions, info = policy.predict_action_batch(obs, mode="train", compute_values=False)
+        actions, info = predict(obs)
         result = stepper.step(actions, policy=name)
         inputs.append(info["forward_inputs"])
         logprobs.append(info["prev_logprobs"].float().cpu())

@@ -20,6 +20,7 @@ and both shapes), ``forward_inputs`` without a key ``default_forward`` reads
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable
@@ -33,13 +34,15 @@ from torch.distributed.fsdp import FSDPModule
 from rlcore.losses import entropy_loss, ppo_policy_loss, value_loss
 from rlcore.masked import masked_whiten
 from rlshell.envs.stepper import EnvObs, EnvStepper
-from rlshell.models.base import BasePolicy, ForwardType, MissingInputError
+from rlshell.models.base import ActionInfo, BasePolicy, ForwardType, MissingInputError
+from rlshell.models.compiled import inductor_compile
 from rlshell.rollout.trajectory import RewardScaler, Samples, TrajectoryBuffer
 
 __all__ = [
     "CompiledPPOStep",
     "OptimizerStep",
     "PPOSettings",
+    "Predict",
     "collect_rollout",
     "policy_name",
     "policy_values",
@@ -48,6 +51,10 @@ __all__ = [
 
 OptimizerStep = Callable[[], float]
 """Clip, step and clear the gradients; return their norm before clipping."""
+
+Predict = Callable[[EnvObs], tuple[Tensor, ActionInfo]]
+"""The rollout's call per env step: the policy's ``predict_action_batch`` in ``"train"``
+mode, or a `rlshell.models.compiled.CompiledPredict` of it (``rollout.compile``)."""
 
 
 def _positive(instance: object, attribute: object, value: float) -> None:
@@ -78,11 +85,14 @@ def collect_rollout(
     obs: EnvObs,
     steps: int,
     reward_scaler: RewardScaler | None = None,
+    predict: Predict | None = None,
 ) -> EnvObs:
     """``steps`` steps of every env into ``buffer``; returns the observation to continue from.
 
     With a ``reward_scaler`` the buffer gets scaled rewards (``algorithm.norm_reward``);
-    the env's metrics keep the raw ones.
+    the env's metrics keep the raw ones. ``predict`` acts in place of
+    ``policy.predict_action_batch(obs, mode="train", compute_values=True)`` (a compiled
+    call of it); the value bootstraps below call the policy itself.
 
     The value bootstrap of step t is V(sₜ₊₁): the next step's value where the
     episode goes on, the final observation's where it was truncated (one
@@ -91,8 +101,10 @@ def collect_rollout(
     """
     pending: list[tuple[dict[str, Tensor], Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]] = []
     name = f"{policy_name(policy)}.predict_action_batch"
+    if predict is None:
+        predict = functools.partial(policy.predict_action_batch, mode="train", compute_values=True)
     for _ in range(steps):
-        actions, info = policy.predict_action_batch(obs, mode="train", compute_values=True)
+        actions, info = predict(obs)
         result = stepper.step(actions, policy=name)
         values = info["prev_values"]
         bootstrap = torch.zeros_like(values)
@@ -248,8 +260,8 @@ class CompiledPPOStep:
     `torch.optim.adamw.adamw`, its tensor-step branch, with the learning rate
     an input so a schedule needs no recompile) are traced once (``make_fx`` on
     fake tensors, ``torch.func.grad``) into one graph over flat tensors, which
-    inductor compiles (``torch._inductor.compile``, no dynamo frame; C++
-    wrapper; tanh as 2 / (1 + e^(−2x)) − 1): one call and a few fused kernels
+    inductor compiles (`rlshell.models.compiled.inductor_compile`: no dynamo
+    frame, C++ wrapper, tanh as 2 / (1 + e^(−2x)) − 1): one call and a few fused kernels
     instead of a few hundred eager ops, a ``.grad`` per parameter and the
     optimizer's Python loop. Parameters and AdamW's state
     (``step``, ``exp_avg``, ``exp_avg_sq``: ``optimizer.state``, so
@@ -374,7 +386,6 @@ class CompiledPPOStep:
         return entry
 
     def _compile(self, example: Samples) -> tuple[Callable[..., list[Tensor]], list[str]]:
-        from torch import _inductor
         from torch.fx.experimental.proxy_tensor import make_fx
         from torch.optim.adamw import adamw
 
@@ -449,12 +460,7 @@ class CompiledPPOStep:
         # On copies: make_fx would trace inputs that share storage as one.
         inputs: list[Any] = [t.clone() for t in (*self._static, *_flat_batch(example))]
         graph = make_fx(step, tracing_mode="fake")(*inputs)
-        # Inductor straight on the traced graph (no dynamo frame and guards: ~0.15 ms a call
-        # less), with its C++ wrapper (~50 µs less than the Python one) and tanh as
-        # 2 / (1 + exp(−2x)) − 1 (within 1.8e-7 of torch.tanh, a third of its time on a CPU).
-        compiled = _inductor.compile(
-            graph, inputs, {"cpp_wrapper": True, "cpp.use_decompose_tanh": True}
-        )
+        compiled = inductor_compile(graph, inputs)
         return compiled, metric_keys
 
 
