@@ -79,6 +79,17 @@ def test_minibatches_partition_the_samples(size: int, count: int, seed: int) -> 
     assert torch.equal(seen, torch.arange(size))
 
 
+def test_one_minibatch_is_the_samples_in_order_without_a_draw() -> None:
+    buffer = TrajectoryBuffer(2)
+    _fill(buffer, 5, 0)
+    samples = buffer.finish(gamma=1.0, lam=1.0)
+    generator = torch.Generator().manual_seed(3)
+    state = generator.get_state()
+    (part,) = samples.minibatches(1, generator)
+    assert part is samples
+    assert torch.equal(generator.get_state(), state)
+
+
 def test_bad_steps_are_refused_naming_the_field() -> None:
     buffer = TrajectoryBuffer(2)
     ones, flags = torch.ones(2), torch.zeros(2, dtype=torch.bool)

@@ -52,11 +52,18 @@ class Samples:
         )
 
     def minibatches(self, count: int, generator: torch.Generator) -> Iterator[Samples]:
-        """One pass over the samples in ``count`` shuffled minibatches of (nearly) equal size."""
+        """One pass over the samples in ``count`` shuffled minibatches of (nearly) equal size.
+
+        One minibatch is the samples as they are: a loss averaged over all of them does
+        not depend on their order, so no permutation is drawn (nor copied).
+        """
         if not 1 <= count <= self.size:
             raise ValueError(
                 f"num_minibatches: expected 1 to {self.size} (the rollout's samples), got {count}"
             )
+        if count == 1:
+            yield self
+            return
         order = torch.randperm(self.size, generator=generator)
         for rows in torch.tensor_split(order, count):
             yield self.select(rows)

@@ -183,7 +183,7 @@ def ppo_update(
     for epoch in range(settings.update_epochs):
         last = epoch == settings.update_epochs - 1
         for minibatch in samples.minibatches(settings.num_minibatches, generator):
-            metrics = _step(policy, step, minibatch, settings)
+            metrics = _step(policy, step, minibatch, settings, report=last)
             if last:
                 steps += 1
                 for key, value in metrics.items():
@@ -298,6 +298,7 @@ class CompiledPPOStep:
         self.lr_scheduler = lr_scheduler
         self.group = _adamw_group(optimizer)
         self.lr = float(self.group["lr"])  # the learning rate of the last step
+        self._scheduler_stepped = False  # its first step may warn; later ones do not
         self.names: list[str] = []  # trained parameters, in the graph's order
         self._static: list[Tensor] = []  # params, moments, steps, lr, buffers: the graph's head
         self._lr = torch.zeros((), dtype=torch.float32)
@@ -359,10 +360,14 @@ class CompiledPPOStep:
         parts = PPOLoss(loss, pg_loss, critic, entropy, policy_metrics)
         _finite_loss(loss)  # the graph skipped the update; say why
         if self.lr_scheduler is not None:
-            with warnings.catch_warnings():
-                # It warns once when optimizer.step() never ran: this step is the graph's.
-                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler", UserWarning)
+            if self._scheduler_stepped:
                 self.lr_scheduler.step()
+            else:
+                with warnings.catch_warnings():
+                    # Its first step warns when optimizer.step() never ran: this is the graph's.
+                    warnings.filterwarnings("ignore", "Detected call of `lr_scheduler", UserWarning)
+                    self.lr_scheduler.step()
+                self._scheduler_stepped = True
         return parts, float(grad_norm)
 
     @property
@@ -502,7 +507,9 @@ def _step(
     step: OptimizerStep | CompiledPPOStep,
     batch: Samples,
     settings: PPOSettings,
+    report: bool = True,
 ) -> dict[str, float]:
+    """One minibatch step; its metrics when ``report`` (`ppo_update` reports the last epoch)."""
     if isinstance(step, CompiledPPOStep):
         parts, grad_norm = step(batch)
         value = float(parts.loss)
@@ -511,6 +518,8 @@ def _step(
         value = _finite_loss(parts.loss)
         torch.autograd.backward(parts.loss)
         grad_norm = step()
+    if not report:
+        return {}
     metrics = {
         "loss": value,
         "pg_loss": float(parts.pg_loss),
