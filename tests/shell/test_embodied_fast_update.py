@@ -245,6 +245,20 @@ def test_compiled_step_reads_the_weights_and_moments_a_checkpoint_load_put_in_pl
         torch.testing.assert_close(p, first[name], atol=0.0, rtol=0.0, msg=name)
     with pytest.raises(ValueError, match="build one per policy"):
         step.bind(_policy())
+    # The loaded param group is a new dict, which a schedule steps: the step reads its rate.
+    later = copy.deepcopy(saved[1])
+    later["param_groups"][0]["lr"] = 0.003
+    optimizer.load_state_dict(later)
+    step.bind(policy)
+    step(batch)
+    assert step.lr == 0.003
+    # A checkpoint saved with other AdamW constants than the graph holds: said so.
+    other = copy.deepcopy(saved[1])
+    other["param_groups"][0]["betas"] = (0.8, 0.999)
+    optimizer.load_state_dict(other)
+    with pytest.raises(ValueError, match=r"AdamW constants are now \{'beta1': 0\.8"):
+        step.bind(policy)
+    optimizer.load_state_dict(copy.deepcopy(saved[1]))
     # Weights swapped for new tensors leave the optimizer stepping the old ones: said so.
     policy.load_state_dict(copy.deepcopy(saved[0]), assign=True)
     with pytest.raises(ValueError, match=r"steps 12 parameter\(s\) that are not MLPPolicy's"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tempfile
 from pathlib import Path
 
@@ -33,20 +34,28 @@ def test_a_short_ppo_run_logs_env_and_train_metrics_and_resumes(tmp_path: Path) 
         "global_step_4",
     ]
     assert (run / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # Two more steps from the last checkpoint.
+    # Two more steps from the last checkpoint, the update and the rollout call compiled: the
+    # compiled calls read the weights the checkpoint put in place.
     again = train(
         *SHORT[:1],
         "runner.max_steps=6",
         "checkpoint.interval=2",
         "checkpoint.resume=auto",
+        "actor.compile=true",
+        "rollout.compile=true",
         f"runner.output_dir={out}",
         env=env,
         timeout=300,
     )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "resumed from" in again.stdout
-    steps = [int(r["step"]) for r in read_metrics(run / "metrics.jsonl")]
-    assert steps[-2:] == [5, 6]
+    records = read_metrics(run / "metrics.jsonl")
+    assert [int(r["step"]) for r in records][-2:] == [5, 6]
+    resumed = records[-2]
+    # The schedule goes on from step 4 (over the longer run), not from its start.
+    assert 0 < resumed["train/lr"] < records[0]["train/lr"]
+    assert all(math.isfinite(r["train/loss"]) for r in records[-2:])
+    assert resumed["env/steps"] == 8 * 32
 
 
 def test_two_components_grouped_apart_from_the_third_are_refused(tmp_path: Path) -> None:

@@ -297,6 +297,8 @@ class CompiledPPOStep:
         self.settings = settings
         self.lr_scheduler = lr_scheduler
         self.group = _adamw_group(optimizer)
+        # AdamW's constants, traced into the graph as they are now.
+        self.hyperparameters = _adamw_constants(self.group)
         self.lr = float(self.group["lr"])  # the learning rate of the last step
         self._scheduler_stepped = False  # its first step may warn; later ones do not
         self.names: list[str] = []  # trained parameters, in the graph's order
@@ -315,6 +317,16 @@ class CompiledPPOStep:
             raise ValueError(
                 f"CompiledPPOStep was built for a {policy_name(self.policy)} at "
                 f"{id(self.policy):#x}, not this {policy_name(policy)}: build one per policy"
+            )
+        # optimizer.load_state_dict (a resume) puts new param group dicts in place, which the
+        # schedule then steps; its constants must still be the ones the graph holds.
+        self.group = _adamw_group(self.optimizer)
+        constants = _adamw_constants(self.group)
+        if constants != self.hyperparameters:
+            raise ValueError(
+                f"actor.compile: the optimizer's AdamW constants are now {constants}, the "
+                f"compiled step holds {self.hyperparameters} (a checkpoint saved with other "
+                "optimizer settings?); build a new CompiledPPOStep"
             )
         named = {id(p): name for name, p in policy.named_parameters()}
         trained = [p for p in self.group["params"] if p.requires_grad]
@@ -394,7 +406,7 @@ class CompiledPPOStep:
         from torch.fx.experimental.proxy_tensor import make_fx
         from torch.optim.adamw import adamw
 
-        policy, settings, group = self.policy, self.settings, self.group
+        policy, settings, constants = self.policy, self.settings, self.hyperparameters
         names, buffer_names = list(self.names), list(self._buffer_names)
         keys = sorted(example.forward_inputs)
         n = len(names)
@@ -440,11 +452,11 @@ class CompiledPPOStep:
                 fused=False,
                 differentiable=True,
                 amsgrad=False,
-                beta1=group["betas"][0],
-                beta2=group["betas"][1],
+                beta1=constants["beta1"],
+                beta2=constants["beta2"],
                 lr=lr,
-                weight_decay=group["weight_decay"],
-                eps=group["eps"],
+                weight_decay=constants["weight_decay"],
+                eps=constants["eps"],
                 maximize=False,
             )
             finite = torch.isfinite(parts.loss) & torch.isfinite(grad_norm)
@@ -483,6 +495,17 @@ def _adamw_group(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     if problems:
         raise ValueError(f"actor.compile: the compiled PPO step {'; '.join(problems)}")
     return group
+
+
+def _adamw_constants(group: dict[str, Any]) -> dict[str, float]:
+    """The param group's AdamW constants that the compiled step holds."""
+    beta1, beta2 = group["betas"]
+    return {
+        "beta1": float(beta1),
+        "beta2": float(beta2),
+        "eps": float(group["eps"]),
+        "weight_decay": float(group["weight_decay"]),
+    }
 
 
 def _flat_batch(batch: Samples) -> list[Tensor]:
