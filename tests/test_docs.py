@@ -87,6 +87,12 @@ COVERED_ELSEWHERE = {
     ".venv/bin/python -m rlshell.train configs/ppo_cartpole.py": (
         "tests/shell/test_embodied_run.py runs it for 4 steps and resumes it"
     ),
+    ".venv/bin/python -m rlshell.train configs/ppo_cartpole.py actor.compile=true "
+    "rollout.compile=true": (
+        "tests/shell/test_embodied_run.py::"
+        "test_a_short_ppo_run_logs_env_and_train_metrics_and_resumes resumes a 4-step run "
+        "with both for 2 steps"
+    ),
     ".venv/bin/python -m rlshell.train configs/ppo_cartpole.py algorithm.adv_type=grpo "
     "algorithm.group_size=4 runner.rollout_steps=500 runner.max_steps=40 "
     "runner.experiment_name=grpo_cartpole": (
