@@ -4,10 +4,13 @@ A checkpoint of step N is ``<run dir>/checkpoints/global_step_N/``:
 
 - ``actor/``: the actor's model and optimizer shards (torch.distributed.checkpoint,
   one file per rank) and each rank's scheduler and RNG states;
-- ``hf_config/``: the model's Hugging Face config, ``tokenizer/``: its tokenizer
-  (what `rlshell.export` needs to write a Hugging Face directory);
+- ``hf_config/``: a Hugging Face model's config, ``tokenizer/``: a reasoning
+  run's tokenizer (`rlshell.export` writes it beside the exported model);
 - ``trainer_state.json``: the step, the prompt sampler's position and what
   else the driver needs to continue exactly; written last.
+
+The run's resolved config, which names the model the checkpoint's weights
+belong to, is ``<run dir>/config.json`` (`run_config_path`).
 
 Everything is written under a hidden staging name
 (``.global_step_N.partial``) and renamed when complete, so a crash or Ctrl-C
@@ -27,6 +30,7 @@ from typing import Any
 from attrs import Factory, asdict, frozen
 
 __all__ = [
+    "RUN_CONFIG",
     "TRAINER_STATE",
     "CheckpointError",
     "TrainerState",
@@ -37,12 +41,14 @@ __all__ = [
     "prune",
     "read_trainer_state",
     "resolve_resume",
+    "run_config_path",
     "staging_dir",
     "write_trainer_state",
 ]
 
 _NAME = re.compile(r"^global_step_(\d+)$")
 TRAINER_STATE = "trainer_state.json"
+RUN_CONFIG = "config.json"
 
 
 class CheckpointError(RuntimeError):
@@ -62,6 +68,11 @@ class TrainerState:
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"global_step_{step}"
+
+
+def run_config_path(checkpoint: Path) -> Path:
+    """Where the run of ``<run dir>/checkpoints/global_step_N`` wrote its resolved config."""
+    return checkpoint.parent.parent / RUN_CONFIG
 
 
 def staging_dir(run_dir: Path, step: int) -> Path:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from attrs import frozen
 
-from rlshell.checkpoint import TRAINER_STATE, CheckpointError
+from rlshell.checkpoint import TRAINER_STATE, CheckpointError, run_config_path
 from rlshell.config import Config
 from rlshell.config_loading import ConfigError, load_config
 from rlshell.evaluation.embodied import EvaluationError, missing_checkpoint_message
@@ -63,7 +63,7 @@ def _load(path: Path) -> tuple[torch.nn.Module, Any]:
 
 def _config_beside(path: Path) -> Path:
     """A checkpoint's run config: ``<run dir>/config.json`` two levels up."""
-    candidate = path.parent.parent / "config.json"
+    candidate = run_config_path(path)
     return candidate if candidate.is_file() else DEFAULT_CONFIG
 
 

@@ -55,7 +55,9 @@ __all__ = [
     "evaluate_embodied",
     "gif_dir",
     "load_embodied_policy",
+    "load_policy_weights",
     "missing_checkpoint_message",
+    "policy_layout",
     "run_episodes",
 ]
 
@@ -125,8 +127,8 @@ def _first_failure(error: BaseException) -> BaseException:
     return error
 
 
-def load_embodied_policy(checkpoint: Path, config: Config) -> BasePolicy:
-    """The policy ``config.actor.model`` builds, with the checkpoint's weights, in eval mode."""
+def policy_layout(checkpoint: Path) -> PolicyLayout:
+    """The first entry of `POLICY_LAYOUTS` whose marker ``checkpoint`` holds."""
     if not checkpoint.is_dir():
         raise CheckpointError(missing_checkpoint_message(checkpoint))
     layout = next((lay for lay in POLICY_LAYOUTS if (checkpoint / lay.marker).exists()), None)
@@ -135,14 +137,16 @@ def load_embodied_policy(checkpoint: Path, config: Config) -> BasePolicy:
         raise CheckpointError(
             f"checkpoint {checkpoint} holds no policy weights: expected {expected}"
         )
-    torch.manual_seed(config.actor.seed)
-    policy = get_model(config.actor.model)
-    if not isinstance(policy, BasePolicy):
-        raise EvaluationError(
-            f"actor.model.model_type '{config.actor.model.model_type}' builds a "
-            f"{type(policy).__name__}, not a rlshell.models.BasePolicy: only a policy with "
-            "predict_action_batch can act in an env"
-        )
+    return layout
+
+
+def load_policy_weights(checkpoint: Path, policy: nn.Module) -> None:
+    """Put the checkpoint's policy weights (its `policy_layout`) into ``policy``.
+
+    Weights that do not fit ``policy`` raise a `CheckpointError` naming the
+    first mismatch. `rlshell.export` reads every runner's checkpoints with it.
+    """
+    layout = policy_layout(checkpoint)
     try:
         layout.load(checkpoint, policy)
     except (RuntimeError, KeyError, ValueError, OSError, DCPCheckpointException) as error:
@@ -153,6 +157,20 @@ def load_embodied_policy(checkpoint: Path, config: Config) -> BasePolicy:
             f"checkpoint {checkpoint}: {layout.marker} does not fit the {type(policy).__name__} "
             f"that actor.model builds ({detail})"
         ) from error
+
+
+def load_embodied_policy(checkpoint: Path, config: Config) -> BasePolicy:
+    """The policy ``config.actor.model`` builds, with the checkpoint's weights, in eval mode."""
+    policy_layout(checkpoint)  # a checkpoint without weights fails before the model is built
+    torch.manual_seed(config.actor.seed)
+    policy = get_model(config.actor.model)
+    if not isinstance(policy, BasePolicy):
+        raise EvaluationError(
+            f"actor.model.model_type '{config.actor.model.model_type}' builds a "
+            f"{type(policy).__name__}, not a rlshell.models.BasePolicy: only a policy with "
+            "predict_action_batch can act in an env"
+        )
+    load_policy_weights(checkpoint, policy)
     return policy.eval()
 
 
