@@ -45,11 +45,12 @@ __all__ = ["EVALUATORS", "Evaluator", "evaluate", "main"]
 DEFAULT_CONFIG = Path("configs/grpo.py")
 
 
-def _load(path: Path) -> tuple[torch.nn.Module, Any]:
+def _load(path: Path, config: Config) -> tuple[torch.nn.Module, Any]:
     if (path / TRAINER_STATE).is_file():
         from rlshell.export import load_policy
 
-        return load_policy(path)
+        policy = load_policy(path, config)
+        return policy.model, policy.tokenizer
     if (path / "config.json").is_file():
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -77,7 +78,7 @@ def evaluate(
     from rlshell.rollout.hf import HFRolloutEngine
     from rlshell.runners.reasoning import arithmetic_task_of
 
-    model, tokenizer = _load(path)
+    model, tokenizer = _load(path, config)
     examples = load_dataset(config.data, "val", arithmetic_task_of(config.data))
     if limit is not None:
         examples = examples[:limit]

@@ -10,9 +10,12 @@ default 0.25) so that tests never wait on each other for resources.
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -69,3 +72,19 @@ def plan_component() -> PlanFactory:
         return make_plan(f"{name}-{next(_names)}", world_size, cpus, gpus)
 
     return factory
+
+
+@contextmanager
+def single_rank_group() -> Iterator[None]:
+    """A gloo process group of this process alone, for `FSDPModelManager` outside Ray."""
+    import torch.distributed as dist
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -80,46 +80,18 @@ def test_a_short_run_leaves_metrics_checkpoints_a_curve_and_a_hugging_face_model
     assert (uninterrupted / "hf_model" / "config.json").is_file()
 
 
-def test_the_exported_model_loads_with_transformers_and_matches_the_checkpoint(
-    uninterrupted: Path, tmp_path: Path
-) -> None:
+def test_the_end_of_run_export_is_the_last_checkpoints_policy(uninterrupted: Path) -> None:
+    """checkpoint.export_hf; tests/shell/test_export.py covers the export itself."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlshell.export import load_policy
 
-    checkpoint = uninterrupted / "checkpoints" / "global_step_4"
-    out = tmp_path / "exported"
-    result = subprocess.run(
-        [sys.executable, "-m", "rlshell.export", str(checkpoint), str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(out, local_files_only=True)
-    reference, _ = load_policy(checkpoint)
+    final = AutoModelForCausalLM.from_pretrained(uninterrupted / "hf_model", local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(uninterrupted / "hf_model", local_files_only=True)
+    last = load_policy(uninterrupted / "checkpoints" / "global_step_6").model
     ids = tokenizer(["12+30="], return_tensors="pt")["input_ids"]
     with torch.no_grad():
-        assert torch.equal(model(ids).logits, reference(ids).logits)
-    # The end-of-run export is the last checkpoint's policy.
-    final = AutoModelForCausalLM.from_pretrained(uninterrupted / "hf_model", local_files_only=True)
-    last, _ = load_policy(uninterrupted / "checkpoints" / "global_step_6")
-    with torch.no_grad():
         assert torch.equal(final(ids).logits, last(ids).logits)
-
-
-def test_export_of_a_missing_checkpoint_fails_clearly(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "rlshell.export", str(tmp_path / "nope"), str(tmp_path / "out")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 1
-    assert "does not exist" in result.stderr
 
 
 def test_ctrl_c_then_resume_auto_reproduces_the_uninterrupted_run_exactly(
