@@ -424,7 +424,9 @@ class CheckpointConfig:
 
     ``interval``: save every that many steps and at the last step; 0 never
     saves. ``keep_last``: how many checkpoints to keep (null keeps all).
-    ``export_hf``: write ``<run dir>/hf_model`` from the last checkpoint at the end.
+    ``export_hf``: export the last checkpoint's policy at the end of the run
+    (`rlshell.export`): a Hugging Face model to ``<run dir>/hf_model``, any
+    other policy to ``<run dir>/policy``.
 
     ``resume``: null starts fresh; ``"auto"`` continues from the newest
     checkpoint of the run directory if there is one; a path resumes from that

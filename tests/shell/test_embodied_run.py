@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlshell.metrics import read_metrics
+from tests.shell.test_export import assert_exported_final_policy
 from tests.shell.test_run import cli_env, train
 
 pytestmark = pytest.mark.slow
@@ -34,6 +35,7 @@ def test_a_short_ppo_run_logs_env_and_train_metrics_and_resumes(tmp_path: Path) 
         "global_step_4",
     ]
     assert (run / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_exported_final_policy(run, "global_step_4")
     # Two more steps from the last checkpoint, the update and the rollout call compiled: the
     # compiled calls read the weights the checkpoint put in place.
     again = train(

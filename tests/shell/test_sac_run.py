@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlshell.metrics import read_metrics
+from tests.shell.test_export import assert_exported_final_policy
 from tests.shell.test_run import cli_env, train
 
 pytestmark = pytest.mark.slow
@@ -48,6 +49,7 @@ def test_a_short_sac_run_trains_after_learning_starts_and_resumes_its_replay_buf
     saved = torch.load(run / "checkpoints" / "global_step_6" / "sac_learner.pt", weights_only=False)
     assert saved["replay"]["size"] == 600
     assert saved["transitions"] == 600
+    assert_exported_final_policy(run, "global_step_6")
     # Two more steps from the last checkpoint: the replay buffer comes back with it.
     again = train(
         *SHORT,

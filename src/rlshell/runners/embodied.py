@@ -49,6 +49,7 @@ from rlshell.cluster import Cluster
 from rlshell.config import Config
 from rlshell.config_loading import ConfigError
 from rlshell.envs.stepper import EnvStepper
+from rlshell.export import export_final_policy
 from rlshell.fsdp import FSDPModelManager
 from rlshell.metrics import logger_for_run, plot_run
 from rlshell.models.base import BasePolicy
@@ -75,6 +76,7 @@ __all__ = [
     "merge_metrics",
     "ppo_settings",
     "run",
+    "run_collocated",
     "run_sac",
     "save_run_checkpoint",
     "train_steps",
@@ -461,20 +463,28 @@ def _launched(config: Config, cluster: Cluster, plan: PlacementPlan) -> Iterator
 
 
 def run(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> None:
-    """Train for ``runner.max_steps`` rollout-and-update steps, resuming when asked.
+    """Train for ``runner.max_steps`` rollout-and-update steps, resuming when asked, then
+    export the final policy (``checkpoint.export_hf``, `rlshell.export.export_final_policy`).
 
     ``algorithm.loss_type='sac'`` runs `run_sac`, the asynchronous SAC loop; the hybrid
     placement (env, rollout and actor under keys of their own) runs
-    `rlshell.workers.embodied_pipeline.run_pipelined`.
+    `rlshell.workers.embodied_pipeline.run_pipelined`; otherwise `run_collocated`.
     """
-    if config.algorithm.loss_type == "sac":
-        run_sac(config, cluster, plan, run_dir)
-        return
     from rlshell.workers.embodied_pipeline import is_hybrid, run_pipelined
 
-    if is_hybrid(config):
+    if config.algorithm.loss_type == "sac":
+        run_sac(config, cluster, plan, run_dir)
+    elif is_hybrid(config):
         run_pipelined(config, cluster, plan, run_dir)
-        return
+    else:
+        run_collocated(config, cluster, plan, run_dir)
+    exported = export_final_policy(config, run_dir)
+    if exported is not None:
+        print(f"exported the final policy to {exported}", flush=True)
+
+
+def run_collocated(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> None:
+    """PPO with env, rollout and actor in the same processes (see the module doc)."""
     _check_placement(config, plan)
     run_dir.mkdir(parents=True, exist_ok=True)
     clean_partials(run_dir)

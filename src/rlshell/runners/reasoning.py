@@ -34,6 +34,7 @@ from rlshell.cluster import Cluster
 from rlshell.config import Config, DataConfig
 from rlshell.config_loading import ConfigError
 from rlshell.data import ArithmeticTask, PromptExample, PromptSampler, SamplerState, load_dataset
+from rlshell.export import export_final_policy
 from rlshell.metrics import logger_for_run, plot_run, tokens_per_second
 from rlshell.placement import ComponentPlan, PlacementPlan
 from rlshell.rewards.worker import RewardWorker
@@ -107,14 +108,9 @@ def run(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) ->
                 with _timed(saved, "time/checkpoint"):
                     trainer.save_checkpoint(run_dir, step, sampler.state())
     plot_run(run_dir)
-    if config.checkpoint.export_hf and config.checkpoint.interval:
-        from rlshell.checkpoint import list_checkpoints
-        from rlshell.export import export_checkpoint
-
-        checkpoints = list_checkpoints(run_dir)
-        if checkpoints:
-            out = export_checkpoint(checkpoints[-1][1], run_dir / "hf_model")
-            print(f"exported the final policy to {out}", flush=True)
+    exported = export_final_policy(config, run_dir)
+    if exported is not None:
+        print(f"exported the final policy to {exported}", flush=True)
 
 
 def arithmetic_task_of(data: DataConfig) -> ArithmeticTask:
