@@ -31,8 +31,8 @@ What is written depends on the model:
   logits processor and de-normalisation, none of which the LM's Hugging Face
   directory would carry.
 
-The output is written beside ``out_dir`` and renamed into place, so a
-reader sees the old export or the new one, never half of one.
+The output is written beside ``out_dir`` and renamed into place (a previous
+export renamed aside first), so a reader never sees half of one.
 """
 
 from __future__ import annotations
@@ -190,10 +190,22 @@ def write_policy(policy: CheckpointPolicy, out_dir: Path) -> Path:
         (staging / MODEL_CONFIG_FILE).write_text(json.dumps(data, indent=2) + "\n")
         if policy.tokenizer is not None:
             policy.tokenizer.save_pretrained(staging / "tokenizer")
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(staging, out_dir)
+    _replace_directory(staging, out_dir)
     return out_dir
+
+
+def _replace_directory(new: Path, target: Path) -> None:
+    """Rename ``new`` to ``target``; a previous ``target`` is renamed aside first, then removed,
+    so ``target`` is always the old directory or the new one, complete."""
+    if not target.exists():
+        os.replace(new, target)
+        return
+    previous = target.with_name(f".{target.name}.previous")
+    if previous.exists():
+        shutil.rmtree(previous)
+    os.replace(target, previous)
+    os.replace(new, target)
+    shutil.rmtree(previous)
 
 
 def export_checkpoint(checkpoint: Path, out_dir: Path, config: Config | None = None) -> Path:
@@ -281,7 +293,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_intermixed_args(argv)
     try:
         load_extensions(where="export")
         config = run_config(args.checkpoint, args.config, args.overrides)

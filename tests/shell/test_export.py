@@ -391,13 +391,18 @@ def test_overrides_apply_and_weights_that_do_not_fit_leave_the_last_export(
     out = tmp_path / "policy"
     assert export_here(capsys, checkpoint, out)[0] == 0
     before = (out / WEIGHTS_FILE).read_bytes()
+    config = run_config_path(checkpoint)
     status, _, err = export_here(
-        capsys, checkpoint, out, "actor.model.model_kwargs.hidden_sizes=16"
+        capsys, checkpoint, out, "--config", config, "actor.model.model_kwargs.hidden_sizes=16"
     )
     assert status == 1
     assert "actor/.metadata does not fit the MLPPolicy that actor.model builds" in err
     assert (out / WEIGHTS_FILE).read_bytes() == before
     assert sorted(path.name for path in tmp_path.iterdir()) == ["policy"]
+    # Exported again over the last export: nothing staged or set aside is left beside it.
+    assert export_here(capsys, checkpoint, out)[0] == 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["policy"]
+    assert (out / WEIGHTS_FILE).read_bytes() == before
     status, _, err = export_here(capsys, checkpoint, out, "actor.model.lora_rnak=4")
     assert status == 2
     assert "unknown key 'actor.model.lora_rnak' (did you mean 'actor.model.lora_rank'?)" in err
