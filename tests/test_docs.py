@@ -123,6 +123,28 @@ COVERED_ELSEWHERE = {
         "tests/shell/test_embodied_evaluate.py runs it on a 2-step run's checkpoint "
         "(the 390-step run takes minutes)"
     ),
+    ".venv/bin/python -m rlshell.export runs/grpo/checkpoints/global_step_1500 "
+    "runs/grpo/exported": (
+        "tests/shell/test_export.py::"
+        "test_a_reasoning_checkpoint_exports_a_hugging_face_model_and_tokenizer runs it on a "
+        "checkpoint of configs/grpo.py's model (the run takes minutes)"
+    ),
+    ".venv/bin/python -m rlshell.export runs/ppo_cartpole/checkpoints/global_step_390 "
+    "runs/ppo_cartpole/exported": (
+        "tests/shell/test_export.py::test_an_mlp_policy_exports_its_weights_and_model_config "
+        "exports a checkpoint of configs/ppo_cartpole.py's policy"
+    ),
+    "PYTHONPATH=examples/extension RLSHELL_EXT_MODULE=rlshell_example_ext .venv/bin/python -m "
+    "rlshell.export runs/bandit/checkpoints/global_step_3 runs/bandit/exported": (
+        "tests/shell/test_export.py::"
+        "test_an_extensions_model_is_exported_and_loaded_back_as_its_own_class runs it on a "
+        "checkpoint of the extension's bandit_mlp"
+    ),
+    ".venv/bin/python -m rlshell.export backup/global_step_390 exported "
+    "--config runs/ppo_cartpole/config.json": (
+        "tests/shell/test_export.py::test_a_checkpoint_away_from_its_run_config_needs_config "
+        "runs it (through rlshell.export.main) on a copied checkpoint"
+    ),
     EXAMPLE_COMMAND: "test_custom_estimator_example_runs_and_prints_what_core_md_shows",
     "PYTHONPATH=examples/custom_policy RLSHELL_EXT_MODULE=rlshell_point_reach .venv/bin/python "
     "-m rlshell.train examples/custom_policy/config.py": (
