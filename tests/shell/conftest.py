@@ -88,3 +88,10 @@ def single_rank_group() -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def process_group() -> Iterator[None]:
+    """`single_rank_group` for the test."""
+    with single_rank_group():
+        yield

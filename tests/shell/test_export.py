@@ -60,17 +60,6 @@ GRPO = ROOT / "configs" / "grpo.py"
 CARTPOLE = ROOT / "configs" / "ppo_cartpole.py"
 SAC_PENDULUM = ROOT / "configs" / "sac_pendulum.py"
 STEP = 3
-TINY_VLA = {
-    "action_dim": 1,
-    "n_action_bins": 32,
-    "image_size": 32,
-    "patch_size": 8,
-    "vision_width": 16,
-    "vision_layers": 1,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-}
 
 
 def move_weights(model: nn.Module, seed: int = 1) -> None:
@@ -211,11 +200,12 @@ def test_an_mlp_policy_exports_its_weights_and_model_config(
 
 
 def test_a_tiny_vla_exports_as_a_policy_not_as_its_language_model(tmp_path: Path) -> None:
+    from tests.shell.test_vla import model_config, observation
+
     cartpole = load_config(CARTPOLE)
-    vla = ModelConfig(model_type="tiny_vla", category="embodied", model_kwargs=TINY_VLA)
     config = evolve(
         cartpole,
-        actor=evolve(cartpole.actor, model=vla),
+        actor=evolve(cartpole.actor, model=model_config(action_dim=1)),
         env=EnvConfig(
             env_type="gymnasium_pixels",
             env_id="CartPole-v1",
@@ -229,11 +219,7 @@ def test_a_tiny_vla_exports_as_a_policy_not_as_its_language_model(tmp_path: Path
     assert not (out / "config.json").exists()
     loaded = load_exported(out)
     assert_same_state(loaded, trained)
-    generator = torch.Generator().manual_seed(0)
-    obs = {
-        "main_images": torch.randint(0, 256, (3, 32, 32, 3), generator=generator).byte(),
-        "task_descriptions": ["balance the pole", "go", "pick up the red block"],
-    }
+    obs = observation(3)
     for got, expected in zip(eval_actions(loaded, obs), eval_actions(trained, obs), strict=True):
         assert torch.equal(got, expected)
 

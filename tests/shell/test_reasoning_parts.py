@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import itertools
-import os
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from attrs import evolve
 from hypothesis import given
 from hypothesis import strategies as st
@@ -279,17 +275,6 @@ def test_a_vocabulary_smaller_than_the_tokenizer_is_a_config_error(
 
 
 # -- the FSDP manager on one gloo rank
-
-
-@pytest.fixture
-def process_group() -> Iterator[None]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _train_once(manager: FSDPModelManager) -> tuple[float, list[float]]:

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from attrs import evolve
 from torch.distributed.fsdp import FSDPModule
 from transformers import TemperatureLogitsWarper
@@ -222,17 +218,6 @@ def test_the_wrap_policy_finds_the_vla_units_by_name_class_or_default() -> None:
     default = wrap_units(policy, WrapPolicyConfig())
     for units in (by_name, by_class, default):
         assert sorted(map(id, units)) == sorted(map(id, expected))
-
-
-@pytest.fixture
-def process_group() -> Iterator[None]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_the_fsdp_manager_shards_the_vla_units_and_trains_after_a_rollout(
