@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlshell.cluster import Cluster
+    from rlshell.cluster.ray_cluster import Cluster
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
@@ -56,9 +56,8 @@ SEEDS = 10
 
 
 def run_rlstack(cluster: Cluster, seed: int, max_env_steps: int, compile_: bool) -> dict[str, Any]:
-    from rlshell.config_loading import load_config
     from rlshell.runners.embodied import EmbodiedWorker, train_steps
-    from rlshell.validation import plan_for
+    from rlshell.runners.validation import load_config, plan_for
 
     config = load_config(
         CONFIG,
@@ -81,7 +80,7 @@ def sb3_settings() -> dict[str, Any]:
     """SB3's PPO arguments, read from ``configs/ppo_cartpole.py`` so the two sides cannot drift."""
     import torch
 
-    from rlshell.config_loading import load_config
+    from rlshell.runners.validation import load_config
 
     config = load_config(CONFIG, [])
     algorithm, optim = config.algorithm, config.actor.optim
@@ -210,7 +209,7 @@ def main() -> None:
     budget = 4096 if args.quick else TOTAL_STEPS
     started = time.perf_counter()
     results: dict[str, list[dict[str, Any]]] = {"rlstack": [], "sb3": []}
-    from rlshell.cluster import Cluster
+    from rlshell.cluster.ray_cluster import Cluster
 
     temp_dir = tempfile.mkdtemp(prefix="rb", dir=os.environ.get("RAY_TMPDIR", "/tmp"))
     cluster_started = time.perf_counter()

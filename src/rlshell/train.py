@@ -25,13 +25,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlshell.config import Config
-from rlshell.config_loading import ConfigError, load_config, write_config
+from rlshell.config import Config, ConfigError, write_config
 from rlshell.extensions import ExtensionError, load_extensions
+from rlshell.runners.validation import load_config
 
 if TYPE_CHECKING:
-    from rlshell.cluster import Cluster
-    from rlshell.placement import ClusterSpec
+    from rlshell.cluster.placement import ClusterSpec
+    from rlshell.cluster.ray_cluster import Cluster
 
 __all__ = ["main", "run_dir_of"]
 
@@ -85,12 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dry_run(config: Config, source: Path) -> int:
-    from rlshell.placement import PlacementError, render_table, write_plan
-    from rlshell.validation import cluster_spec_for, plan_for
+    from rlshell.cluster.placement import PlacementError, render_table, write_plan
+    from rlshell.runners.validation import cluster_spec_for, plan_for
 
     spec = cluster_spec_for(config)
     if spec is None:  # attaching to a running cluster: read its nodes, start nothing on it
-        from rlshell.cluster import Cluster
+        from rlshell.cluster.ray_cluster import Cluster
 
         with Cluster(address=config.cluster.address) as cluster:
             spec = cluster.spec(config.cluster.node_groups or None)
@@ -109,12 +109,12 @@ def _dry_run(config: Config, source: Path) -> int:
 
 def _run(config: Config) -> int:
     from rlshell.checkpoint import CheckpointError
-    from rlshell.cluster import Cluster, ReservationError
-    from rlshell.placement import PlacementError, render_table, write_plan
+    from rlshell.cluster.placement import PlacementError, render_table, write_plan
+    from rlshell.cluster.ray_cluster import Cluster, ReservationError
+    from rlshell.cluster.worker import WorkerError
     from rlshell.runners import get_runner
     from rlshell.runners.probe import PlacementMismatchError
-    from rlshell.validation import plan_for
-    from rlshell.worker import WorkerError
+    from rlshell.runners.validation import plan_for
 
     run_dir = run_dir_of(config)
     runner = get_runner(config.runner.runner_type)

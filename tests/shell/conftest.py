@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from rlshell.cluster import Cluster
-from rlshell.placement import ComponentPlan, WorkerPlacement
+from rlshell.cluster.placement import ComponentPlan, WorkerPlacement
+from rlshell.cluster.ray_cluster import Cluster
 
 PlanFactory = Callable[..., ComponentPlan]
 

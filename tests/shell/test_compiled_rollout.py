@@ -16,8 +16,7 @@ from typing import Any, Literal
 import pytest
 import torch
 
-from rlshell.config import EnvConfig, ModelConfig
-from rlshell.config_loading import ConfigError, load_config
+from rlshell.config import ConfigError, EnvConfig, ModelConfig
 from rlshell.envs.stepper import EnvStepper
 from rlshell.models import BasePolicy, get_model
 from rlshell.models.base import ActionInfo
@@ -25,6 +24,7 @@ from rlshell.models.compiled import CompiledPredict, CompileError
 from rlshell.models.mlp_policy import MLPPolicy
 from rlshell.rollout.trajectory import TrajectoryBuffer
 from rlshell.runners.embodied import EmbodiedWorker
+from rlshell.runners.validation import load_config
 from rlshell.workers.embodied_grpo import collect_group_episodes
 from rlshell.workers.embodied_update import collect_rollout
 

@@ -13,18 +13,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlshell.config import COMPONENTS, Config, PlacementEntry
-from rlshell.config_loading import (
+from rlshell.config.loading import (
     ConfigError,
     all_key_paths,
     apply_overrides,
     config_from_dict,
     config_to_dict,
-    load_config,
     parse_override_value,
     read_config_source,
     write_config,
 )
-from rlshell.validation import placement_requests, required_components, validate
+from rlshell.runners.validation import (
+    load_config,
+    placement_requests,
+    required_components,
+    validate,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 GRPO = ROOT / "configs" / "grpo.py"
@@ -206,7 +210,7 @@ def test_a_runner_that_is_not_installed_fails_a_run_but_not_a_dry_run(
 ) -> None:
     import importlib.util
 
-    import rlshell.validation
+    import rlshell.runners.validation
 
     find_spec = importlib.util.find_spec
 
@@ -214,7 +218,9 @@ def test_a_runner_that_is_not_installed_fails_a_run_but_not_a_dry_run(
         return None if name == "rlshell.runners.embodied" else find_spec(name, *args)
 
     monkeypatch.setattr(importlib.util, "find_spec", without_embodied)
-    monkeypatch.setattr(rlshell.validation, "available_runners", lambda: ["probe", "reasoning"])
+    monkeypatch.setattr(
+        rlshell.runners.validation, "available_runners", lambda: ["probe", "reasoning"]
+    )
     config = load_config(GRPO)
     config = attrs.evolve(config, runner=attrs.evolve(config.runner, runner_type="embodied"))
     assert validate(config, for_run=True)[-1] == (

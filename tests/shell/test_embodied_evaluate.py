@@ -37,7 +37,7 @@ from rlshell.config import (
     ModelConfig,
     RunnerConfig,
 )
-from rlshell.config_loading import write_config
+from rlshell.config.loading import write_config
 from rlshell.evaluate import main
 from rlshell.evaluation.embodied import (
     EmbodiedEvaluation,

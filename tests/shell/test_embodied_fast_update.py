@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlshell.config import EnvConfig
-from rlshell.config_loading import ConfigError, load_config
+from rlshell.config import ConfigError, EnvConfig
 from rlshell.envs.stepper import EnvStepper
 from rlshell.models.mlp_policy import MLPPolicy, MLPPolicySpec
 from rlshell.rollout.trajectory import Samples, TrajectoryBuffer
 from rlshell.runners.embodied import EmbodiedWorker, dummy_samples, ppo_settings
+from rlshell.runners.validation import load_config
 from rlshell.workers.embodied_update import (
     CompiledPPOStep,
     PPOSettings,

@@ -27,9 +27,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from rlshell.cluster import Cluster
+from rlshell.cluster.ray_cluster import Cluster
+from rlshell.cluster.worker import WorkerDiedError, WorkerError
 from rlshell.config import EnvConfig
-from rlshell.config_loading import load_config
 from rlshell.envs.maniskill import maniskill_available, maniskill_unavailable_reason
 from rlshell.envs.stepper import EnvStepError, EnvStepper
 from rlshell.metrics import read_metrics
@@ -37,9 +37,8 @@ from rlshell.models.base import ActionInfo, MissingInputError
 from rlshell.models.mlp_policy import MLPPolicy, MLPPolicySpec
 from rlshell.rollout.trajectory import TrajectoryBuffer
 from rlshell.runners import embodied
+from rlshell.runners.validation import load_config, plan_for
 from rlshell.train import run_dir_of
-from rlshell.validation import plan_for
-from rlshell.worker import WorkerDiedError, WorkerError
 from rlshell.workers.embodied_update import PPOSettings, collect_rollout, ppo_update
 from tests.shell import embodied_fault_ext
 from tests.shell.test_envs import TINY_ID, tiny_stepper

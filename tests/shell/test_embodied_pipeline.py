@@ -10,15 +10,14 @@ import pytest
 import torch
 from attrs import evolve
 
-from rlshell.cluster import Cluster
-from rlshell.config import Config
-from rlshell.config_loading import ConfigError, load_config
+from rlshell.cluster.ray_cluster import Cluster
+from rlshell.cluster.worker import WorkerError
+from rlshell.config import Config, ConfigError
 from rlshell.envs.stepper import EnvStepper
 from rlshell.metrics import read_metrics
 from rlshell.models.base import BasePolicy
 from rlshell.rollout.trajectory import Samples, TrajectoryBuffer
-from rlshell.validation import cluster_spec_for, plan_for
-from rlshell.worker import WorkerError
+from rlshell.runners.validation import cluster_spec_for, load_config, plan_for
 from rlshell.workers.actor import build_rollout_model
 from rlshell.workers.embodied_pipeline import (
     EnvWindow,

@@ -27,13 +27,13 @@ from rlshell.checkpoint import (
     staging_dir,
     write_trainer_state,
 )
-from rlshell.config import Config, OptimConfig, WrapPolicyConfig
-from rlshell.config_loading import ConfigError, load_config
-from rlshell.fsdp import FSDPModelManager, build_lr_lambda, wrap_units
+from rlshell.config import Config, ConfigError, OptimConfig, WrapPolicyConfig
+from rlshell.engines.rollout.hf import HFRolloutEngine
+from rlshell.engines.training.fsdp import FSDPModelManager, build_lr_lambda, wrap_units
 from rlshell.models import get_model
 from rlshell.rollout import RolloutBatch, SamplingParams
-from rlshell.rollout.hf import HFRolloutEngine
 from rlshell.runners.reasoning import _interleave_order, prepare_tokenizer, with_tokenizer_ids
+from rlshell.runners.validation import load_config
 from rlshell.workers.actor import compute_advantages, policy_forward
 
 GRPO = Path("configs/grpo.py")

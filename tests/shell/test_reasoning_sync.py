@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlshell.cluster import Cluster
-from rlshell.config_loading import load_config
+from rlshell.cluster.ray_cluster import Cluster
 from rlshell.data import arithmetic_task
 from rlshell.runners.reasoning import (
     ReasoningTrainer,
@@ -22,7 +21,7 @@ from rlshell.runners.reasoning import (
     rollout_shares_actor,
     with_tokenizer_ids,
 )
-from rlshell.validation import plan_for
+from rlshell.runners.validation import load_config, plan_for
 
 COLLOCATED = '{"actor,rollout": "0:0-1", "reward": "0"}'
 DISAGGREGATED = '{"actor": "0:0-1", "rollout": "0:0", "reward": "0"}'

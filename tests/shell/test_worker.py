@@ -19,10 +19,9 @@ from typing import Any
 import pytest
 from ray.util import placement_group_table
 
-from rlshell.cluster import Cluster
-from rlshell.extensions import ExtensionError
-from rlshell.placement import ComponentPlan, WorkerPlacement
-from rlshell.worker import (
+from rlshell.cluster.placement import ComponentPlan, WorkerPlacement
+from rlshell.cluster.ray_cluster import Cluster
+from rlshell.cluster.worker import (
     GroupCall,
     Worker,
     WorkerDiedError,
@@ -30,6 +29,7 @@ from rlshell.worker import (
     WorkerGroup,
     WorkerTimeoutError,
 )
+from rlshell.extensions import ExtensionError
 
 PlanFactory = Callable[..., ComponentPlan]
 

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
-    from rlshell.cluster import Cluster
+    from rlshell.cluster.placement import PlacementPlan
+    from rlshell.cluster.ray_cluster import Cluster
     from rlshell.config import Config
-    from rlshell.placement import PlacementPlan
 
 __all__ = ["Runner", "RunnerUnavailableError", "available_runners", "get_runner"]
 

@@ -45,17 +45,17 @@ from rlshell.checkpoint import (
     staging_dir,
     write_trainer_state,
 )
-from rlshell.cluster import Cluster
+from rlshell.cluster.placement import ComponentPlan, PlacementPlan
+from rlshell.cluster.ray_cluster import Cluster
+from rlshell.cluster.worker import Worker, WorkerDiedError, WorkerGroup
 from rlshell.config import Config
-from rlshell.config_loading import ConfigError
+from rlshell.config.loading import ConfigError
+from rlshell.engines.training.fsdp import FSDPModelManager
 from rlshell.envs.stepper import EnvStepper
-from rlshell.fsdp import FSDPModelManager
 from rlshell.metrics import logger_for_run, plot_run
 from rlshell.models.base import BasePolicy
 from rlshell.models.compiled import CompiledPredict
-from rlshell.placement import ComponentPlan, PlacementPlan
 from rlshell.rollout.trajectory import RewardScaler, Samples, TrajectoryBuffer
-from rlshell.worker import Worker, WorkerDiedError, WorkerGroup
 from rlshell.workers.actor import worker_device
 from rlshell.workers.embodied_grpo import collect_group_episodes, group_samples
 from rlshell.workers.embodied_update import (

@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from rlshell.cluster import Cluster
+from rlshell.cluster.placement import ComponentPlan, PlacementPlan
+from rlshell.cluster.ray_cluster import Cluster
+from rlshell.cluster.worker import Worker, WorkerGroup
 from rlshell.config import Config
 from rlshell.extensions import extension_modules
-from rlshell.placement import ComponentPlan, PlacementPlan
-from rlshell.worker import Worker, WorkerGroup
 
 __all__ = ["PlacementMismatchError", "ProbeWorker", "run"]
 

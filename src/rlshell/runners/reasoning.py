@@ -30,17 +30,17 @@ from rlshell.checkpoint import (
     staging_dir,
     write_trainer_state,
 )
-from rlshell.cluster import Cluster
+from rlshell.cluster.placement import ComponentPlan, PlacementPlan
+from rlshell.cluster.ray_cluster import Cluster
+from rlshell.cluster.worker import WorkerGroup
 from rlshell.config import Config, DataConfig
-from rlshell.config_loading import ConfigError
+from rlshell.config.loading import ConfigError
 from rlshell.data import ArithmeticTask, PromptExample, PromptSampler, SamplerState, load_dataset
 from rlshell.metrics import logger_for_run, plot_run, tokens_per_second
-from rlshell.placement import ComponentPlan, PlacementPlan
-from rlshell.rewards.worker import RewardWorker
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.tokenizer import ensure_tokenizer, load_tokenizer
-from rlshell.worker import WorkerGroup
 from rlshell.workers.actor import ActorWorker
+from rlshell.workers.reward import RewardWorker
 from rlshell.workers.rollout import ReferenceWorker, RolloutWorker
 
 __all__ = [

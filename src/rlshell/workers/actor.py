@@ -37,13 +37,17 @@ from rlcore.masked import aggregate, aggregation_normalizer, masked_mean
 from rlcore.registry import ADVANTAGES, POLICY_LOSSES
 from rlcore.rollout import balanced_micro_batches, place_on_last_token, position_ids
 from rlcore.types import Advantages
+from rlshell.cluster.worker import Worker
 from rlshell.config import Config, Precision
-from rlshell.fsdp import FSDPModelManager, full_named_tensors, gathered_named_tensors
+from rlshell.engines.training.fsdp import (
+    FSDPModelManager,
+    full_named_tensors,
+    gathered_named_tensors,
+)
 from rlshell.models import get_model, torch_dtype
 from rlshell.rollout import RolloutBatch, SamplingParams
-from rlshell.weight_sync import FlatBuckets
-from rlshell.weight_transfer import WeightSender
-from rlshell.worker import Worker
+from rlshell.sync.codec import FlatBuckets
+from rlshell.sync.transfer import WeightSender
 
 __all__ = [
     "ActorWorker",
@@ -209,7 +213,7 @@ class ActorWorker(Worker):
             dtype=torch_dtype(rollout_precision(self.config)),
         )
         if self.hybrid:
-            from rlshell.rollout.hf import HFRolloutEngine
+            from rlshell.engines.rollout.hf import HFRolloutEngine
             from rlshell.tokenizer import load_tokenizer
 
             model = build_rollout_model(self.config)

@@ -165,7 +165,7 @@ def ppo_update(
     ``optimizer``: a torch optimizer (gradients clipped to
     ``settings.max_grad_norm`` first); a callable that clips, steps and clears
     the gradients itself and returns the norm before clipping (e.g.
-    `rlshell.fsdp.FSDPModelManager.optimizer_step`, whose clipping is
+    `rlshell.engines.training.fsdp.FSDPModelManager.optimizer_step`, whose clipping is
     ``actor.optim.clip_grad``); or a `CompiledPPOStep` of this policy, which
     runs the whole step (the same maths) in one compiled call. A non-finite
     loss stops the update (FloatingPointError) with the weights as the
@@ -267,7 +267,7 @@ class CompiledPPOStep:
     (``step``, ``exp_avg``, ``exp_avg_sq``: ``optimizer.state``, so
     checkpoints save them as usual) are updated in place.
 
-    As `rlshell.fsdp.FSDPModelManager.optimizer_step` does: a non-finite
+    As `rlshell.engines.training.fsdp.FSDPModelManager.optimizer_step` does: a non-finite
     gradient norm leaves the weights and moments as they were (the step is
     skipped inside the graph); a non-finite loss does too and then raises
     FloatingPointError. ``lr_scheduler`` (if given) steps after each update.

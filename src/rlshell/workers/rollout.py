@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlshell.cluster.worker import Worker
 from rlshell.config import Config
 from rlshell.models import get_model
 from rlshell.rollout import RolloutBatch, SamplingParams
-from rlshell.weight_transfer import WeightReceiver
-from rlshell.worker import Worker
+from rlshell.sync.transfer import WeightReceiver
 from rlshell.workers.actor import build_rollout_model, policy_forward, worker_device
 
 __all__ = ["ReferenceWorker", "RolloutWorker"]
@@ -33,7 +33,7 @@ class RolloutWorker(Worker):
         self.receiver: WeightReceiver | None = None
 
     def init_worker(self, tokenizer_path: str) -> None:
-        from rlshell.rollout.hf import HFRolloutEngine
+        from rlshell.engines.rollout.hf import HFRolloutEngine
         from rlshell.tokenizer import load_tokenizer
 
         model = build_rollout_model(self.config)

@@ -25,13 +25,13 @@ from attrs import evolve
 from torch import Tensor
 
 from rlcore import unchecked
+from rlshell.cluster.worker import Worker
 from rlshell.config import Config
+from rlshell.engines.training.fsdp import rng_state, set_rng_state
 from rlshell.envs.stepper import EnvObs, EnvStepper
-from rlshell.fsdp import rng_state, set_rng_state
 from rlshell.models import get_model
 from rlshell.models.base import BasePolicy
 from rlshell.rollout.replay import ReplayBatch, ReplayBuffer
-from rlshell.worker import Worker
 from rlshell.workers.sac_update import SACLearner, SACSettings, collect_sac_steps
 
 __all__ = ["SACCollector", "SACLearnerWorker", "sac_settings"]

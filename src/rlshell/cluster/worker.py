@@ -46,11 +46,11 @@ import ray
 from attrs import frozen
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
+from rlshell.cluster.placement import ComponentPlan, WorkerPlacement
 from rlshell.extensions import load_extensions
-from rlshell.placement import ComponentPlan, WorkerPlacement
 
 if TYPE_CHECKING:
-    from rlshell.cluster import Cluster, Reservation
+    from rlshell.cluster.ray_cluster import Cluster, Reservation
 
 __all__ = [
     "GroupCall",
@@ -68,7 +68,7 @@ W = TypeVar("W", bound="Worker")
 
 # Methods of `Worker` that make sense only on the driver.
 _DRIVER_ONLY = frozenset({"create_group"})
-# Ray refuses zero-CPU placement-group bundles; keep in step with rlshell.cluster.
+# Ray refuses zero-CPU placement-group bundles; keep in step with rlshell.cluster.ray_cluster.
 _MIN_ACTOR_CPUS = 0.01
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _RAY_PID_IP = re.compile(r"\(pid=(\d+), ip=([^,)\s]+)")
@@ -76,7 +76,7 @@ _RAY_HEADER_LINE = re.compile(r"^\s*ray::\S+ \(pid=\d+")
 _CARETS = re.compile(r"^\s*[\^~]+\s*$")
 _FRAME = re.compile(r'^(\s*)File "([^"]+)", line \d+, in (\S+)')
 # Frames of this module's start-up hooks, dropped from constructor tracebacks.
-_THIS_MODULE = os.path.join("rlshell", "worker.py")
+_THIS_MODULE = os.path.join("rlshell", "cluster", "worker.py")
 _HOOK_FRAMES = frozenset({"_rlshell_ready", "__init__"})
 
 

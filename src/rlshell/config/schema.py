@@ -1,7 +1,7 @@
 """The typed configuration: one attrs frozen class per component.
 
 A config file is a Python module that defines ``config``, a `Config`
-(`configs/grpo.py` is the default). `rlshell.config_loading` applies
+(`configs/grpo.py` is the default). `rlshell.config.loading` applies
 ``key.path=value`` overrides, checks everything and reports every problem
 at once; this module only declares the fields, their defaults, and the
 per-field constraints (``metadata=checked(...)``) that the loader applies
@@ -79,7 +79,7 @@ OPTIONAL_POSITIVE = checked(lambda v: v is None or (_finite(v) and v > 0), "null
 class PlacementEntry:
     """A component's placement in its long form (the short form is the string alone).
 
-    ``placement`` uses RLinf's syntax (`rlshell.placement`); ``node_group`` a
+    ``placement`` uses RLinf's syntax (`rlshell.cluster.placement`); ``node_group`` a
     label from ``cluster.node_groups``; ``cpus_per_worker`` overrides the
     component's own setting.
     """

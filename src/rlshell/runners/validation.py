@@ -6,7 +6,7 @@ concerns. Three kinds:
 - field constraints declared in `rlshell.config` (``lr`` positive, ...);
 - cross-field rules: registered names (with did-you-mean), a group size a
   group baseline can use, a rollout TP that fits its backend, a placement
-  that names known components and fits the cluster (`rlshell.placement`);
+  that names known components and fits the cluster (`rlshell.cluster.placement`);
 - run-only checks (``for_run=True``): files and checkpoints that must exist,
   GPUs that a backend needs, no simulated cluster. ``--dry-run`` skips them.
 """
@@ -16,20 +16,21 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from rlcore.registry import ADVANTAGES, POLICY_LOSSES, Registry
-from rlshell.config import CHECK_KEY, COMPONENTS, Config, PlacementEntry
-from rlshell.placement import ClusterSpec, ComponentRequest, PlacementError, PlacementPlan
+from rlshell.cluster.placement import ClusterSpec, ComponentRequest, PlacementError, PlacementPlan
+from rlshell.config import CHECK_KEY, COMPONENTS, Config, PlacementEntry, read_config
 from rlshell.runners import available_runners
 
 __all__ = [
     "cluster_spec_for",
     "field_problems",
+    "load_config",
     "placement_requests",
     "plan_for",
     "required_components",
@@ -44,6 +45,19 @@ REASONING_UNSUPPORTED = {
     "algorithm.loss_type": {"decoupled_ppo": "proximal log-probs"},
 }
 GPU_ROLLOUT_BACKENDS = {"vllm", "sglang"}
+
+
+def load_config(
+    source: str | Path, overrides: Sequence[str] = (), *, for_run: bool = False
+) -> Config:
+    """Read, override, structure and validate a config; raise `ConfigError` listing every problem.
+
+    ``for_run=True`` (what the CLI passes for a real run) adds the checks that
+    only matter when the run really starts: files and checkpoints on disk,
+    GPUs on this machine, the runner being installed. ``--dry-run`` and
+    tools that only read a config leave it False.
+    """
+    return read_config(source, overrides, check=lambda config: validate(config, for_run=for_run))
 
 
 def validate(config: Config, *, for_run: bool = True) -> list[str]:
@@ -444,8 +458,8 @@ def cluster_spec_for(config: Config) -> ClusterSpec | None:
     an embedded Ray; None when attaching to a running cluster (its plan is
     checked once connected, before any worker starts).
     """
-    from rlshell.cluster import local_cluster_spec
-    from rlshell.placement import cluster_spec, simulated_cluster
+    from rlshell.cluster.placement import cluster_spec, simulated_cluster
+    from rlshell.cluster.ray_cluster import local_cluster_spec
 
     groups = config.cluster.node_groups or None
     if config.cluster.simulate is not None:
@@ -461,7 +475,7 @@ def cluster_spec_for(config: Config) -> ClusterSpec | None:
 
 def plan_for(config: Config, spec: ClusterSpec) -> PlacementPlan:
     """The placement plan of ``config`` on ``spec`` (raises `PlacementError`)."""
-    from rlshell.placement import plan_placement
+    from rlshell.cluster.placement import plan_placement
 
     requests, problems = placement_requests(config)
     if problems:
@@ -470,7 +484,7 @@ def plan_for(config: Config, spec: ClusterSpec) -> PlacementPlan:
 
 
 def _plan_problems(spec: ClusterSpec, requests: list[ComponentRequest]) -> list[str]:
-    from rlshell.placement import plan_placement
+    from rlshell.cluster.placement import plan_placement
 
     try:
         plan_placement(spec, requests)
@@ -545,7 +559,7 @@ def _run_only_problems(config: Config) -> list[str]:
     if resume not in (None, "auto") and not Path(resume).is_dir():
         problems.append(f"checkpoint.resume: no checkpoint directory at {resume}")
     if config.cluster.address is None and config.cluster.simulate is None:
-        from rlshell.cluster import local_cluster_spec
+        from rlshell.cluster.ray_cluster import local_cluster_spec
 
         gpus = sum(node.gpus for node in local_cluster_spec().nodes)
         needs = []
