@@ -63,7 +63,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -158,11 +158,10 @@ def parameter_count(size: str) -> int:
 def prompt_batches(prompts: int, count: int) -> list[list[list[str]]]:
     """``count`` batches of ``[prompt, answer]``, as a run of ``configs/grpo.py`` draws them."""
     from rlshell.data import PromptSampler, load_dataset
-    from rlshell.runners.reasoning import arithmetic_task_of
     from rlshell.runners.validation import load_config
 
     config = load_config(CONFIG)
-    train = load_dataset(config.data, "train", arithmetic_task_of(config.data))
+    train = load_dataset(config.data, "train")
     sampler = PromptSampler(train, prompts, seed=0)
     return [[[e.prompt, e.answer] for e in sampler.next()] for _ in range(count)]
 
@@ -197,7 +196,8 @@ STEP_METRICS = (
 def rlstack_trainer(spec: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
     """A launched `ReasoningTrainer` after its first full weight sync, and its start-up times."""
     from rlshell.cluster.ray_cluster import Cluster
-    from rlshell.runners.reasoning import ReasoningTrainer, prepare_tokenizer, with_tokenizer_ids
+    from rlshell.runners.reasoning import ReasoningTrainer
+    from rlshell.runners.spec import resolve_spec
     from rlshell.runners.validation import load_config, plan_for
 
     kwargs = model_kwargs(spec["size"], spec["max_new_tokens"])
@@ -213,14 +213,15 @@ def rlstack_trainer(spec: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]
     config = load_config(CONFIG, overrides)
     temp_dir = short_temp_dir()
     try:
-        tokenizer_dir = prepare_tokenizer(config, Path(temp_dir) / "run")
-        config = with_tokenizer_ids(config, tokenizer_dir)
         with Cluster(
             num_cpus=2, temp_dir=temp_dir, runtime_env_vars=config.cluster.worker_env_vars
         ) as cluster:
             plan = plan_for(config, cluster.spec())
             started = time.perf_counter()
-            with ReasoningTrainer.launch(config, cluster, plan, tokenizer_dir) as trainer:
+            run_dir = Path(temp_dir) / "run"
+            with closing(
+                ReasoningTrainer.launch(resolve_spec(config), cluster, plan, run_dir)
+            ) as trainer:
                 launch_s = time.perf_counter() - started
                 started = time.perf_counter()
                 trainer.sync_weights(full=True)
@@ -265,7 +266,7 @@ def run_pair(spec: dict[str, Any]) -> dict[str, Any]:
     with rlstack_trainer(spec) as (trainer, startup):
 
         def rlstack_step(index: int) -> None:
-            rlstack_steps.append(trainer.step(index + 1, batches[index]))
+            rlstack_steps.append(trainer.train_on(index + 1, batches[index]))
 
         baseline = run_trl(spec, after_step=rlstack_step)
     warmup = spec["warmup"]

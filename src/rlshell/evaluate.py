@@ -75,10 +75,9 @@ def evaluate(
     from rlshell.engines.rollout.hf import HFRolloutEngine
     from rlshell.rewards.pool import RewardPool
     from rlshell.rollout import SamplingParams
-    from rlshell.runners.reasoning import arithmetic_task_of
 
     model, tokenizer = _load(path)
-    examples = load_dataset(config.data, "val", arithmetic_task_of(config.data))
+    examples = load_dataset(config.data, "val")
     if limit is not None:
         examples = examples[:limit]
     if not examples:

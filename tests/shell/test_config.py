@@ -23,6 +23,7 @@ from rlshell.config.loading import (
     read_config_source,
     write_config,
 )
+from rlshell.runners.spec import resolve_spec
 from rlshell.runners.validation import (
     load_config,
     placement_requests,
@@ -205,29 +206,25 @@ def test_the_default_config_is_valid() -> None:
     assert probe.runner.runner_type == "probe"
 
 
-def test_a_runner_that_is_not_installed_fails_a_run_but_not_a_dry_run(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("config", "overrides", "trainer"),
+    [
+        ("configs/grpo.py", [], "ReasoningTrainer"),
+        ("configs/ppo_cartpole.py", [], "CollocatedPPOTrainer"),
+        (
+            "configs/ppo_cartpole.py",
+            ['cluster.component_placement={"actor": "0:0", "rollout": "0:0", "env": "0:0"}'],
+            "PipelinedPPOTrainer",
+        ),
+        ("configs/sac_pendulum.py", [], "SACTrainer"),
+        ("configs/grpo.py", ["runner.runner_type=probe"], None),
+    ],
+)
+def test_the_run_spec_names_the_trainer_once(
+    config: str, overrides: list[str], trainer: str | None
 ) -> None:
-    import importlib.util
-
-    import rlshell.runners.validation
-
-    find_spec = importlib.util.find_spec
-
-    def without_embodied(name: str, *args: Any) -> Any:
-        return None if name == "rlshell.runners.embodied" else find_spec(name, *args)
-
-    monkeypatch.setattr(importlib.util, "find_spec", without_embodied)
-    monkeypatch.setattr(
-        rlshell.runners.validation, "available_runners", lambda: ["probe", "reasoning"]
-    )
-    config = load_config(GRPO)
-    config = attrs.evolve(config, runner=attrs.evolve(config.runner, runner_type="embodied"))
-    assert validate(config, for_run=True)[-1] == (
-        "runner.runner_type: the 'embodied' runner (rlshell.runners.embodied) is not in this "
-        "installation of rlshell; available: probe, reasoning"
-    )
-    assert "runner.runner_type" not in " ".join(validate(config, for_run=False))
+    spec = resolve_spec(load_config(ROOT / config, overrides))
+    assert (spec.trainer.__name__ if spec.trainer is not None else None) == trainer
 
 
 def test_every_problem_is_reported_at_once_each_naming_its_key() -> None:

@@ -344,7 +344,9 @@ def test_loading_a_checkpoint_that_is_not_there_names_the_file(
 
 def _fake_checkpoint(run_dir: Path, step: int) -> Path:
     staging = staging_dir(run_dir, step)
-    write_trainer_state(staging, TrainerState(step, 0, step, "test"))
+    write_trainer_state(
+        staging, TrainerState(step=step, experiment_name="test", sampler_position=step)
+    )
     return commit(staging, run_dir, step)
 
 

@@ -47,6 +47,7 @@ from rlshell.config.schema import (
     SACConfig,
     WrapPolicyConfig,
     checked,
+    field_problems,
 )
 
 __all__ = [
@@ -78,6 +79,7 @@ __all__ = [
     "checked",
     "config_from_dict",
     "config_to_dict",
+    "field_problems",
     "parse_override_value",
     "read_config",
     "read_config_source",

@@ -16,9 +16,10 @@ validated, so names registered by an extension module are accepted.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
+import attrs
 from attrs import Factory, field, frozen
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "SACConfig",
     "WrapPolicyConfig",
     "checked",
+    "field_problems",
 ]
 
 # The components a placement can name, in the order plans list them.
@@ -451,3 +453,27 @@ class Config:
     runner: RunnerConfig = Factory(RunnerConfig)
     logger: LoggerConfig = Factory(LoggerConfig)
     checkpoint: CheckpointConfig = Factory(CheckpointConfig)
+
+
+def field_problems(value: Any, path: str = "") -> Iterator[str]:
+    """Walk the config; yield '{key}: expected ..., got ...' for each violated field constraint."""
+    if attrs.has(type(value)):
+        for item in attrs.fields(type(value)):
+            child = getattr(value, item.name)
+            key = f"{path}.{item.name}" if path else item.name
+            check = item.metadata.get(CHECK_KEY)
+            if check is not None:
+                predicate, expected = check
+                if not _holds(predicate, child):
+                    yield f"{key}: expected {expected}, got {child!r}"
+            yield from field_problems(child, key)
+    elif isinstance(value, dict):
+        for name, child in value.items():
+            yield from field_problems(child, f"{path}.{name}")
+
+
+def _holds(predicate: Any, value: Any) -> bool:
+    try:
+        return bool(predicate(value))
+    except TypeError:
+        return False

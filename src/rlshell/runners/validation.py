@@ -1,22 +1,28 @@
-"""Checks on a structured config: each field's constraint, names in registries, and the plan.
+"""Every check a config passes before anything starts.
 
 `validate` returns every problem as a line that starts with the key path it
-concerns. Three kinds:
+concerns:
 
-- field constraints declared in `rlshell.config` (``lr`` positive, ...);
-- cross-field rules: registered names (with did-you-mean), a group size a
-  group baseline can use, a rollout TP that fits its backend, a placement
-  that names known components and fits the cluster (`rlshell.cluster.placement`);
+- field constraints declared in `rlshell.config.schema` (``lr`` positive, ...);
+- names in the registries (models, envs, rewards, rlcore's estimators and
+  losses), with did-you-mean;
+- rules every trainer shares: a group size a group baseline can use, clip
+  ranges, a rollout TP that fits its engine, a cluster that can be planned and
+  a placement that fits it (`rlshell.cluster.placement`);
+- the trainer's own rules (`rlshell.runners.trainer.Trainer.problems`) and the
+  keys it does not read (`Trainer.unread`, with the keys no run reads in some
+  settings, `unread_keys`): a key set to anything but its default where it is
+  not read is refused with the reason;
 - run-only checks (``for_run=True``): files and checkpoints that must exist,
-  GPUs that a backend needs, no simulated cluster. ``--dry-run`` skips them.
+  engines this installation has, GPUs that a backend needs, no simulated
+  cluster. ``--dry-run`` skips them.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,26 +30,24 @@ import attrs
 
 from rlcore.registry import ADVANTAGES, POLICY_LOSSES, Registry
 from rlshell.cluster.placement import ClusterSpec, ComponentRequest, PlacementError, PlacementPlan
-from rlshell.config import CHECK_KEY, COMPONENTS, Config, PlacementEntry, read_config
-from rlshell.runners import available_runners
+from rlshell.config import COMPONENTS, Config, PlacementEntry, field_problems, read_config
+from rlshell.engines.rollout import ROLLOUT_ENGINES
+from rlshell.engines.training import TRAINING_BACKENDS
+from rlshell.runners.spec import RunSpec, resolve_spec
 
 __all__ = [
     "cluster_spec_for",
-    "field_problems",
     "load_config",
     "placement_requests",
     "plan_for",
     "required_components",
+    "unread_keys",
+    "unread_problems",
     "validate",
 ]
 
 # Estimators whose baseline is the other samples of the same prompt.
 GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}
-# What the reasoning runner cannot feed: value estimates, teacher or proximal log-probs.
-REASONING_UNSUPPORTED = {
-    "algorithm.adv_type": {"gae": "a value model", "opd": "teacher log-probs"},
-    "algorithm.loss_type": {"decoupled_ppo": "proximal log-probs"},
-}
 GPU_ROLLOUT_BACKENDS = {"vllm", "sglang"}
 
 
@@ -62,66 +66,80 @@ def load_config(
 
 def validate(config: Config, *, for_run: bool = True) -> list[str]:
     """Every problem with ``config``; empty when it is valid."""
+    spec = resolve_spec(config)
     problems = list(field_problems(config))
-    problems += _registry_problems(config)
+    problems += _registry_problems(spec)
     problems += _algorithm_problems(config)
-    problems += _embodied_algorithm_problems(config)
     problems += _rollout_problems(config)
-    problems += _compile_problems(config)
     problems += _cluster_problems(config)
     requests, request_problems = placement_requests(config)
     problems += request_problems
+    plan: PlacementPlan | None = None
     if not request_problems:
-        spec = cluster_spec_for(config)
-        if spec is not None:
-            problems += _plan_problems(spec, requests)
+        cluster = cluster_spec_for(config)
+        if cluster is not None:
+            plan, plan_problems = _plan(cluster, requests)
+            problems += plan_problems
+    problems += unread_problems(spec)
+    if spec.trainer is not None:
+        problems += spec.trainer.problems(config, plan)
     if for_run:
         problems += _run_only_problems(config)
     return problems
 
 
-def field_problems(value: Any, path: str = "") -> Iterator[str]:
-    """Walk the config; yield '{key}: expected ..., got ...' for each violated field constraint."""
+def unread_problems(spec: RunSpec) -> list[str]:
+    """A line for each key set (to other than its default) where the run does not read it."""
+    config = spec.config
+    unread = unread_keys(config)
+    if spec.trainer is not None:
+        unread.update(spec.trainer.unread(config))
+    problems = []
+    for key, reason in unread.items():
+        problems += [f"{leaf}: {reason}" for leaf in _set_leaves(config, key)]
+    return problems
+
+
+def unread_keys(config: Config) -> dict[str, str]:
+    """Keys no run reads in some settings of others, each with the reason."""
+    return {}
+
+
+_DEFAULT = Config()
+
+
+def _set_leaves(config: Config, key: str) -> list[str]:
+    """The key paths at or under ``key`` whose value in ``config`` is not the default."""
+    value: Any = config
+    default: Any = _DEFAULT
+    for part in key.split("."):
+        value, default = getattr(value, part), getattr(default, part)
     if attrs.has(type(value)):
+        leaves = []
         for item in attrs.fields(type(value)):
-            child = getattr(value, item.name)
-            key = f"{path}.{item.name}" if path else item.name
-            check = item.metadata.get(CHECK_KEY)
-            if check is not None:
-                predicate, expected = check
-                if not _holds(predicate, child):
-                    yield f"{key}: expected {expected}, got {child!r}"
-            yield from field_problems(child, key)
-    elif isinstance(value, dict):
-        for name, child in value.items():
-            yield from field_problems(child, f"{path}.{name}")
+            leaves += _set_leaves(config, f"{key}.{item.name}")
+        return leaves
+    return [key] if value != default else []
 
 
-def _holds(predicate: Any, value: Any) -> bool:
-    try:
-        return bool(predicate(value))
-    except TypeError:
-        return False
-
-
-def _registry_problems(config: Config) -> list[str]:
+def _registry_problems(spec: RunSpec) -> list[str]:
     from rlshell.envs import ENVS
     from rlshell.models import MODELS
     from rlshell.rewards import REWARDS
 
-    problems = []
+    config = spec.config
+    registries: dict[str, tuple[str | None, Registry[Any]]] = {
+        "actor.model.model_type": (config.actor.model.model_type, MODELS),
+        "algorithm.adv_type": (config.algorithm.adv_type, ADVANTAGES),
+        "algorithm.loss_type": (config.algorithm.loss_type, POLICY_LOSSES),
+        "reward.reward_type": (config.reward.reward_type, REWARDS),
+        "env.env_type": (config.env.env_type, ENVS),
+    }
     runner = config.runner.runner_type
-    checks: list[tuple[str, str | None, Registry[Any]]] = [
-        ("actor.model.model_type", config.actor.model.model_type, MODELS)
-    ]
-    if not _is_sac(config):  # SAC has its own losses and no advantages
-        checks.append(("algorithm.adv_type", config.algorithm.adv_type, ADVANTAGES))
-        checks.append(("algorithm.loss_type", config.algorithm.loss_type, POLICY_LOSSES))
-    if runner == "reasoning":
-        checks.append(("reward.reward_type", config.reward.reward_type, REWARDS))
-    if runner == "embodied" or config.env.env_type is not None:
-        checks.append(("env.env_type", config.env.env_type, ENVS))
-    for key, name, registry in checks:
+    named = () if spec.trainer is None else spec.trainer.registered_names
+    problems = []
+    for key in named:
+        name, registry = registries[key]
         if name is None:
             problems.append(f"{key}: required for a {runner} run; registered: {registry.names()}")
         elif name not in registry:
@@ -159,25 +177,19 @@ def _algorithm_problems(config: Config) -> list[str]:
         problems.append(f"algorithm.clip_high: expected ≥ clip_low ({effective_low}), got {high}")
     elif high is not None and low is not None and high < low:
         problems.append(f"algorithm.clip_high: expected ≥ clip_low ({low}), got {high}")
-    if config.runner.runner_type == "reasoning":
-        for key in ("update_epochs", "num_minibatches"):
-            if getattr(algorithm, key) != 1:
-                problems.append(
-                    f"algorithm.{key}: the reasoning runner makes one optimizer step per batch; "
-                    f"{getattr(algorithm, key)} needs the embodied runner's PPO update"
-                )
-        if algorithm.value_clip is not None:
-            problems.append("algorithm.value_clip: the reasoning runner has no critic to clip")
-        for key, unsupported in REASONING_UNSUPPORTED.items():
-            name = algorithm.adv_type if key.endswith("adv_type") else algorithm.loss_type
-            if name in unsupported:
-                problems.append(
-                    f"{key}: '{name}' needs {unsupported[name]}, which the reasoning runner "
-                    "does not compute"
-                )
     if algorithm.dual_clip is not None and algorithm.dual_clip <= 1:
         problems.append(f"algorithm.dual_clip: expected a number > 1, got {algorithm.dual_clip}")
     return problems
+
+
+def _rollout_problems(config: Config) -> list[str]:
+    rollout = config.rollout
+    if rollout.tensor_parallel_size > 1 and rollout.backend == "hf":
+        return [
+            f"rollout.tensor_parallel_size: the hf backend runs one device per process; "
+            f"tensor_parallel_size {rollout.tensor_parallel_size} needs backend vllm or sglang"
+        ]
+    return []
 
 
 def _cluster_problems(config: Config) -> list[str]:
@@ -194,180 +206,6 @@ def _cluster_problems(config: Config) -> list[str]:
             "cluster.simulate"
         ]
     return []
-
-
-def _rollout_problems(config: Config) -> list[str]:
-    rollout = config.rollout
-    problems = []
-    if rollout.tensor_parallel_size > 1 and rollout.backend == "hf":
-        problems.append(
-            f"rollout.tensor_parallel_size: the hf backend runs one device per process; "
-            f"tensor_parallel_size {rollout.tensor_parallel_size} needs backend vllm or sglang"
-        )
-    if rollout.weight_sync == "shared":
-        problems += _shared_weight_problems(config)
-    if rollout.pipeline_stage_num > 1:
-        problems += _pipeline_problems(config)
-    return problems
-
-
-def _compile_problems(config: Config) -> list[str]:
-    """``actor.compile`` / ``rollout.compile``: read by the collocated embodied PPO runner."""
-    flags = {"actor.compile": config.actor.compile, "rollout.compile": config.rollout.compile}
-    keys = [key for key, on in flags.items() if on]
-    if not keys:
-        return []
-    if config.runner.runner_type != "embodied" or _is_sac(config):
-        what = "SAC" if _is_sac(config) else f"the {config.runner.runner_type} runner"
-        reason = f"{what} does not read it"
-    else:
-        names = {name: key for key in config.cluster.component_placement for name in _names(key)}
-        if len({names.get(name) for name in ("actor", "rollout", "env")}) == 1:
-            return []
-        reason = (
-            "only the collocated placement (env, rollout and actor in the same processes, "
-            f"e.g. {_COLLOCATED_EXAMPLE}) reads it; the hybrid placement runs eager"
-        )
-    return [
-        f"{key}: compiles embodied PPO's {'update' if key == 'actor.compile' else 'rollout'} "
-        f"step; {reason}. Set {key}=false"
-        for key in keys
-    ]
-
-
-def _pipeline_problems(config: Config) -> list[str]:
-    """``rollout.pipeline_stage_num`` > 1: only embodied PPO's hybrid placement pipelines."""
-    stages = config.rollout.pipeline_stage_num
-    if config.runner.runner_type != "embodied" or _is_sac(config):
-        what = "SAC" if _is_sac(config) else f"the {config.runner.runner_type} runner"
-        return [
-            f"rollout.pipeline_stage_num: {stages} stages pipeline embodied PPO's env and "
-            f"rollout workers; {what} does not use it (leave it at 1)"
-        ]
-    keys = {name: key for key in config.cluster.component_placement for name in _names(key)}
-    if "actor" in keys and keys.get("rollout") == keys.get("env") == keys["actor"]:
-        return [
-            f"rollout.pipeline_stage_num: {stages} stages pipeline env workers and rollout "
-            f"workers of their own, but '{keys['actor']}' places env, rollout and actor in "
-            f"the same processes; use 1 there, or the hybrid placement, e.g. {_HYBRID_EXAMPLE}"
-        ]
-    return []
-
-
-def _shared_weight_problems(config: Config) -> list[str]:
-    """``weight_sync='shared'``: the hf engine must live in the actor's processes, in its dtype."""
-    rollout, actor_dtype = config.rollout, config.actor.fsdp_config.mixed_precision
-    engine_dtype = rollout.precision or config.actor.model.precision
-    problems = []
-    if rollout.backend != "hf":
-        problems.append(
-            f"rollout.weight_sync: 'shared' generates with the actor's own module, which only "
-            f"the hf backend can do; the {rollout.backend} engine needs 'bucket' or 'patch'"
-        )
-    keys = [key for key in config.cluster.component_placement if "rollout" in _names(key)]
-    if keys and "actor" not in _names(keys[0]):
-        problems.append(
-            f"rollout.weight_sync: 'shared' needs the rollout in the actor's processes "
-            f"(one placement key such as 'actor,rollout'), but the rollout is placed by "
-            f"'{keys[0]}'; use 'bucket' or 'patch' for a rollout of its own"
-        )
-    if engine_dtype != actor_dtype:
-        problems.append(
-            f"rollout.precision: 'shared' generates with the actor's gathered parameters, "
-            f"which are {actor_dtype} (actor.fsdp_config.mixed_precision), not {engine_dtype} "
-            "(rollout.precision, else actor.model.precision); make them agree or use "
-            "'bucket'/'patch' to cast on sync"
-        )
-    return problems
-
-
-def _is_sac(config: Config) -> bool:
-    return config.runner.runner_type == "embodied" and config.algorithm.loss_type == "sac"
-
-
-EMBODIED_ESTIMATORS = {"gae", "grpo", "dr_grpo", "rloo"}
-
-
-def _embodied_algorithm_problems(config: Config) -> list[str]:
-    """PPO's GAE or a group estimator over episode returns (embodied GRPO); SAC has its own."""
-    algorithm = config.algorithm
-    if config.runner.runner_type != "embodied" or _is_sac(config):
-        return []
-    problems = []
-    if algorithm.adv_type not in EMBODIED_ESTIMATORS:
-        grouped = ", ".join(sorted(EMBODIED_ESTIMATORS - {"gae"}))
-        problems.append(
-            f"algorithm.adv_type: the embodied runner takes 'gae' (PPO with a critic) or a "
-            f"group estimator over episode returns ({grouped}), got '{algorithm.adv_type}'"
-        )
-    elif algorithm.adv_type != "gae" and config.env.num_envs % algorithm.group_size:
-        problems.append(
-            f"env.num_envs: {config.env.num_envs} envs do not form groups of "
-            f"algorithm.group_size={algorithm.group_size}"
-        )
-    return problems
-
-
-def _sac_problems(config: Config) -> list[str]:
-    """SAC: collectors (rollout and env under one key) apart from the one-process learner."""
-    keys = {name: key for key in config.cluster.component_placement for name in _names(key)}
-    problems = []
-    if keys.get("rollout") != keys.get("env"):
-        problems.append(
-            "cluster.component_placement: SAC's env workers step the policy themselves; "
-            "place 'rollout' and 'env' under one key, e.g. "
-            '{"actor": "0", "rollout,env": "0"}'
-        )
-    if "actor" in keys and keys.get("actor") == keys.get("env"):
-        problems.append(
-            "cluster.component_placement: SAC runs its learner ('actor') in a process of its "
-            "own beside the env workers, so that stepping and training overlap; give it a key "
-            'of its own, e.g. {"actor": "0", "rollout,env": "0"}'
-        )
-    sac = config.algorithm.sac
-    if sac.learning_starts < sac.batch_size:
-        problems.append(
-            f"algorithm.sac.learning_starts: the first update samples batch_size="
-            f"{sac.batch_size} transitions, so at least that many must be collected first, "
-            f"got {sac.learning_starts}"
-        )
-    if sac.replay_size < sac.batch_size:
-        problems.append(
-            f"algorithm.sac.replay_size: {sac.replay_size} is smaller than batch_size "
-            f"{sac.batch_size}"
-        )
-    return problems
-
-
-_COLLOCATED_EXAMPLE = '{"actor,rollout,env": "0:0-1"}'
-_HYBRID_EXAMPLE = '{"actor": "0:0-1", "rollout": "0:0", "env": "0:0"}'
-
-
-def _embodied_placement_problems(config: Config) -> list[str]:
-    """PPO's embodied runner: env, rollout and actor under one key (collocated: each rank
-    steps its envs with its own policy copy) or under three keys (hybrid: env and rollout
-    workers of their own, pipelined); no other grouping."""
-    if _is_sac(config):
-        return _sac_problems(config)
-    keys = {name: key for key in config.cluster.component_placement for name in _names(key)}
-    trio = ("actor", "rollout", "env")
-    if any(name not in keys for name in trio):
-        return []  # reported as a missing placement
-    groups = {keys[name] for name in trio}
-    if len(groups) != 2:
-        return []
-    grouped = next(key for key in groups if sum(name in _names(key) for name in trio) == 2)
-    alone = next(name for name in trio if name not in _names(grouped))
-    return [
-        f"cluster.component_placement: the embodied PPO runner places env, rollout and actor "
-        f"either all under one key (collocated, e.g. {_COLLOCATED_EXAMPLE}) or each under "
-        f"its own (hybrid, pipelined, e.g. {_HYBRID_EXAMPLE}); '{grouped}' groups two of "
-        f"them apart from '{alone}'"
-    ]
-
-
-def _names(placement_key: str) -> list[str]:
-    return [name.strip() for name in placement_key.split(",")]
 
 
 def required_components(config: Config) -> tuple[str, ...]:
@@ -483,16 +321,18 @@ def plan_for(config: Config, spec: ClusterSpec) -> PlacementPlan:
     return plan_placement(spec, requests)
 
 
-def _plan_problems(spec: ClusterSpec, requests: list[ComponentRequest]) -> list[str]:
+def _plan(
+    cluster: ClusterSpec, requests: list[ComponentRequest]
+) -> tuple[PlacementPlan | None, list[str]]:
+    """The plan of ``requests`` on ``cluster``, or the problems that keep it from being made."""
     from rlshell.cluster.placement import plan_placement
 
     try:
-        plan_placement(spec, requests)
+        return plan_placement(cluster, requests), []
     except PlacementError as error:
-        return [f"cluster.component_placement: {_in_config_terms(p)}" for p in error.problems]
+        return None, [f"cluster.component_placement: {_in_config_terms(p)}" for p in error.problems]
     except ValueError as error:  # a malformed simulate or node-group string
-        return [f"cluster: {error}"]
-    return []
+        return None, [f"cluster: {error}"]
 
 
 def _in_config_terms(problem: str) -> str:
@@ -507,7 +347,7 @@ def _in_config_terms(problem: str) -> str:
 def _data_problems(config: Config) -> list[str]:
     """Dataset files that are missing or lack a column: found before anything starts."""
     data = config.data
-    if config.runner.runner_type != "reasoning" or data.task != "file":
+    if data.task != "file":
         return []
     from rlshell.data import read_examples
 
@@ -525,21 +365,18 @@ def _data_problems(config: Config) -> list[str]:
 
 
 def _run_only_problems(config: Config) -> list[str]:
-    problems = []
-    runner_module = f"rlshell.runners.{config.runner.runner_type}"
-    if importlib.util.find_spec(runner_module) is None:
+    problems = _data_problems(config)
+    if config.rollout.backend not in ROLLOUT_ENGINES and config.runner.runner_type == "reasoning":
         problems.append(
-            f"runner.runner_type: the '{config.runner.runner_type}' runner ({runner_module}) "
-            f"is not in this installation of rlshell; available: {', '.join(available_runners())}"
+            f"rollout.backend: this version samples with {', '.join(ROLLOUT_ENGINES)} only; its "
+            f"'{config.rollout.backend}' engine is not built yet (it comes behind the same "
+            "rollout-engine protocol, rlshell.engines.rollout): use rollout.backend=hf"
         )
-    problems.extend(_data_problems(config))
-    if config.runner.runner_type == "embodied":
-        problems += _embodied_placement_problems(config)
-    if config.runner.runner_type == "reasoning" and config.rollout.backend != "hf":
+    if config.actor.backend not in TRAINING_BACKENDS and config.runner.runner_type != "probe":
         problems.append(
-            f"rollout.backend: the reasoning runner of this version samples with 'hf' only; "
-            f"its '{config.rollout.backend}' engine is not implemented yet (it comes behind the "
-            "same rollout interface): use rollout.backend=hf"
+            f"actor.backend: this version trains with {', '.join(TRAINING_BACKENDS)} only; its "
+            f"'{config.actor.backend}' backend is not built yet (it comes behind the same "
+            "training-backend protocol, rlshell.engines.training): use actor.backend=fsdp"
         )
     if config.cluster.simulate is not None:
         problems.append(
