@@ -45,9 +45,11 @@ from rlshell.checkpoint import (
     staging_dir,
     write_trainer_state,
 )
+from rlshell.cluster.errors import WorkerDiedError
+from rlshell.cluster.group import WorkerGroup
 from rlshell.cluster.placement import ComponentPlan, PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
-from rlshell.cluster.worker import Worker, WorkerDiedError, WorkerGroup
+from rlshell.cluster.worker import Worker
 from rlshell.config import Config
 from rlshell.config.loading import ConfigError
 from rlshell.engines.training.fsdp import FSDPModelManager

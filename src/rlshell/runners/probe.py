@@ -22,9 +22,10 @@ from typing import Any
 
 import torch
 
+from rlshell.cluster.group import WorkerGroup
 from rlshell.cluster.placement import ComponentPlan, PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
-from rlshell.cluster.worker import Worker, WorkerGroup
+from rlshell.cluster.worker import Worker
 from rlshell.config import Config
 from rlshell.extensions import extension_modules
 

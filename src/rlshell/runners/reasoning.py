@@ -30,9 +30,9 @@ from rlshell.checkpoint import (
     staging_dir,
     write_trainer_state,
 )
+from rlshell.cluster.group import WorkerGroup
 from rlshell.cluster.placement import ComponentPlan, PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
-from rlshell.cluster.worker import WorkerGroup
 from rlshell.config import Config, DataConfig
 from rlshell.config.loading import ConfigError
 from rlshell.data import ArithmeticTask, PromptExample, PromptSampler, SamplerState, load_dataset

@@ -8,7 +8,7 @@ in the collocated placement) train on what they collected. Each env worker
 splits its ``env.num_envs / env workers`` envs into
 ``rollout.pipeline_stage_num`` stages, one vector env each, and the driver
 submits a window's whole chain of calls at once, each call's result handed to
-the next as a Ray ObjectRef (`rlshell.cluster.worker.GroupCall.refs`), never waited for:
+the next as a Ray ObjectRef (`rlshell.cluster.group.GroupCall.refs`), never waited for:
 
     for t in range(runner.rollout_steps):
         for s in range(stages):
@@ -56,9 +56,11 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from rlshell.checkpoint import clean_partials, read_trainer_state, resolve_resume
+from rlshell.cluster.errors import WorkerDiedError, WorkerError
+from rlshell.cluster.group import GroupCall, WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
-from rlshell.cluster.worker import GroupCall, Worker, WorkerDiedError, WorkerError, WorkerGroup
+from rlshell.cluster.worker import Worker
 from rlshell.config import Config
 from rlshell.config.loading import ConfigError
 from rlshell.envs.stepper import EnvObs, EnvStepper
