@@ -7,6 +7,12 @@
 - `WorkerDiedError`: the worker's process died before answering;
 - `WorkerTimeoutError`: a group call did not finish in time.
 
+Each carries one `WorkerFailure`, the record of which worker failed in which
+call and with what; ``error.rank`` and the other attributes read from it. It
+is built once, where the driver translates a Ray failure, and pickles with
+the error. `WorkerError.extend_message` lets the driver add what it knows to
+the message.
+
 The rest turns Ray's failure text into those: the worker's traceback without
 Ray's plumbing or the start-up hooks' frames, the pid and IP Ray names, and
 Ray's one-line reason. Nothing here imports Ray or the rest of rlshell:
@@ -21,7 +27,9 @@ import threading
 import types
 from typing import Any, cast
 
-__all__ = ["WorkerDiedError", "WorkerError", "WorkerTimeoutError"]
+from attrs import field, frozen
+
+__all__ = ["WorkerDiedError", "WorkerError", "WorkerFailure", "WorkerTimeoutError"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _RAY_PID_IP = re.compile(r"\(pid=(\d+), ip=([^,)\s]+)")
@@ -30,59 +38,96 @@ _CARETS = re.compile(r"^\s*[\^~]+\s*$")
 _FRAME = re.compile(r'^(\s*)File "([^"]+)", line \d+, in (\S+)')
 
 
+@frozen(kw_only=True)
+class WorkerFailure:
+    """Which worker failed, in which call, and with what: the facts a `WorkerError` carries.
+
+    Built once, where the driver translates a Ray failure
+    (`rlshell.cluster.group.WorkerGroup._translate`), and read through the
+    error's attributes (``error.rank`` is ``error.failure.rank``). A failure of
+    a whole call, such as a time-out, names no rank, node or pid.
+    ``remote_traceback`` is the worker's traceback when it raised; ``cause`` is
+    the worker's exception, or Ray's when the process died.
+    """
+
+    component: str = ""
+    rank: int | None = None
+    node: str = ""
+    pid: int | None = None
+    method: str = ""
+    remote_traceback: str = ""
+    # Exceptions compare by identity: left out so that a record equals its pickled copy.
+    cause: BaseException | None = field(default=None, eq=False)
+
+    @property
+    def where(self) -> str:
+        """``component 'actor' rank 1 (node 10.0.0.2, pid 4242)``: the place messages name."""
+        pid_text = "" if self.pid is None else f", pid {self.pid}"
+        return f"component '{self.component}' rank {self.rank} (node {self.node or '?'}{pid_text})"
+
+
 class WorkerError(Exception):
     """A worker of a group failed. Names component, rank, node, pid and method.
 
     The same facts are attributes: ``component``, ``rank``, ``node``, ``pid``,
-    ``method``. When the worker raised an exception, the error raised on the
-    driver is an instance of both `WorkerError` and that exception's type, with
-    its fields (``errno``, custom attributes, an ExceptionGroup's
-    ``exceptions``); ``cause`` is the worker's exception and
-    ``remote_traceback`` its traceback as text. Only a cause type that refuses
-    subclassing yields a plain `WorkerError`.
+    ``method``, read from ``failure``, the `WorkerFailure` record. When the
+    worker raised an exception, the error raised on the driver is an instance
+    of both `WorkerError` and that exception's type, with its fields
+    (``errno``, custom attributes, an ExceptionGroup's ``exceptions``);
+    ``cause`` is the worker's exception and ``remote_traceback`` its traceback
+    as text. Only a cause type that refuses subclassing yields a plain
+    `WorkerError`.
     """
 
-    def __init__(
-        self,
-        message: str = "",
-        *,
-        component: str = "",
-        rank: int | None = None,
-        node: str = "",
-        pid: int | None = None,
-        method: str = "",
-        remote_traceback: str = "",
-        cause: BaseException | None = None,
-    ) -> None:
+    def __init__(self, message: str = "", failure: WorkerFailure | None = None) -> None:
         super().__init__(message)
-        self._fill(message, component, rank, node, pid, method, remote_traceback, cause)
+        self._fill(message, WorkerFailure() if failure is None else failure)
 
-    def _fill(
-        self,
-        message: str,
-        component: str,
-        rank: int | None,
-        node: str,
-        pid: int | None,
-        method: str,
-        remote_traceback: str,
-        cause: BaseException | None,
-    ) -> None:
+    def _fill(self, message: str, failure: WorkerFailure) -> None:
         # Not `message`: ExceptionGroup has a read-only field of that name.
         self._text = message
-        self.component = component
-        self.rank = rank
-        self.node = node
-        self.pid = pid
-        self.method = method
-        self.remote_traceback = remote_traceback
-        self.cause = cause
+        self.failure = failure
 
     def __str__(self) -> str:
         return self._text
 
-    def _add_note_to_message(self, note: str) -> None:
-        self._text += note
+    def extend_message(self, text: str) -> None:
+        """Append ``text`` to the message: to ``str(error)``, which the CLI prints.
+
+        For what the driver knows and the worker could not say (what a dead
+        worker was doing, which other ranks failed too). Unlike
+        `BaseException.add_note`, whose notes a printed traceback shows after
+        the message but ``str(error)`` leaves out.
+        """
+        self._text += text
+
+    @property
+    def component(self) -> str:
+        return self.failure.component
+
+    @property
+    def rank(self) -> int | None:
+        return self.failure.rank
+
+    @property
+    def node(self) -> str:
+        return self.failure.node
+
+    @property
+    def pid(self) -> int | None:
+        return self.failure.pid
+
+    @property
+    def method(self) -> str:
+        return self.failure.method
+
+    @property
+    def remote_traceback(self) -> str:
+        return self.failure.remote_traceback
+
+    @property
+    def cause(self) -> BaseException | None:
+        return self.failure.cause
 
 
 class WorkerDiedError(WorkerError):
@@ -95,15 +140,38 @@ class WorkerTimeoutError(WorkerError, TimeoutError):
     def __init__(
         self,
         message: str = "",
+        failure: WorkerFailure | None = None,
         *,
-        component: str = "",
-        method: str = "",
         pending_ranks: tuple[int, ...] = (),
         timeout_s: float = 0.0,
     ) -> None:
-        super().__init__(message, component=component, method=method)
+        super().__init__(message, failure)
         self.pending_ranks = pending_ranks
         self.timeout_s = timeout_s
+
+
+def worker_error_for(failure: WorkerFailure, message: str) -> WorkerError:
+    """The driver-side error for the exception a worker raised (``failure.cause``).
+
+    An instance of both `WorkerError` and the cause's type, with the cause's
+    fields; a plain `WorkerError` when that type cannot be subclassed or
+    rebuilt from its ``args``.
+    """
+    cause = failure.cause
+    if cause is not None and (dual := _dual_class(type(cause))) is not None:
+        try:
+            error = dual.__new__(dual, *cause.args)
+        except Exception:  # a __new__ that wants something else: fall back below
+            pass
+        else:
+            # Built-in fields (errno, filename, ...) live in C slots, custom ones
+            # in __dict__ (with any __notes__); our fields go last so that the
+            # message stays ours.
+            _copy_builtin_fields(cause, error)
+            error.__dict__.update(getattr(cause, "__dict__", {}))
+            error._fill(message, failure)
+            return error
+    return WorkerError(message, failure)
 
 
 _DUAL_CLASSES: dict[type[BaseException], type[WorkerError] | None] = {}
@@ -123,13 +191,14 @@ def _dual_class(cause_type: type[BaseException]) -> type[WorkerError] | None:
 
         def __getattr__(self: WorkerError, attribute: str) -> Any:
             # Attributes of the worker's exception (errno, a custom field) read
-            # through; the guard keeps unpickling from recursing before `cause` exists.
-            if attribute == "cause" or attribute.startswith("__"):
+            # through; the guard keeps unpickling and copying from recursing
+            # before `failure` exists.
+            if attribute.startswith("__") or "failure" not in self.__dict__:
                 raise AttributeError(attribute)
-            return getattr(self.cause, attribute)
+            return getattr(self.failure.cause, attribute)
 
         def __reduce__(self: WorkerError) -> tuple[Any, ...]:
-            return (_rebuild_worker_error, (self.cause, _fields(self)))
+            return (worker_error_for, (self.failure, self._text))
 
         dual: type[WorkerError] | None
         try:
@@ -152,54 +221,6 @@ def _dual_class(cause_type: type[BaseException]) -> type[WorkerError] | None:
         return dual
 
 
-def _fields(error: WorkerError) -> dict[str, Any]:
-    return {
-        "message": error._text,
-        "component": error.component,
-        "rank": error.rank,
-        "node": error.node,
-        "pid": error.pid,
-        "method": error.method,
-        "remote_traceback": error.remote_traceback,
-    }
-
-
-def _rebuild_worker_error(cause: BaseException, fields: dict[str, Any]) -> WorkerError:
-    return worker_error_for(cause, **fields)
-
-
-def worker_error_for(
-    cause: BaseException,
-    *,
-    message: str,
-    component: str,
-    rank: int | None,
-    node: str,
-    pid: int | None,
-    method: str,
-    remote_traceback: str,
-) -> WorkerError:
-    """The driver-side error for a worker's exception: WorkerError and the cause's type."""
-    fill = (message, component, rank, node, pid, method, remote_traceback, cause)
-    dual = _dual_class(type(cause))
-    if dual is not None:
-        try:
-            error = dual.__new__(dual, *cause.args)
-        except Exception:  # a __new__ that wants something else: fall back below
-            pass
-        else:
-            # Built-in fields (errno, filename, ...) live in C slots, custom ones
-            # in __dict__ (with any __notes__); our fields go last so that the
-            # message stays ours.
-            _copy_builtin_fields(cause, error)
-            error.__dict__.update(getattr(cause, "__dict__", {}))
-            error._fill(*fill)
-            return error
-    plain = WorkerError.__new__(WorkerError, message)
-    plain._fill(*fill)
-    return plain
-
-
 def _copy_builtin_fields(source: BaseException, target: BaseException) -> None:
     """Copy the C-level fields of built-in exception types (OSError.filename, ...)."""
     for cls in type(source).__mro__:
@@ -215,12 +236,6 @@ def _copy_builtin_fields(source: BaseException, target: BaseException) -> None:
             # Unset fields raise on read, read-only ones on write: both stay as they are.
             with contextlib.suppress(AttributeError, TypeError):
                 setattr(target, name, getattr(source, name))
-
-
-def where(component: str, rank: int, node: str, pid: int | None) -> str:
-    """``component 'actor' rank 1 (node 10.0.0.2, pid 4242)``: the place every message names."""
-    pid_text = "" if pid is None else f", pid {pid}"
-    return f"component '{component}' rank {rank} (node {node or '?'}{pid_text})"
 
 
 # ---------------------------------------------------------------- reading Ray's failure text
@@ -277,8 +292,9 @@ def clean_traceback(text: str, hook_file: str, hook_frames: frozenset[str]) -> s
 _EXIT_DETAIL = re.compile(r"Worker exit detail: (.*?\.)(?:\s|$)")
 
 
-def ray_reason(error: BaseException, limit: int = 600) -> str:
-    """Ray's explanation on one line: its exit detail if it gave one, else the text, capped."""
+def ray_reason(error: object, limit: int = 600) -> str:
+    """Ray's explanation of ``error`` on one line: its exit detail if it gave one, else the
+    text, capped."""
     reason = " ".join(_ANSI.sub("", str(error)).split())
     detail = _EXIT_DETAIL.search(reason)
     if detail:

@@ -28,10 +28,10 @@ from ray.exceptions import RayActorError, RayError, RayTaskError
 from rlshell.cluster.errors import (
     WorkerDiedError,
     WorkerError,
+    WorkerFailure,
     WorkerTimeoutError,
     ray_reason,
     remote_traceback,
-    where,
     worker_error_for,
 )
 from rlshell.cluster.placement import ComponentPlan
@@ -140,11 +140,10 @@ class GroupCall:
                 try:
                     self._values[slot] = ray.get(ref)
                 except RayError as error:
-                    failure = self.group._translate(error, self.ranks[slot], self.method)
-                    if isinstance(failure, WorkerError):
-                        failure._add_note_to_message(self._other_failures())
-                    self._error = failure
-                    raise failure from None
+                    raised = self.group._translate(error, self.ranks[slot], self.method)
+                    raised.extend_message(self._other_failures())
+                    self._error = raised
+                    raise raised from None
         return list(self._values)
 
     def _other_failures(self) -> str:
@@ -173,8 +172,7 @@ class GroupCall:
             f"{self.method}() on component '{self.group.name}' did not finish within "
             f"{limit:g} s; still running on rank(s) {list(pending)}: {where}. The call "
             "goes on in those workers (wait again, or shut the group down to stop it)",
-            component=self.group.name,
-            method=self.method,
+            WorkerFailure(component=self.group.name, method=self.method),
             pending_ranks=pending,
             timeout_s=limit,
         )
@@ -349,9 +347,7 @@ class WorkerGroup(Generic[W]):
                     f"cannot launch component '{self._name}': an actor named "
                     f"'{options['name']}' already exists in namespace '{cluster.namespace}' "
                     "(a group of that name is running; shut it down or pass another name=)",
-                    component=self._name,
-                    rank=worker.rank,
-                    method="__init__",
+                    WorkerFailure(component=self._name, rank=worker.rank, method="__init__"),
                 ) from error
             self._handles.append(handle)
 
@@ -370,11 +366,13 @@ class WorkerGroup(Generic[W]):
                 raise WorkerError(
                     f"{self._describe(rank)} started on Ray node {info.node_id}, but its "
                     f"placement group was pinned to node {expected}",
-                    component=self._name,
-                    rank=rank,
-                    node=info.node_ip,
-                    pid=info.pid,
-                    method="__init__",
+                    WorkerFailure(
+                        component=self._name,
+                        rank=rank,
+                        node=info.node_ip,
+                        pid=info.pid,
+                        method="__init__",
+                    ),
                 )
 
     # -- describing
@@ -532,51 +530,45 @@ class WorkerGroup(Generic[W]):
         self._check_method(name)
         return _GroupMethod(self, name, None, False)
 
-    def _translate(self, error: BaseException, rank: int, method: str) -> BaseException:
+    def _translate(self, error: BaseException, rank: int, method: str) -> WorkerError:
         """The driver-side error for a Ray failure of ``rank`` running ``method``."""
         info = self._infos[rank] if rank < len(self._infos) else None
         node = info.node_ip if info is not None else self._planned_node(rank)
         pid = info.pid if info is not None else None
+        cause, traceback_text = error, ""
         if isinstance(error, RayTaskError):
             cause = error.cause
-            if isinstance(cause, RayActorError):  # a nested call to a dead actor
-                return self._died(rank, method, node, pid, cause)
-            traceback_text, remote_pid, remote_ip = remote_traceback(
-                str(error), HOOK_FILE, HOOK_FRAMES
-            )
-            node = node if info is not None or not remote_ip else remote_ip
-            pid = pid if pid is not None else remote_pid
-            summary = f"{type(cause).__name__}: {cause}"
-            return worker_error_for(
-                cause,
-                message=(
-                    f"{where(self._name, rank, node, pid)} raised in {method}(): {summary}\n\n"
-                    f"Worker traceback:\n{traceback_text}"
-                ),
-                component=self._name,
-                rank=rank,
-                node=node,
-                pid=pid,
-                method=method,
-                remote_traceback=traceback_text,
-            )
-        if isinstance(error, RayActorError):
-            return self._died(rank, method, node, pid, error)
-        return WorkerError(
-            f"{where(self._name, rank, node, pid)} failed in {method}(): "
-            f"{type(error).__name__}: {ray_reason(error)}",
+            if not isinstance(cause, RayActorError):  # else a nested call to a dead actor
+                traceback_text, remote_pid, remote_ip = remote_traceback(
+                    str(error), HOOK_FILE, HOOK_FRAMES
+                )
+                node = node if info is not None or not remote_ip else remote_ip
+                pid = pid if pid is not None else remote_pid
+        failure = WorkerFailure(
             component=self._name,
             rank=rank,
             node=node,
             pid=pid,
             method=method,
-            cause=error,
+            remote_traceback=traceback_text,
+            cause=cause,
+        )
+        if isinstance(cause, RayActorError):
+            self._dead.add(rank)
+            return self._died(failure)
+        if isinstance(error, RayTaskError):
+            return worker_error_for(
+                failure,
+                f"{failure.where} raised in {method}(): {type(cause).__name__}: {cause}\n\n"
+                f"Worker traceback:\n{traceback_text}",
+            )
+        return WorkerError(
+            f"{failure.where} failed in {method}(): {type(error).__name__}: {ray_reason(error)}",
+            failure,
         )
 
-    def _died(
-        self, rank: int, method: str, node: str, pid: int | None, error: BaseException
-    ) -> WorkerDiedError:
-        self._dead.add(rank)
+    def _died(self, failure: WorkerFailure) -> WorkerDiedError:
+        method = failure.method
         doing = "while starting" if method == "__init__" else f"while running {method}()"
         why = (
             "the group was shut down"
@@ -584,14 +576,8 @@ class WorkerGroup(Generic[W]):
             else "its process exited (killed, out of memory, or crashed)"
         )
         return WorkerDiedError(
-            f"{where(self._name, rank, node, pid)} died {doing}: {why}. "
-            f"Ray says: {ray_reason(error, 2000)}",
-            component=self._name,
-            rank=rank,
-            node=node,
-            pid=pid,
-            method=method,
-            cause=error,
+            f"{failure.where} died {doing}: {why}. Ray says: {ray_reason(failure.cause, 2000)}",
+            failure,
         )
 
     # -- stopping

@@ -454,7 +454,7 @@ def _launched(config: Config, cluster: Cluster, plan: PlacementPlan) -> Iterator
             )
             yield group
         except WorkerDiedError as error:  # its traceback died with it: say what it was running
-            error._add_note_to_message(
+            error.extend_message(
                 f"\nIt was stepping env {config.env.env_id or config.env.env_type} (an env "
                 "that crashes its process ends this way); checkpoint.resume=auto continues "
                 "from the last checkpoint."

@@ -566,7 +566,7 @@ def _first_failure(calls: Sequence[GroupCall], error: WorkerError) -> WorkerErro
             error = failure
             break
     if isinstance(error, WorkerDiedError) and error.component == "env":
-        error._add_note_to_message(
+        error.extend_message(
             "\nIt was stepping envs (an env that crashes its process ends this way); "
             "checkpoint.resume=auto continues from the last checkpoint."
         )
