@@ -109,9 +109,9 @@ def _dry_run(config: Config, source: Path) -> int:
 
 def _run(config: Config) -> int:
     from rlshell.checkpoint import CheckpointError
+    from rlshell.cluster.errors import WorkerError
     from rlshell.cluster.placement import PlacementError, render_table, write_plan
     from rlshell.cluster.ray_cluster import Cluster, ReservationError
-    from rlshell.cluster.worker import WorkerError
     from rlshell.runners import run
     from rlshell.runners.probe import PlacementMismatchError
     from rlshell.runners.spec import resolve_spec

@@ -27,8 +27,8 @@ import pytest
 import torch
 from torch import Tensor
 
+from rlshell.cluster.errors import WorkerDiedError, WorkerError
 from rlshell.cluster.ray_cluster import Cluster
-from rlshell.cluster.worker import WorkerDiedError, WorkerError
 from rlshell.config import EnvConfig
 from rlshell.envs.maniskill import maniskill_available, maniskill_unavailable_reason
 from rlshell.envs.stepper import EnvStepError, EnvStepper

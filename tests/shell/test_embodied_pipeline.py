@@ -10,8 +10,8 @@ import pytest
 import torch
 from attrs import evolve
 
+from rlshell.cluster.errors import WorkerError
 from rlshell.cluster.ray_cluster import Cluster
-from rlshell.cluster.worker import WorkerError
 from rlshell.config import Config, ConfigError
 from rlshell.envs.stepper import EnvStepper
 from rlshell.metrics import read_metrics

@@ -19,16 +19,11 @@ from typing import Any
 import pytest
 from ray.util import placement_group_table
 
+from rlshell.cluster.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+from rlshell.cluster.group import GroupCall, WorkerGroup
 from rlshell.cluster.placement import ComponentPlan, WorkerPlacement
 from rlshell.cluster.ray_cluster import Cluster
-from rlshell.cluster.worker import (
-    GroupCall,
-    Worker,
-    WorkerDiedError,
-    WorkerError,
-    WorkerGroup,
-    WorkerTimeoutError,
-)
+from rlshell.cluster.worker import Worker
 from rlshell.extensions import ExtensionError
 
 PlanFactory = Callable[..., ComponentPlan]

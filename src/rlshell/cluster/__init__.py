@@ -4,9 +4,14 @@
   per-component requests to a `PlacementPlan`, in RLinf's placement syntax;
 - `rlshell.cluster.ray_cluster`: `Cluster`, an embedded or attached Ray, and
   the placement groups that realise a plan;
-- `rlshell.cluster.worker`: `Worker`, the base of every role, and `WorkerGroup`,
-  one Ray actor per planned rank called as one, with errors that name the
-  component, rank and node.
+- `rlshell.cluster.worker`: `Worker`, the base of every role, and what runs
+  in its process;
+- `rlshell.cluster.group`: `WorkerGroup`, one Ray actor per planned rank
+  called as one (launch, call, gather, time-outs, shutdown);
+- `rlshell.cluster.errors`: `WorkerError` and its kinds, naming the component,
+  rank, node, pid and method of a failed worker (Ray-free).
+
+`group` imports `worker` and `errors`; `errors` imports neither.
 
 Nothing here knows about training: roles live in `rlshell.workers`.
 """

@@ -40,9 +40,10 @@ from typing import Any, ClassVar, Self
 from attrs import frozen
 
 from rlshell.checkpoint import TrainerState
+from rlshell.cluster.errors import WorkerDiedError, WorkerError
+from rlshell.cluster.group import GroupCall, WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
-from rlshell.cluster.worker import GroupCall, WorkerDiedError, WorkerError, WorkerGroup
 from rlshell.config import Config
 from rlshell.metrics import merge_rank_metrics
 from rlshell.runners.embodied_ppo import COLLOCATED_EXAMPLE, actor_share_problems, compile_unread
@@ -247,7 +248,7 @@ def _first_failure(calls: Sequence[GroupCall], error: WorkerError) -> WorkerErro
             error = failure
             break
     if isinstance(error, WorkerDiedError) and error.component == "env":
-        error._add_note_to_message(
+        error.extend_message(
             "\nIt was stepping envs (an env that crashes its process ends this way); "
             "checkpoint.resume=auto continues from the last checkpoint."
         )

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from rlshell.checkpoint import TrainerState
+from rlshell.cluster.errors import WorkerDiedError
+from rlshell.cluster.group import WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
-from rlshell.cluster.worker import WorkerDiedError, WorkerGroup
 from rlshell.config import Config
 from rlshell.metrics import merge_rank_metrics
 from rlshell.runners.spec import ProcessLayout, RunSpec
@@ -240,7 +241,7 @@ class CollocatedPPOTrainer:
 
 def _note_env_crash(error: WorkerDiedError, config: Config) -> None:
     """A dead rank's traceback died with it: say what it was running."""
-    error._add_note_to_message(
+    error.extend_message(
         f"\nIt was stepping env {config.env.env_id or config.env.env_type} (an env that "
         "crashes its process ends this way); checkpoint.resume=auto continues from the last "
         "checkpoint."

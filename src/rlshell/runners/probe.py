@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlshell.cluster.group import WorkerGroup
 from rlshell.cluster.placement import ComponentPlan, PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
-from rlshell.cluster.worker import WorkerGroup
 from rlshell.extensions import extension_modules
 from rlshell.runners.spec import RunSpec
 from rlshell.workers.probe import ProbeWorker

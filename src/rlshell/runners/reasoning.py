@@ -21,9 +21,9 @@ import torch
 from attrs import evolve
 
 from rlshell.checkpoint import TrainerState
+from rlshell.cluster.group import WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
-from rlshell.cluster.worker import WorkerGroup
 from rlshell.config import Config, ConfigError
 from rlshell.data import PromptExample, PromptSampler, SamplerState, load_dataset
 from rlshell.metrics import tokens_per_second

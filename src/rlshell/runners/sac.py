@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import ClassVar, Self
 
 from rlshell.checkpoint import TrainerState
+from rlshell.cluster.group import GroupCall, WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
-from rlshell.cluster.worker import GroupCall, WorkerGroup
 from rlshell.config import Config
 from rlshell.metrics import merge_rank_metrics
 from rlshell.runners.embodied_ppo import compile_unread, stages_unread

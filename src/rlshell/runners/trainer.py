@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
 from attrs import frozen
 
 from rlshell.checkpoint import TrainerState
+from rlshell.cluster.group import WorkerGroup
 from rlshell.cluster.placement import ComponentPlan
-from rlshell.cluster.worker import WorkerGroup
 from rlshell.config import Config
 
 if TYPE_CHECKING:
