@@ -274,3 +274,25 @@ def test_every_worker_class_lives_in_workers_and_its_name_is_unique() -> None:
     ]
     repeated = sorted({name for name in names if names.count(name) > 1})
     assert not repeated, f"classes defined twice in rlshell under one name: {repeated}"
+
+
+def test_the_documented_public_import_paths_exist() -> None:
+    """docs/extending.md's table of public paths: each module imports and has the names."""
+    import importlib
+    import re
+
+    page = (SHELL.parents[1] / "docs" / "extending.md").read_text()
+    table = page[page.index("## Public import paths") :]
+    named = re.findall(r"`(rlshell(?:\.\w+)+)`(?: \(([^)]*)\))?", table)
+    assert len(named) >= 10, named
+    for path, names in named:
+        module_name, attribute = path, None
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError:
+            module_name, attribute = path.rsplit(".", 1)
+            module = importlib.import_module(module_name)
+        if attribute is not None:
+            assert hasattr(module, attribute), f"{module_name} has no {attribute}"
+        for name in re.findall(r"`(\w+)`", names):
+            assert hasattr(module, name), f"{module_name} has no {name}"
