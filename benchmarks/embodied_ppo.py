@@ -4,10 +4,10 @@ Both sides use rl-zoo's CartPole-v1 hyperparameters (8 envs, 32 steps per
 env per rollout, one 256-sample batch, 20 epochs, λ 0.8, γ 0.98, clip 0.2,
 lr 1e-3 decaying linearly over 100,000 steps, gradient norm 0.5, entropy 0):
 
-- rlstack: `rlshell.runners.embodied.EmbodiedWorker` from
+- rlstack: `rlshell.workers.embodied_actor.EmbodiedWorker` from
   ``configs/ppo_cartpole.py`` (one Ray worker that is env, rollout and actor;
   one Ray call per rollout-and-update step, the next queued while one runs, as
-  ``python -m rlshell.train`` does: `rlshell.runners.embodied.train_steps`);
+  ``python -m rlshell.train`` does: `rlshell.runners.embodied_ppo.train_steps`);
 - Stable-Baselines3 (the baseline): ``PPO("MlpPolicy", make_vec_env(...))``
   with the same settings and a 64×64 tanh MLP as rlstack's ``mlp_policy``,
   in this process (``DummyVecEnv``).
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlshell.cluster import Cluster
+    from rlshell.cluster.ray_cluster import Cluster
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
@@ -56,9 +56,10 @@ SEEDS = 10
 
 
 def run_rlstack(cluster: Cluster, seed: int, max_env_steps: int, compile_: bool) -> dict[str, Any]:
-    from rlshell.config_loading import load_config
-    from rlshell.runners.embodied import EmbodiedWorker, train_steps
-    from rlshell.validation import plan_for
+    from rlshell.runners.embodied_ppo import train_steps
+    from rlshell.runners.spec import resolve_spec
+    from rlshell.runners.validation import load_config, plan_for
+    from rlshell.workers.embodied_actor import EmbodiedWorker
 
     config = load_config(
         CONFIG,
@@ -66,7 +67,8 @@ def run_rlstack(cluster: Cluster, seed: int, max_env_steps: int, compile_: bool)
     )
     started = time.perf_counter()
     plan = plan_for(config, cluster.spec())
-    group = EmbodiedWorker.create_group(config).launch(cluster, plan.component("actor"))
+    critic = resolve_spec(config).critic
+    group = EmbodiedWorker.create_group(config, critic).launch(cluster, plan.component("actor"))
     try:
         group.init_worker().wait()
         startup = time.perf_counter() - started
@@ -81,7 +83,7 @@ def sb3_settings() -> dict[str, Any]:
     """SB3's PPO arguments, read from ``configs/ppo_cartpole.py`` so the two sides cannot drift."""
     import torch
 
-    from rlshell.config_loading import load_config
+    from rlshell.runners.validation import load_config
 
     config = load_config(CONFIG, [])
     algorithm, optim = config.algorithm, config.actor.optim
@@ -210,7 +212,7 @@ def main() -> None:
     budget = 4096 if args.quick else TOTAL_STEPS
     started = time.perf_counter()
     results: dict[str, list[dict[str, Any]]] = {"rlstack": [], "sb3": []}
-    from rlshell.cluster import Cluster
+    from rlshell.cluster.ray_cluster import Cluster
 
     temp_dir = tempfile.mkdtemp(prefix="rb", dir=os.environ.get("RAY_TMPDIR", "/tmp"))
     cluster_started = time.perf_counter()

@@ -34,14 +34,14 @@
     (reported, not asserted): rlstack's completion tokens/s ≥ 1.5× TRL's at
     both sizes.
 
-(2) Weight sync (`rlshell.weight_transfer.WeightSender`, in memory) on the
+(2) Weight sync (`rlshell.sync.transfer.WeightSender`, in memory) on the
     ~5M model after one AdamW step (lr 1e-6, a random gradient): the bytes of
     a ``bucket`` sync against a ``patch`` sync, with the engine in bf16 (what
     ``rollout.precision="bf16"`` does) and in fp32. Target: patch ≤ 0.1× the
     bucket bytes (bf16). And the time of an fp32 bucket sync against a plain
     ``Tensor.copy_`` of every tensor into the same targets (the bound), the
     targets laid out as a collocated engine lays out its weights
-    (`rlshell.weight_sync.FlatBuckets`: the buckets are packed into them).
+    (`rlshell.sync.codec.FlatBuckets`: the buckets are packed into them).
     Target: bucket time ≤ 1.25× the plain copy (≥ 0.8× its speed).
 
 Prints one JSON object. ``--quick`` is a smoke run (the small model, a small
@@ -63,7 +63,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -157,12 +157,11 @@ def parameter_count(size: str) -> int:
 
 def prompt_batches(prompts: int, count: int) -> list[list[list[str]]]:
     """``count`` batches of ``[prompt, answer]``, as a run of ``configs/grpo.py`` draws them."""
-    from rlshell.config_loading import load_config
     from rlshell.data import PromptSampler, load_dataset
-    from rlshell.runners.reasoning import arithmetic_task_of
+    from rlshell.runners.validation import load_config
 
     config = load_config(CONFIG)
-    train = load_dataset(config.data, "train", arithmetic_task_of(config.data))
+    train = load_dataset(config.data, "train")
     sampler = PromptSampler(train, prompts, seed=0)
     return [[[e.prompt, e.answer] for e in sampler.next()] for _ in range(count)]
 
@@ -196,10 +195,10 @@ STEP_METRICS = (
 @contextmanager
 def rlstack_trainer(spec: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
     """A launched `ReasoningTrainer` after its first full weight sync, and its start-up times."""
-    from rlshell.cluster import Cluster
-    from rlshell.config_loading import load_config
-    from rlshell.runners.reasoning import ReasoningTrainer, prepare_tokenizer, with_tokenizer_ids
-    from rlshell.validation import plan_for
+    from rlshell.cluster.ray_cluster import Cluster
+    from rlshell.runners.reasoning import ReasoningTrainer
+    from rlshell.runners.spec import resolve_spec
+    from rlshell.runners.validation import load_config, plan_for
 
     kwargs = model_kwargs(spec["size"], spec["max_new_tokens"])
     overrides = [
@@ -214,14 +213,15 @@ def rlstack_trainer(spec: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]
     config = load_config(CONFIG, overrides)
     temp_dir = short_temp_dir()
     try:
-        tokenizer_dir = prepare_tokenizer(config, Path(temp_dir) / "run")
-        config = with_tokenizer_ids(config, tokenizer_dir)
         with Cluster(
             num_cpus=2, temp_dir=temp_dir, runtime_env_vars=config.cluster.worker_env_vars
         ) as cluster:
             plan = plan_for(config, cluster.spec())
             started = time.perf_counter()
-            with ReasoningTrainer.launch(config, cluster, plan, tokenizer_dir) as trainer:
+            run_dir = Path(temp_dir) / "run"
+            with closing(
+                ReasoningTrainer.launch(resolve_spec(config), cluster, plan, run_dir)
+            ) as trainer:
                 launch_s = time.perf_counter() - started
                 started = time.perf_counter()
                 trainer.sync_weights(full=True)
@@ -266,7 +266,7 @@ def run_pair(spec: dict[str, Any]) -> dict[str, Any]:
     with rlstack_trainer(spec) as (trainer, startup):
 
         def rlstack_step(index: int) -> None:
-            rlstack_steps.append(trainer.step(index + 1, batches[index]))
+            rlstack_steps.append(trainer.train_on(index + 1, batches[index]))
 
         baseline = run_trl(spec, after_step=rlstack_step)
     warmup = spec["warmup"]
@@ -393,9 +393,9 @@ def run_sync(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
+    from rlshell.sync.codec import FlatBuckets, bucket_bytes_for
+    from rlshell.sync.transfer import WeightSender
     from rlshell.tokenizer import build_char_tokenizer
-    from rlshell.weight_sync import FlatBuckets, bucket_bytes_for
-    from rlshell.weight_transfer import WeightSender
 
     tokenizer = build_char_tokenizer()
     source = build_model(SIZES[spec["size"]], tokenizer)

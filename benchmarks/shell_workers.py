@@ -36,15 +36,15 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import ray
 
-from rlshell.cluster import Cluster
-from rlshell.placement import (
+from rlshell.cluster.placement import (
     ComponentPlan,
     ComponentRequest,
     NodeSpec,
     cluster_spec,
     plan_placement,
 )
-from rlshell.worker import Worker
+from rlshell.cluster.ray_cluster import Cluster
+from rlshell.cluster.worker import Worker
 
 TARGET_RATIO = 1.5
 WORLD_SIZE = 2

@@ -1,10 +1,18 @@
-"""The dependency arrow: rlcore imports only its maths stack, never the shell's.
+"""The dependency arrows: rlcore imports only its maths stack; the shell's layers point down.
 
 rlcore may import the standard library, torch, numpy, attrs, beartype and
 jaxtyping; `rlcore.jax` may add jax, flax and optax; `rlcore.testing` may add
 hypothesis. Nothing in rlcore may import ray, transformers, gymnasium, rlshell
 or anything else. Checked twice: statically over every source file (an import
 inside a function counts too), and by importing rlcore in a fresh interpreter.
+
+rlshell is layered (docs/architecture.md draws it): config and extensions at
+the bottom, then cluster, then the domain packages (models, envs, rewards,
+rollout records, weight sync, data, metrics, checkpoints, export,
+evaluation), then engines, workers, runners, and the command lines on top. A
+module imports only from its own layer or the ones below (statically, imports
+inside functions and under TYPE_CHECKING included); the concerns form no
+cycle; and every `Worker` subclass lives in `rlshell.workers`.
 """
 
 from __future__ import annotations
@@ -82,3 +90,209 @@ def test_importing_rlcore_loads_no_shell_or_optional_package() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert result.stdout.strip() == "", f"import rlcore loaded: {result.stdout.strip()}"
+
+
+# ---------------------------------------------------------------------------- the shell
+
+SHELL = Path(__file__).resolve().parents[1] / "src" / "rlshell"
+
+# Lowest first. Every top-level module or package of rlshell is in exactly one layer.
+SHELL_LAYERS: list[tuple[str, frozenset[str]]] = [
+    ("base", frozenset({"rlshell", "config", "extensions"})),
+    ("cluster", frozenset({"cluster"})),
+    (
+        "domain",
+        frozenset(
+            {
+                "models",
+                "envs",
+                "rewards",
+                "rollout",
+                "sync",
+                "data",
+                "tokenizer",
+                "metrics",
+                "checkpoint",
+                "export",
+                "evaluation",
+            }
+        ),
+    ),
+    ("engines", frozenset({"engines"})),
+    ("workers", frozenset({"workers"})),
+    ("runners", frozenset({"runners"})),
+    ("apps", frozenset({"train", "evaluate"})),
+]
+
+
+def shell_module(path: Path) -> str:
+    parts = path.relative_to(SHELL.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def concern(module: str) -> str:
+    """``rlshell.runners.loop`` → ``runners``; the package itself → ``rlshell``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "rlshell"
+
+
+def layer_of(name: str) -> int:
+    for index, (_, members) in enumerate(SHELL_LAYERS):
+        if name in members:
+            return index
+    raise KeyError(name)
+
+
+def shell_imports(source: str, module: str, is_package: bool) -> set[str]:
+    """The rlshell modules a module's source imports (relative imports resolved)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "rlshell")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                package = module.split(".")
+                if not is_package:
+                    package = package[:-1]
+                base = package[: len(package) - node.level + 1]
+                name = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                name = node.module or ""
+            if name.split(".")[0] == "rlshell":
+                found.add(name)
+    return found
+
+
+def upward_imports(source: str, module: str, is_package: bool = False) -> list[str]:
+    """``module``'s imports of a layer above its own, as 'a → b (layer x above y)'."""
+    own = layer_of(concern(module))
+    bad = []
+    for name in sorted(shell_imports(source, module, is_package)):
+        target = layer_of(concern(name))
+        if target > own:
+            bad.append(
+                f"{module} → {name} ({SHELL_LAYERS[target][0]} above {SHELL_LAYERS[own][0]})"
+            )
+    return bad
+
+
+SHELL_FILES = sorted(SHELL.rglob("*.py"))
+
+
+def test_the_shell_checker_catches_upward_imports() -> None:
+    """The rule has teeth: a worker importing a runner, the config importing validation."""
+    assert upward_imports("from rlshell.runners.loop import run\n", "rlshell.workers.actor") == [
+        "rlshell.workers.actor → rlshell.runners.loop (runners above workers)"
+    ]
+    source = "def f():\n    from rlshell.runners.validation import validate\n"
+    assert upward_imports(source, "rlshell.config.loading") == [
+        "rlshell.config.loading → rlshell.runners.validation (runners above base)"
+    ]
+    assert upward_imports("from . import schema\n", "rlshell.config", is_package=True) == []
+    assert (
+        upward_imports("from rlshell.cluster.group import WorkerGroup\n", "rlshell.runners.sac")
+        == []
+    )
+
+
+def test_every_shell_module_is_in_a_layer() -> None:
+    unplaced = sorted(
+        {concern(shell_module(p)) for p in SHELL_FILES}
+        - set().union(*(members for _, members in SHELL_LAYERS))
+    )
+    assert not unplaced, f"rlshell modules in no layer of SHELL_LAYERS: {unplaced}"
+
+
+@pytest.mark.parametrize("path", SHELL_FILES, ids=lambda p: str(p.relative_to(SHELL)))
+def test_shell_module_imports_only_its_layer_and_below(path: Path) -> None:
+    module = shell_module(path)
+    bad = upward_imports(path.read_text(), module, path.name == "__init__.py")
+    assert not bad, "imports up the layers (docs/architecture.md):\n" + "\n".join(bad)
+
+
+def test_the_shell_concerns_form_no_cycle() -> None:
+    graph: dict[str, set[str]] = {}
+    for path in SHELL_FILES:
+        module = shell_module(path)
+        for name in shell_imports(path.read_text(), module, path.name == "__init__.py"):
+            if concern(name) != concern(module):
+                graph.setdefault(concern(module), set()).add(concern(name))
+    visiting: list[str] = []
+    done: set[str] = set()
+
+    def visit(node: str) -> None:
+        if node in done:
+            return
+        assert node not in visiting, f"import cycle: {' → '.join([*visiting, node])}"
+        visiting.append(node)
+        for target in sorted(graph.get(node, ())):
+            visit(target)
+        visiting.pop()
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node)
+
+
+def worker_classes() -> dict[str, str]:
+    """Every class deriving (by name, transitively) from `Worker`, and its module."""
+    bases: dict[str, tuple[str, list[str]]] = {}
+    for path in SHELL_FILES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                names = [
+                    b.id if isinstance(b, ast.Name) else b.attr
+                    for b in node.bases
+                    if isinstance(b, ast.Name | ast.Attribute)
+                ]
+                bases[node.name] = (shell_module(path), names)
+    workers: dict[str, str] = {}
+    changed = True
+    while changed:
+        changed = False
+        for name, (module, parents) in bases.items():
+            if name not in workers and any(p == "Worker" or p in workers for p in parents):
+                workers[name] = module
+                changed = True
+    return workers
+
+
+def test_every_worker_class_lives_in_workers_and_its_name_is_unique() -> None:
+    classes = worker_classes()
+    assert {"ActorWorker", "EmbodiedWorker", "SACLearnerWorker"} <= classes.keys()
+    misplaced = {
+        name: module
+        for name, module in classes.items()
+        if not module.startswith("rlshell.workers.")
+    }
+    assert not misplaced, f"worker classes outside rlshell.workers: {misplaced}"
+    names = [
+        node.name
+        for path in SHELL_FILES
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+    ]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    assert not repeated, f"classes defined twice in rlshell under one name: {repeated}"
+
+
+def test_the_documented_public_import_paths_exist() -> None:
+    """docs/extending.md's table of public paths: each module imports and has the names."""
+    import importlib
+    import re
+
+    page = (SHELL.parents[1] / "docs" / "extending.md").read_text()
+    table = page[page.index("## Public import paths") :]
+    named = re.findall(r"`(rlshell(?:\.\w+)+)`(?: \(([^)]*)\))?", table)
+    assert len(named) >= 10, named
+    for path, names in named:
+        module_name, attribute = path, None
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError:
+            module_name, attribute = path.rsplit(".", 1)
+            module = importlib.import_module(module_name)
+        if attribute is not None:
+            assert hasattr(module, attribute), f"{module_name} has no {attribute}"
+        for name in re.findall(r"`(\w+)`", names):
+            assert hasattr(module, name), f"{module_name} has no {name}"

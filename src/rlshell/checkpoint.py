@@ -60,9 +60,9 @@ class TrainerState:
     """What the driver needs, beside the workers' shards, to continue a run exactly."""
 
     step: int
-    sampler_epoch: int
-    sampler_position: int
     experiment_name: str
+    sampler_epoch: int = 0  # the reasoning runner's prompt sampler; 0 for the others
+    sampler_position: int = 0
     extra: dict[str, Any] = Factory(dict)
 
 

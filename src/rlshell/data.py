@@ -182,6 +182,18 @@ class ArithmeticTask:
     num_train: int | None = None
     seed: int = 0
 
+    @classmethod
+    def of(cls, data: DataConfig) -> ArithmeticTask:
+        """The task ``data.num_terms``, ``max_operand``, ``num_val``, ``num_train`` and
+        ``seed`` describe."""
+        return cls(
+            num_terms=data.num_terms,
+            max_operand=data.max_operand,
+            num_val=data.num_val,
+            num_train=data.num_train,
+            seed=data.seed,
+        )
+
     @property
     def num_prompts(self) -> int:
         return int((self.max_operand + 1) ** self.num_terms)
@@ -324,8 +336,9 @@ def load_dataset(
 ) -> list[PromptExample]:
     """The ``split`` examples that ``cfg`` names.
 
-    ``cfg.task == "arithmetic"``: `arithmetic_task` with ``arithmetic`` (its
-    defaults when None); ``train_path``/``val_path`` must then be unset.
+    ``cfg.task == "arithmetic"``: `arithmetic_task` with ``arithmetic`` (the
+    task ``cfg`` describes, `ArithmeticTask.of`, when None); ``train_path`` and
+    ``val_path`` must then be unset.
     ``cfg.task == "file"``: `read_examples` on ``train_path`` (required) or
     ``val_path`` (optional: without it the val split is empty).
     """
@@ -336,7 +349,7 @@ def load_dataset(
                     f"data.{key} is set ({value!r}) but data.task is 'arithmetic', which "
                     "generates its prompts; set data.task='file' to read files"
                 )
-        return arithmetic_task(split, arithmetic)
+        return arithmetic_task(split, ArithmeticTask.of(cfg) if arithmetic is None else arithmetic)
     if cfg.task == "file":
         path = cfg.train_path if split == "train" else cfg.val_path
         if path is None:

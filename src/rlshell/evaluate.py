@@ -35,10 +35,10 @@ import torch
 from attrs import frozen
 
 from rlshell.checkpoint import TRAINER_STATE, CheckpointError, run_config_path
-from rlshell.config import Config
-from rlshell.config_loading import ConfigError, load_config
+from rlshell.config import Config, ConfigError
 from rlshell.evaluation.embodied import EvaluationError, missing_checkpoint_message
 from rlshell.extensions import ExtensionError, load_extensions
+from rlshell.runners.validation import load_config
 
 __all__ = ["EVALUATORS", "Evaluator", "evaluate", "main"]
 
@@ -73,13 +73,12 @@ def evaluate(
 ) -> dict[str, float]:
     """Greedy accuracy of the policy at ``path`` on ``config``'s held-out split."""
     from rlshell.data import load_dataset
+    from rlshell.engines.rollout.hf import HFRolloutEngine
     from rlshell.rewards.pool import RewardPool
     from rlshell.rollout import SamplingParams
-    from rlshell.rollout.hf import HFRolloutEngine
-    from rlshell.runners.reasoning import arithmetic_task_of
 
     model, tokenizer = _load(path, config)
-    examples = load_dataset(config.data, "val", arithmetic_task_of(config.data))
+    examples = load_dataset(config.data, "val")
     if limit is not None:
         examples = examples[:limit]
     if not examples:

@@ -52,8 +52,7 @@ from cattrs.errors import BaseValidationError
 from torch import nn
 
 from rlshell.checkpoint import CheckpointError, list_checkpoints, run_config_path
-from rlshell.config import Config, ModelConfig
-from rlshell.config_loading import CONVERTER, load_config
+from rlshell.config import CONVERTER, Config, ModelConfig, read_config
 from rlshell.extensions import ENV_VAR, ExtensionError, load_extensions
 
 __all__ = [
@@ -116,7 +115,7 @@ def run_config(
             "writes the run's resolved config.json there; it names the model to build). "
             "Give the run's config with --config PATH"
         )
-    return load_config(source, overrides)
+    return read_config(source, overrides)
 
 
 def _model_config(checkpoint: Path, config: Config) -> ModelConfig:
@@ -125,7 +124,7 @@ def _model_config(checkpoint: Path, config: Config) -> ModelConfig:
         return config.actor.model
     # The reasoning runner fills a model_kwargs model's vocabulary size and special-token ids
     # from its tokenizer after writing config.json; the checkpoint holds that tokenizer.
-    from rlshell.runners.reasoning import with_tokenizer_ids
+    from rlshell.tokenizer import with_tokenizer_ids
 
     tokenizer_dir = checkpoint / "tokenizer"
     if not tokenizer_dir.is_dir():

@@ -55,6 +55,7 @@ __all__ = [
     "NAMESPACES",
     "MetricLogger",
     "logger_for_run",
+    "merge_rank_metrics",
     "plot_learning_curve",
     "plot_run",
     "read_metrics",
@@ -72,6 +73,29 @@ HEADLINE_METRICS: Mapping[str, str] = {
     "perf/tokens_per_s": "tok/s",
     "eval/accuracy": "acc",
 }
+
+
+def merge_rank_metrics(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """One record from several workers' (ranks, env workers, stages): env episode figures
+    weighted by episodes, sums of env steps and episodes, the slowest worker's times, means
+    of the rest."""
+    merged: dict[str, float] = {}
+    keys = {key for metrics in per_rank for key in metrics}
+    episodes = [metrics.get("env/episodes", 0.0) for metrics in per_rank]
+    for key in sorted(keys):
+        values = [metrics[key] for metrics in per_rank if key in metrics]
+        if key in ("env/episodes", "env/steps"):
+            merged[key] = sum(values)
+        elif key.startswith("env/"):
+            weights = [e for metrics, e in zip(per_rank, episodes, strict=True) if key in metrics]
+            total = sum(weights)
+            if total > 0:
+                merged[key] = sum(v * w for v, w in zip(values, weights, strict=True)) / total
+        elif key.startswith("time/"):
+            merged[key] = max(values)
+        else:
+            merged[key] = sum(values) / len(values)
+    return merged
 
 
 def tokens_per_second(total_tokens: int, step_seconds: float) -> float:

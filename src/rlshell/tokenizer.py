@@ -24,7 +24,10 @@ import tempfile
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from attrs import evolve
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from rlshell.config import Config, ConfigError
 
 __all__ = [
     "BOS_TOKEN",
@@ -36,6 +39,8 @@ __all__ = [
     "build_char_tokenizer",
     "ensure_tokenizer",
     "load_tokenizer",
+    "prepare_tokenizer",
+    "with_tokenizer_ids",
 ]
 
 # Digits, the sum's operator, '=' ending a prompt, and a space: what the
@@ -122,3 +127,47 @@ def ensure_tokenizer(
             "delete the directory or pass its alphabet"
         )
     return tokenizer
+
+
+def prepare_tokenizer(config: Config, run_dir: Path) -> Path:
+    """The tokenizer directory of a run: given, the model's own, or the project's, built here."""
+    model = config.actor.model
+    if model.tokenizer_path is not None:
+        path = Path(model.tokenizer_path)
+    elif model.path is not None:
+        path = Path(model.path)
+    else:
+        path = run_dir / "tokenizer"
+        ensure_tokenizer(path)
+        return path
+    load_tokenizer(path)  # a clear error now, not in every worker
+    return path
+
+
+def with_tokenizer_ids(config: Config, tokenizer_dir: Path) -> Config:
+    """For a model built from ``model_kwargs``: vocabulary size and special ids from the tokenizer.
+
+    An explicit ``vocab_size`` smaller than the tokenizer's vocabulary is an
+    error (tokens would index past the embedding).
+    """
+    model = config.actor.model
+    if model.path is not None:
+        return config
+    tokenizer = load_tokenizer(tokenizer_dir)
+    size = len(tokenizer)
+    kwargs = dict(model.model_kwargs)
+    given = kwargs.get("vocab_size")
+    if given is not None and int(given) < size:
+        raise ConfigError(
+            [
+                f"actor.model.model_kwargs.vocab_size: {given} is smaller than the tokenizer's "
+                f"{size} tokens ({tokenizer_dir}); remove it to use the tokenizer's size"
+            ]
+        )
+    kwargs.setdefault("vocab_size", size)
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = getattr(tokenizer, key)
+        if value is not None:
+            kwargs.setdefault(key, int(value))
+    actor = evolve(config.actor, model=evolve(model, model_kwargs=kwargs))
+    return evolve(config, actor=actor)

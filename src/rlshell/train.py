@@ -25,13 +25,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlshell.config import Config
-from rlshell.config_loading import ConfigError, load_config, write_config
+from rlshell.config import Config, ConfigError, write_config
 from rlshell.extensions import ExtensionError, load_extensions
+from rlshell.runners.validation import load_config
 
 if TYPE_CHECKING:
-    from rlshell.cluster import Cluster
-    from rlshell.placement import ClusterSpec
+    from rlshell.cluster.placement import ClusterSpec
+    from rlshell.cluster.ray_cluster import Cluster
 
 __all__ = ["main", "run_dir_of"]
 
@@ -85,12 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dry_run(config: Config, source: Path) -> int:
-    from rlshell.placement import PlacementError, render_table, write_plan
-    from rlshell.validation import cluster_spec_for, plan_for
+    from rlshell.cluster.placement import PlacementError, render_table, write_plan
+    from rlshell.runners.validation import cluster_spec_for, plan_for
 
     spec = cluster_spec_for(config)
     if spec is None:  # attaching to a running cluster: read its nodes, start nothing on it
-        from rlshell.cluster import Cluster
+        from rlshell.cluster.ray_cluster import Cluster
 
         with Cluster(address=config.cluster.address) as cluster:
             spec = cluster.spec(config.cluster.node_groups or None)
@@ -109,15 +109,16 @@ def _dry_run(config: Config, source: Path) -> int:
 
 def _run(config: Config) -> int:
     from rlshell.checkpoint import CheckpointError
-    from rlshell.cluster import Cluster, ReservationError
-    from rlshell.placement import PlacementError, render_table, write_plan
-    from rlshell.runners import get_runner
+    from rlshell.cluster.errors import WorkerError
+    from rlshell.cluster.placement import PlacementError, render_table, write_plan
+    from rlshell.cluster.ray_cluster import Cluster, ReservationError
+    from rlshell.runners import run
     from rlshell.runners.probe import PlacementMismatchError
-    from rlshell.validation import plan_for
-    from rlshell.worker import WorkerError
+    from rlshell.runners.spec import resolve_spec
+    from rlshell.runners.validation import cluster_spec_for, plan_for
 
     run_dir = run_dir_of(config)
-    runner = get_runner(config.runner.runner_type)
+    spec = resolve_spec(config)
     try:
         embedded = config.cluster.address is None
         num_cpus = config.cluster.num_cpus if embedded else None
@@ -126,16 +127,21 @@ def _run(config: Config) -> int:
             num_cpus=num_cpus,
             runtime_env_vars=config.cluster.worker_env_vars,
         ) as cluster:
-            spec = _wait_for_nodes(cluster, config)
+            spec_of_nodes = _wait_for_nodes(cluster, config)
             try:
-                plan = plan_for(config, spec)
+                plan = plan_for(config, spec_of_nodes)
             except PlacementError as error:
                 print(f"error: cluster.component_placement: {error}", file=sys.stderr)
                 return EXIT_CONFIG
+            if cluster_spec_for(config) is None and spec.trainer is not None:
+                # An attached cluster is planned only now: the trainer's rules on the plan.
+                problems = spec.trainer.problems(config, plan)
+                if problems:
+                    raise ConfigError(problems)
             print(render_table(plan))
             write_config(config, run_dir / "config.json")
             write_plan(plan, run_dir / "placement.json")
-            runner(config, cluster, plan, run_dir)
+            run(spec, cluster, plan, run_dir)
     except KeyboardInterrupt:
         print("interrupted: Ray was shut down, workers stopped", file=sys.stderr)
         return EXIT_INTERRUPTED

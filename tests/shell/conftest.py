@@ -19,8 +19,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from rlshell.cluster import Cluster
-from rlshell.placement import ComponentPlan, WorkerPlacement
+from rlshell.cluster.placement import ComponentPlan, WorkerPlacement
+from rlshell.cluster.ray_cluster import Cluster
 
 PlanFactory = Callable[..., ComponentPlan]
 

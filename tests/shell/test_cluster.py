@@ -13,15 +13,15 @@ import ray
 import torch
 from ray.util import placement_group_table
 
-from rlshell.cluster import (
+from rlshell.cluster.placement import ComponentPlan, NodeGroup
+from rlshell.cluster.ray_cluster import (
     Cluster,
     ReservationError,
     local_cluster_spec,
     parse_node_ranks,
 )
+from rlshell.cluster.worker import Worker
 from rlshell.config import WORKER_MALLOC_ENV
-from rlshell.placement import ComponentPlan, NodeGroup
-from rlshell.worker import Worker
 
 PlanFactory = Callable[..., ComponentPlan]
 

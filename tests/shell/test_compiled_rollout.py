@@ -16,15 +16,15 @@ from typing import Any, Literal
 import pytest
 import torch
 
-from rlshell.config import EnvConfig, ModelConfig
-from rlshell.config_loading import ConfigError, load_config
+from rlshell.config import ConfigError, EnvConfig, ModelConfig
 from rlshell.envs.stepper import EnvStepper
 from rlshell.models import BasePolicy, get_model
 from rlshell.models.base import ActionInfo
 from rlshell.models.compiled import CompiledPredict, CompileError
 from rlshell.models.mlp_policy import MLPPolicy
 from rlshell.rollout.trajectory import TrajectoryBuffer
-from rlshell.runners.embodied import EmbodiedWorker
+from rlshell.runners.validation import load_config
+from rlshell.workers.embodied_actor import EmbodiedWorker
 from rlshell.workers.embodied_grpo import collect_group_episodes
 from rlshell.workers.embodied_update import collect_rollout
 
@@ -219,11 +219,11 @@ def test_bind_reads_weights_loaded_in_place_and_refuses_another_policy() -> None
 
 
 def test_the_worker_refuses_several_ranks_and_fsdp_cast_weights_by_key() -> None:
-    config = load_config(CARTPOLE_CONFIG, ["rollout.compile=true"])
-    worker = EmbodiedWorker(config)
-    worker.world_size = 2
+    two_ranks = 'cluster.component_placement={"actor,rollout,env": "0:0-1"}'
     with pytest.raises(ConfigError, match=r"rollout\.compile: the compiled rollout call needs one"):
-        worker._compile_rollout({"states": torch.zeros(8, 4)})
+        load_config(CARTPOLE_CONFIG, ["rollout.compile=true", two_ranks])
+    config = load_config(CARTPOLE_CONFIG, ["rollout.compile=true"])
+    worker = EmbodiedWorker(config, critic=True)
 
     from torch.distributed.fsdp import FSDPModule
 
@@ -238,7 +238,7 @@ def test_the_worker_refuses_several_ranks_and_fsdp_cast_weights_by_key() -> None
 
 def test_the_worker_compiles_the_rollout_call_at_start_up_without_touching_rng() -> None:
     config = load_config(CARTPOLE_CONFIG, ["rollout.compile=true"])
-    worker = EmbodiedWorker(config)
+    worker = EmbodiedWorker(config, critic=True)
     policy = _policy("mlp_policy", obs_dim=4, action_dim=2, action_type="discrete")
     before = {name: value.clone() for name, value in policy.state_dict().items()}
     worker.manager = SimpleNamespace(module=policy)  # type: ignore[assignment]

@@ -13,18 +13,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlshell.config import COMPONENTS, Config, PlacementEntry
-from rlshell.config_loading import (
+from rlshell.config.loading import (
     ConfigError,
     all_key_paths,
     apply_overrides,
     config_from_dict,
     config_to_dict,
-    load_config,
     parse_override_value,
     read_config_source,
     write_config,
 )
-from rlshell.validation import placement_requests, required_components, validate
+from rlshell.runners.spec import resolve_spec
+from rlshell.runners.validation import (
+    load_config,
+    placement_requests,
+    required_components,
+    validate,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 GRPO = ROOT / "configs" / "grpo.py"
@@ -201,27 +206,25 @@ def test_the_default_config_is_valid() -> None:
     assert probe.runner.runner_type == "probe"
 
 
-def test_a_runner_that_is_not_installed_fails_a_run_but_not_a_dry_run(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("config", "overrides", "trainer"),
+    [
+        ("configs/grpo.py", [], "ReasoningTrainer"),
+        ("configs/ppo_cartpole.py", [], "CollocatedPPOTrainer"),
+        (
+            "configs/ppo_cartpole.py",
+            ['cluster.component_placement={"actor": "0:0", "rollout": "0:0", "env": "0:0"}'],
+            "PipelinedPPOTrainer",
+        ),
+        ("configs/sac_pendulum.py", [], "SACTrainer"),
+        ("configs/grpo.py", ["runner.runner_type=probe"], None),
+    ],
+)
+def test_the_run_spec_names_the_trainer_once(
+    config: str, overrides: list[str], trainer: str | None
 ) -> None:
-    import importlib.util
-
-    import rlshell.validation
-
-    find_spec = importlib.util.find_spec
-
-    def without_embodied(name: str, *args: Any) -> Any:
-        return None if name == "rlshell.runners.embodied" else find_spec(name, *args)
-
-    monkeypatch.setattr(importlib.util, "find_spec", without_embodied)
-    monkeypatch.setattr(rlshell.validation, "available_runners", lambda: ["probe", "reasoning"])
-    config = load_config(GRPO)
-    config = attrs.evolve(config, runner=attrs.evolve(config.runner, runner_type="embodied"))
-    assert validate(config, for_run=True)[-1] == (
-        "runner.runner_type: the 'embodied' runner (rlshell.runners.embodied) is not in this "
-        "installation of rlshell; available: probe, reasoning"
-    )
-    assert "runner.runner_type" not in " ".join(validate(config, for_run=False))
+    spec = resolve_spec(load_config(ROOT / config, overrides))
+    assert (spec.trainer.__name__ if spec.trainer is not None else None) == trainer
 
 
 def test_every_problem_is_reported_at_once_each_naming_its_key() -> None:

@@ -37,7 +37,7 @@ from rlshell.config import (
     ModelConfig,
     RunnerConfig,
 )
-from rlshell.config_loading import write_config
+from rlshell.config.loading import write_config
 from rlshell.evaluate import main
 from rlshell.evaluation.embodied import (
     EmbodiedEvaluation,
@@ -222,7 +222,9 @@ def write_actor_checkpoint(run_dir: Path, config: Config, policy: nn.Module, ste
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp_save({"model": policy.state_dict()}, checkpoint_id=str(path / "actor"), no_dist=True)
-    write_trainer_state(path, TrainerState(step, 0, 0, config.runner.experiment_name))
+    write_trainer_state(
+        path, TrainerState(step=step, experiment_name=config.runner.experiment_name)
+    )
     return path
 
 
@@ -266,7 +268,7 @@ def test_a_sac_checkpoint_is_evaluated_through_its_layout_entry(tmp_path: Path) 
     checkpoint = checkpoint_dir(run_dir, 4)
     checkpoint.mkdir(parents=True)
     torch.save({"learner": {"policy": trained.state_dict()}}, checkpoint / "sac_learner.pt")
-    write_trainer_state(checkpoint, TrainerState(4, 0, 0, "sac"))
+    write_trainer_state(checkpoint, TrainerState(step=4, experiment_name="sac"))
     loaded = load_embodied_policy(checkpoint, config)
     for name, tensor in trained.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[name], tensor, msg=name)

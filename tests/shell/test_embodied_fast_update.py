@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlshell.config import EnvConfig
-from rlshell.config_loading import ConfigError, load_config
+from rlshell.config import ConfigError, EnvConfig
 from rlshell.envs.stepper import EnvStepper
 from rlshell.models.mlp_policy import MLPPolicy, MLPPolicySpec
 from rlshell.rollout.trajectory import Samples, TrajectoryBuffer
-from rlshell.runners.embodied import EmbodiedWorker, dummy_samples, ppo_settings
+from rlshell.runners.validation import load_config
+from rlshell.workers.embodied_actor import EmbodiedWorker, dummy_samples
 from rlshell.workers.embodied_update import (
     CompiledPPOStep,
     PPOSettings,
@@ -99,8 +99,8 @@ def test_start_up_compiles_without_changing_weights_gradients_optimizer_or_rng()
         "algorithm.vf_coef=0.5",
     ]
     config = load_config(CONFIG, overrides)
-    assert ppo_settings(config) == SETTINGS  # the other tests' graph: compiled once
-    worker = EmbodiedWorker(config)
+    assert PPOSettings.of(config, critic=True) == SETTINGS  # the other tests' graph: compiled once
+    worker = EmbodiedWorker(config, critic=True)
     worker.world_size = 1
     worker.manager = SimpleNamespace(  # type: ignore[assignment]
         module=policy, optimizer=optimizer, lr_scheduler=None
@@ -110,8 +110,8 @@ def test_start_up_compiles_without_changing_weights_gradients_optimizer_or_rng()
     # 4 envs × 8 steps: two minibatches of 16.
     worker._compile_update(32, {"states": samples.forward_inputs["states"][:4]})
 
-    assert worker.compiled is not None
-    assert worker.compiled.compiled_rows == [16]
+    assert isinstance(worker.update_step, CompiledPPOStep)
+    assert worker.update_step.compiled_rows == [16]
     _assert_unchanged(policy, optimizer, snap)
     assert torch.equal(torch.get_rng_state(), rng)
     assert torch.equal(worker.generator.get_state(), generator_state)
@@ -213,12 +213,14 @@ def test_compile_takes_true_or_false() -> None:
 
 
 def test_compile_refuses_group_estimators_and_several_ranks_by_name() -> None:
-    overrides = ["actor.compile=true", "algorithm.adv_type=grpo", "algorithm.group_size=4"]
-    config = load_config(CONFIG, overrides)
-    worker = EmbodiedWorker(config)
-    worker.world_size = 2
+    overrides = [
+        "actor.compile=true",
+        "algorithm.adv_type=grpo",
+        "algorithm.group_size=4",
+        'cluster.component_placement={"actor,rollout,env": "0:0-1"}',
+    ]
     with pytest.raises(ConfigError) as caught:
-        worker._compile_update(256, {})
+        load_config(CONFIG, overrides)
     message = str(caught.value)
     assert "actor.compile: the compiled update needs one actor rank" in message
     assert "algorithm.adv_type 'gae'; got 'grpo'" in message
@@ -231,7 +233,7 @@ def test_compiled_step_reads_the_weights_and_moments_a_checkpoint_load_put_in_pl
     batch = compiled.samples.select(torch.arange(16))
     saved = copy.deepcopy((policy.state_dict(), optimizer.state_dict()))
     eager = ppo_loss(_default_forward(policy, batch.forward_inputs), batch, SETTINGS)
-    step.bind(policy)
+    step.prepare(policy)
     parts, _ = step(batch)
     assert float(parts.loss) == pytest.approx(float(eager.loss.detach()), rel=1e-5)
     first = {name: p.detach().clone() for name, p in policy.named_parameters()}
@@ -239,17 +241,17 @@ def test_compiled_step_reads_the_weights_and_moments_a_checkpoint_load_put_in_pl
     # A resume: the weights loaded in place, AdamW's state as new tensors; the same step again.
     policy.load_state_dict(saved[0])
     optimizer.load_state_dict(copy.deepcopy(saved[1]))
-    step.bind(policy)  # as ppo_update does
+    step.prepare(policy)  # as ppo_update does
     step(batch)
     for name, p in policy.named_parameters():
         torch.testing.assert_close(p, first[name], atol=0.0, rtol=0.0, msg=name)
     with pytest.raises(ValueError, match="build one per policy"):
-        step.bind(_policy())
+        step.prepare(_policy())
     # The loaded param group is a new dict, which a schedule steps: the step reads its rate.
     later = copy.deepcopy(saved[1])
     later["param_groups"][0]["lr"] = 0.003
     optimizer.load_state_dict(later)
-    step.bind(policy)
+    step.prepare(policy)
     step(batch)
     assert step.lr == 0.003
     # A checkpoint saved with other AdamW constants than the graph holds: said so.
@@ -257,9 +259,9 @@ def test_compiled_step_reads_the_weights_and_moments_a_checkpoint_load_put_in_pl
     other["param_groups"][0]["betas"] = (0.8, 0.999)
     optimizer.load_state_dict(other)
     with pytest.raises(ValueError, match=r"AdamW constants are now \{'beta1': 0\.8"):
-        step.bind(policy)
+        step.prepare(policy)
     optimizer.load_state_dict(copy.deepcopy(saved[1]))
     # Weights swapped for new tensors leave the optimizer stepping the old ones: said so.
     policy.load_state_dict(copy.deepcopy(saved[0]), assign=True)
     with pytest.raises(ValueError, match=r"steps 12 parameter\(s\) that are not MLPPolicy's"):
-        step.bind(policy)
+        step.prepare(policy)

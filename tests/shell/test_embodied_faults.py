@@ -27,19 +27,19 @@ import pytest
 import torch
 from torch import Tensor
 
-from rlshell.cluster import Cluster
+from rlshell.cluster.errors import WorkerDiedError, WorkerError
+from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import EnvConfig
-from rlshell.config_loading import load_config
 from rlshell.envs.maniskill import maniskill_available, maniskill_unavailable_reason
 from rlshell.envs.stepper import EnvStepError, EnvStepper
 from rlshell.metrics import read_metrics
 from rlshell.models.base import ActionInfo, MissingInputError
 from rlshell.models.mlp_policy import MLPPolicy, MLPPolicySpec
 from rlshell.rollout.trajectory import TrajectoryBuffer
-from rlshell.runners import embodied
+from rlshell.runners import run as run_trainer
+from rlshell.runners.spec import resolve_spec
+from rlshell.runners.validation import load_config, plan_for
 from rlshell.train import run_dir_of
-from rlshell.validation import plan_for
-from rlshell.worker import WorkerDiedError, WorkerError
 from rlshell.workers.embodied_update import PPOSettings, collect_rollout, ppo_update
 from tests.shell import embodied_fault_ext
 from tests.shell.test_envs import TINY_ID, tiny_stepper
@@ -289,7 +289,8 @@ def run_embodied(ray_cluster: Cluster, monkeypatch: pytest.MonkeyPatch, tmp_path
         config = load_config(
             ROOT / FAULTY[0], [*FAULTY[1:], *overrides, f"runner.output_dir={tmp_path}"]
         )
-        embodied.run(config, ray_cluster, plan_for(config, ray_cluster.spec()), run_dir_of(config))
+        plan = plan_for(config, ray_cluster.spec())
+        run_trainer(resolve_spec(config), ray_cluster, plan, run_dir_of(config))
 
     return run
 

@@ -10,23 +10,21 @@ import pytest
 import torch
 from attrs import evolve
 
-from rlshell.cluster import Cluster
-from rlshell.config import Config
-from rlshell.config_loading import ConfigError, load_config
+from rlshell.cluster.errors import WorkerError
+from rlshell.cluster.ray_cluster import Cluster
+from rlshell.config import Config, ConfigError
 from rlshell.envs.stepper import EnvStepper
 from rlshell.metrics import read_metrics
 from rlshell.models.base import BasePolicy
 from rlshell.rollout.trajectory import Samples, TrajectoryBuffer
-from rlshell.validation import cluster_spec_for, plan_for
-from rlshell.worker import WorkerError
+from rlshell.runners.embodied_pipeline import Pipeline
+from rlshell.runners.validation import load_config
 from rlshell.workers.actor import build_rollout_model
 from rlshell.workers.embodied_pipeline import (
     EnvWindow,
     EnvWorker,
-    Pipeline,
+    PipelineRolloutWorker,
     RolloutWindow,
-    RolloutWorker,
-    check_pipeline_placement,
     stage_seed,
     window_buffer,
 )
@@ -115,11 +113,11 @@ def test_a_pipelined_window_on_ray_equals_collocated_rollouts_of_the_same_envs(
             param.mul_(1.5)
     state = {name: t.clone() for name, t in reference.state_dict().items()}
     envs = EnvWorker.create_group(config).launch(ray_cluster, plan_component("env", 2))
-    rollout = RolloutWorker.create_group(config, mode="eval").launch(
+    rollout = PipelineRolloutWorker.create_group(config, mode="eval").launch(
         ray_cluster, plan_component("rollout", 1)
     )
     try:
-        policy = rollout.init_worker().wait()[0]["policy"]
+        policy = rollout.init_worker().wait()[0]
         envs.init_worker(policy).wait()
         rollout.set_weights(state).wait()
         pipeline = Pipeline(envs, rollout, steps=STEPS, stages=2)
@@ -159,7 +157,9 @@ def test_a_failure_in_the_chain_is_reported_by_the_worker_that_failed(
         "env.env_id=Pendulum-v1",
     )
     envs = EnvWorker.create_group(config).launch(ray_cluster, plan_component("env", 1))
-    rollout = RolloutWorker.create_group(config).launch(ray_cluster, plan_component("rollout", 1))
+    rollout = PipelineRolloutWorker.create_group(config).launch(
+        ray_cluster, plan_component("rollout", 1)
+    )
     try:
         rollout.init_worker().wait()
         envs.init_worker().wait()
@@ -274,11 +274,8 @@ def test_pipeline_stages_are_refused_outside_embodied_ppo() -> None:
 def test_the_hybrid_runner_refuses_sizes_it_cannot_split(
     overrides: list[str], message: str
 ) -> None:
-    config = cartpole("rollout.pipeline_stage_num=2", *overrides)
-    spec = cluster_spec_for(config)
-    assert spec is not None
     with pytest.raises(ConfigError, match=message):
-        check_pipeline_placement(config, plan_for(config, spec))
+        cartpole("rollout.pipeline_stage_num=2", *overrides)
 
 
 # ---------------------------------------------------------------- a real run

@@ -36,7 +36,8 @@ from rlshell.checkpoint import (
     write_trainer_state,
 )
 from rlshell.config import Config, EnvConfig, ModelConfig
-from rlshell.config_loading import CONVERTER, load_config, read_config_source, write_config
+from rlshell.config import CONVERTER, read_config_source, write_config
+from rlshell.runners.validation import load_config
 from rlshell.export import (
     MODEL_CONFIG_FILE,
     POLICY_EXPORT_DIR,
@@ -49,7 +50,7 @@ from rlshell.export import (
     main,
 )
 from rlshell.extensions import ENV_VAR
-from rlshell.fsdp import FSDPModelManager
+from rlshell.engines.training.fsdp import FSDPModelManager
 from rlshell.models import get_model
 from rlshell.models.base import BasePolicy
 from tests.shell.conftest import single_rank_group
@@ -99,7 +100,7 @@ def save_like_the_runner(
 @pytest.fixture(scope="module")
 def reasoning_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, nn.Module]:
     # Imported here: the extension test's child processes import this module without Ray.
-    from rlshell.runners.reasoning import prepare_tokenizer, with_tokenizer_ids
+    from rlshell.tokenizer import prepare_tokenizer, with_tokenizer_ids
 
     run_dir = tmp_path_factory.mktemp("grpo")
     written = load_config(GRPO)
@@ -254,7 +255,7 @@ from pathlib import Path
 
 import torch
 
-from rlshell.config_loading import load_config
+from rlshell.runners.validation import load_config
 from rlshell.extensions import load_extensions
 from tests.shell.test_export import CARTPOLE, save_like_the_runner
 

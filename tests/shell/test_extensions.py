@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from rlshell.cluster import Cluster
+from rlshell.cluster.ray_cluster import Cluster
+from rlshell.cluster.worker import Worker
 from rlshell.config import ModelConfig
 from rlshell.extensions import ENV_VAR, ExtensionError, extension_modules, load_extensions
-from rlshell.worker import Worker
 
 from .conftest import PlanFactory
 

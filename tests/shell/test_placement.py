@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import rlshell.placement
-from rlshell.placement import (
+import rlshell.cluster.placement
+from rlshell.cluster.placement import (
     DEFAULT_NODE_GROUP,
     ClusterSpec,
     ComponentPlan,
@@ -291,7 +291,7 @@ def test_format_ranks_inverts_parse_ranks(ranks: list[int]) -> None:
 
 
 def test_docstring_examples_run() -> None:
-    results = doctest.testmod(rlshell.placement, optionflags=doctest.NORMALIZE_WHITESPACE)
+    results = doctest.testmod(rlshell.cluster.placement, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert results.attempted > 10
     assert results.failed == 0
 

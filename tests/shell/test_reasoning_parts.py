@@ -23,13 +23,14 @@ from rlshell.checkpoint import (
     staging_dir,
     write_trainer_state,
 )
-from rlshell.config import Config, OptimConfig, WrapPolicyConfig
-from rlshell.config_loading import ConfigError, load_config
-from rlshell.fsdp import FSDPModelManager, build_lr_lambda, wrap_units
+from rlshell.config import Config, ConfigError, OptimConfig, WrapPolicyConfig
+from rlshell.engines.rollout.hf import HFRolloutEngine
+from rlshell.engines.training.fsdp import FSDPModelManager, build_lr_lambda, wrap_units
 from rlshell.models import get_model
 from rlshell.rollout import RolloutBatch, SamplingParams
-from rlshell.rollout.hf import HFRolloutEngine
-from rlshell.runners.reasoning import _interleave_order, prepare_tokenizer, with_tokenizer_ids
+from rlshell.runners.reasoning import _interleave_order
+from rlshell.tokenizer import prepare_tokenizer, with_tokenizer_ids
+from rlshell.runners.validation import load_config
 from rlshell.workers.actor import compute_advantages, policy_forward
 
 GRPO = Path("configs/grpo.py")
@@ -329,7 +330,9 @@ def test_loading_a_checkpoint_that_is_not_there_names_the_file(
 
 def _fake_checkpoint(run_dir: Path, step: int) -> Path:
     staging = staging_dir(run_dir, step)
-    write_trainer_state(staging, TrainerState(step, 0, step, "test"))
+    write_trainer_state(
+        staging, TrainerState(step=step, experiment_name="test", sampler_position=step)
+    )
     return commit(staging, run_dir, step)
 
 

@@ -7,22 +7,17 @@ worker of its own, fed by actor rank 0 through the Ray object store).
 
 from __future__ import annotations
 
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 import torch
 
-from rlshell.cluster import Cluster
-from rlshell.config_loading import load_config
-from rlshell.data import arithmetic_task
-from rlshell.runners.reasoning import (
-    ReasoningTrainer,
-    arithmetic_task_of,
-    prepare_tokenizer,
-    rollout_shares_actor,
-    with_tokenizer_ids,
-)
-from rlshell.validation import plan_for
+from rlshell.cluster.ray_cluster import Cluster
+from rlshell.data import ArithmeticTask, arithmetic_task
+from rlshell.runners.reasoning import ReasoningTrainer
+from rlshell.runners.spec import resolve_spec
+from rlshell.runners.validation import load_config, plan_for
 
 COLLOCATED = '{"actor,rollout": "0:0-1", "reward": "0"}'
 DISAGGREGATED = '{"actor": "0:0-1", "rollout": "0:0", "reward": "0"}'
@@ -54,16 +49,15 @@ def test_rollout_weights_equal_the_actors_after_every_sync(
 ) -> None:
     overrides = [*TINY, f"rollout.weight_sync={mode}", f"cluster.component_placement={placement}"]
     config = load_config(Path("configs/grpo.py"), overrides)
-    tokenizer_dir = prepare_tokenizer(config, tmp_path)
-    config = with_tokenizer_ids(config, tokenizer_dir)
     plan = plan_for(config, ray_cluster.spec())
-    assert rollout_shares_actor(plan) == (placement == COLLOCATED)
-    prompts = arithmetic_task("train", arithmetic_task_of(config.data))[:4]
-    with ReasoningTrainer.launch(config, ray_cluster, plan, tokenizer_dir) as trainer:
+    spec = resolve_spec(config)
+    assert spec.rollout_in_actor == (placement == COLLOCATED)
+    prompts = arithmetic_task("train", ArithmeticTask.of(config.data))[:4]
+    with closing(ReasoningTrainer.launch(spec, ray_cluster, plan, tmp_path)) as trainer:
         first = trainer.sync_weights(full=True)
         before = _assert_synced(trainer)
         for step in (1, 2):
-            metrics = trainer.step(step, prompts)
+            metrics = trainer.train_on(step, prompts)
             after = _assert_synced(trainer)
             assert any(not torch.equal(before[k], after[k]) for k in after), "nothing changed"
             before = after
@@ -83,9 +77,7 @@ def test_shared_engine_samples_and_trains_as_a_synced_copy_does(
     actor's module: the same seeds sample the same tokens with the same
     behaviour log-probs, and the updates give the same weights, step by step.
     """
-    prompts = arithmetic_task(
-        "train", arithmetic_task_of(load_config(Path("configs/grpo.py")).data)
-    )
+    prompts = arithmetic_task("train", ArithmeticTask.of(load_config(Path("configs/grpo.py")).data))
     prompts = prompts[:4]
     runs: dict[str, list[dict[str, float]]] = {}
     weights: dict[str, dict[str, torch.Tensor]] = {}
@@ -96,12 +88,11 @@ def test_shared_engine_samples_and_trains_as_a_synced_copy_does(
             f"cluster.component_placement={COLLOCATED}",
         ]
         config = load_config(Path("configs/grpo.py"), overrides)
-        tokenizer_dir = prepare_tokenizer(config, tmp_path / mode)
-        config = with_tokenizer_ids(config, tokenizer_dir)
         plan = plan_for(config, ray_cluster.spec())
-        with ReasoningTrainer.launch(config, ray_cluster, plan, tokenizer_dir) as trainer:
+        spec = resolve_spec(config)
+        with closing(ReasoningTrainer.launch(spec, ray_cluster, plan, tmp_path / mode)) as trainer:
             trainer.sync_weights(full=True)
-            runs[mode] = [trainer.step(step, prompts) for step in (1, 2, 3)]
+            runs[mode] = [trainer.train_on(step, prompts) for step in (1, 2, 3)]
             weights[mode] = trainer._actor().full_weights().wait()[0]
             if mode == "shared":
                 # The engine reads the actor's own parameters: nothing to sync, nothing sent.

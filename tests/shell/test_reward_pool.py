@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from rlshell.cluster import Cluster
+from rlshell.cluster.placement import ComponentPlan
+from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import RewardConfig
-from rlshell.placement import ComponentPlan
 from rlshell.rewards import REWARDS, get_reward, register_reward
 from rlshell.rewards.pool import RewardPool, RewardPoolError, RewardResult
 from rlshell.rewards.rule_based import format_reward, has_final_answer, math_reward
-from rlshell.rewards.worker import RewardWorker
+from rlshell.workers.reward import RewardWorker
 
 PlanFactory = Callable[..., ComponentPlan]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rlshell.config_loading import load_config
-from rlshell.placement import Mode, read_plan
+from rlshell.cluster.placement import Mode, read_plan
+from rlshell.runners.validation import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_EXT = ROOT / "examples" / "extension"

@@ -13,9 +13,9 @@ from torch.distributed.fsdp import FSDPModule
 from transformers import TemperatureLogitsWarper
 
 from rlshell.config import ActorConfig, EnvConfig, FSDPConfig, ModelConfig, WrapPolicyConfig
+from rlshell.engines.training.fsdp import FSDPModelManager, wrap_units
 from rlshell.envs.stepper import EnvStepper
 from rlshell.envs.text import encode_texts
-from rlshell.fsdp import FSDPModelManager, wrap_units
 from rlshell.models import ForwardType, get_model
 from rlshell.models.base import MissingInputError
 from rlshell.models.tiny_vla import ActionTokenLogitsProcessor, TinyVLA

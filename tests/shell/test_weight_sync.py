@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from torch import Tensor
 
-from rlshell.weight_sync import (
+from rlshell.sync.codec import (
     ALIGNMENT,
     BYTES_PER_MB,
     MIN_BUCKET_BYTES,

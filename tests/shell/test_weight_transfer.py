@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from rlshell.weight_sync import FlatBuckets, WeightSyncError, bucket_bytes_for, iter_buckets
-from rlshell.weight_transfer import WeightReceiver, WeightSender
+from rlshell.sync.codec import FlatBuckets, WeightSyncError, bucket_bytes_for, iter_buckets
+from rlshell.sync.transfer import WeightReceiver, WeightSender
 
 MB = 0.0005  # 512 bytes (524 rounded down to a multiple of 16): several buckets below
 

@@ -19,17 +19,12 @@ from typing import Any
 import pytest
 from ray.util import placement_group_table
 
-from rlshell.cluster import Cluster
+from rlshell.cluster.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+from rlshell.cluster.group import GroupCall, WorkerGroup
+from rlshell.cluster.placement import ComponentPlan, WorkerPlacement
+from rlshell.cluster.ray_cluster import Cluster
+from rlshell.cluster.worker import Worker
 from rlshell.extensions import ExtensionError
-from rlshell.placement import ComponentPlan, WorkerPlacement
-from rlshell.worker import (
-    GroupCall,
-    Worker,
-    WorkerDiedError,
-    WorkerError,
-    WorkerGroup,
-    WorkerTimeoutError,
-)
 
 PlanFactory = Callable[..., ComponentPlan]
 

@@ -6,7 +6,7 @@ response text and the reference answer in, a score out. The built-ins are
 ``exact_match`` and ``format`` (the response states a final answer in a
 recognised format, right or wrong). Runners call them in worker processes
 under a timeout: `rlshell.rewards.pool.RewardPool`, which a
-`rlshell.rewards.worker.RewardWorker` owns.
+`rlshell.workers.reward.RewardWorker` owns.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Rollout: generating responses to prompts, and the batch record they travel in.
 
-An engine (`rlshell.rollout.hf.HFRolloutEngine` here; vLLM and SGLang
+An engine (`rlshell.engines.rollout.hf.HFRolloutEngine` here; vLLM and SGLang
 engines behind the same methods on GPU) turns prompts into a `RolloutBatch`:
 left-padded prompt tokens, right-padded response tokens, the response mask
 (every token through the first EOS), the behaviour log-probs of the sampled

@@ -13,67 +13,28 @@ every component. Results go to ``<run dir>/probe.json``.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from rlshell.cluster import Cluster
-from rlshell.config import Config
+from rlshell.cluster.group import WorkerGroup
+from rlshell.cluster.placement import ComponentPlan, PlacementPlan
+from rlshell.cluster.ray_cluster import Cluster
 from rlshell.extensions import extension_modules
-from rlshell.placement import ComponentPlan, PlacementPlan
-from rlshell.worker import Worker, WorkerGroup
+from rlshell.runners.spec import RunSpec
+from rlshell.workers.probe import ProbeWorker
 
-__all__ = ["PlacementMismatchError", "ProbeWorker", "run"]
-
-ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
+__all__ = ["PlacementMismatchError", "run"]
 
 
 class PlacementMismatchError(RuntimeError):
     """A worker does not see what the placement plan gave it."""
 
 
-class ProbeWorker(Worker):
-    """Reports what it sees, joins its component's process group, all-reduces."""
-
-    def report(self) -> dict[str, Any]:
-        import sys
-
-        return {
-            "rank": self.rank,
-            "host": socket.gethostname(),
-            "node_ip": self.node_ip,
-            "pid": os.getpid(),
-            "env": {key: os.environ.get(key) for key in (*ENV_KEYS, "CUDA_VISIBLE_DEVICES")},
-            "torch_threads": torch.get_num_threads(),
-            "extensions_loaded": [name for name in extension_modules() if name in sys.modules],
-        }
-
-    def join(self) -> None:
-        self.init_process_group("gloo")
-
-    def noop(self) -> None:
-        return None
-
-    def all_reduce(self, value: float) -> float:
-        import torch.distributed as dist
-
-        tensor = torch.tensor([value], dtype=torch.float64)
-        dist.all_reduce(tensor)
-        return float(tensor.item())
-
-    def leave(self) -> None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def run(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> None:
+def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> None:
+    """Launch, check and time every component of ``plan``; ``probe.json`` in ``run_dir``."""
+    config = spec.config
     groups: dict[str, WorkerGroup[ProbeWorker]] = {}
     try:
         for component in plan.components:

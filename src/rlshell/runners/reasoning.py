@@ -1,8 +1,9 @@
-"""The ``reasoning`` runner: GRPO (and PPO-style losses) on a language model.
+"""The ``reasoning`` trainer: GRPO (and PPO-style losses) on a language model.
 
-One step, as the loop below reads: prompts → rollout → reward → reference
-log-probs (when KL is on) → advantages and actor update (rlcore) → weight
-sync → metrics → checkpoint / eval, each timed under ``time/``.
+One step, as `ReasoningTrainer.step` reads: prompts → rollout → reward →
+reference log-probs (when KL is on) → advantages and actor update (rlcore) →
+weight sync → metrics, each timed under ``time/``. The run loop around it
+(`rlshell.runners.loop`) evaluates, logs and saves.
 
     python -m rlshell.train configs/grpo.py
 """
@@ -12,171 +13,37 @@ from __future__ import annotations
 import shutil
 import time
 import zlib
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import torch
 from attrs import evolve
 
-from rlshell.checkpoint import (
-    TrainerState,
-    clean_partials,
-    commit,
-    prune,
-    read_trainer_state,
-    resolve_resume,
-    staging_dir,
-    write_trainer_state,
-)
-from rlshell.cluster import Cluster
-from rlshell.config import Config, DataConfig
-from rlshell.config_loading import ConfigError
-from rlshell.data import ArithmeticTask, PromptExample, PromptSampler, SamplerState, load_dataset
-from rlshell.export import export_final_policy
-from rlshell.metrics import logger_for_run, plot_run, tokens_per_second
-from rlshell.placement import ComponentPlan, PlacementPlan
-from rlshell.rewards.worker import RewardWorker
+from rlshell.checkpoint import TrainerState
+from rlshell.cluster.group import WorkerGroup
+from rlshell.cluster.placement import PlacementPlan
+from rlshell.cluster.ray_cluster import Cluster
+from rlshell.config import Config, ConfigError
+from rlshell.data import PromptExample, PromptSampler, SamplerState, load_dataset
+from rlshell.metrics import tokens_per_second
 from rlshell.rollout import RolloutBatch, SamplingParams
-from rlshell.tokenizer import ensure_tokenizer, load_tokenizer
-from rlshell.worker import WorkerGroup
+from rlshell.runners.embodied_ppo import compile_unread, stages_unread
+from rlshell.runners.loop import timed
+from rlshell.runners.spec import ProcessLayout, RunSpec
+from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
 from rlshell.workers.actor import ActorWorker
+from rlshell.workers.reward import RewardWorker
 from rlshell.workers.rollout import ReferenceWorker, RolloutWorker
 
-__all__ = [
-    "ReasoningTrainer",
-    "arithmetic_task_of",
-    "prepare_tokenizer",
-    "rollout_shares_actor",
-    "run",
-    "with_tokenizer_ids",
-]
+__all__ = ["ReasoningTrainer"]
 
-
-def rollout_shares_actor(plan: PlacementPlan) -> bool:
-    """Whether the rollout runs inside the actor's processes (both in one placement key).
-
-    That is the collocated case: the same processes (or devices) under the
-    same placement, so weights are synced in memory. Otherwise the rollout is
-    its own worker group.
-    """
-    actor, rollout = plan.component("actor"), plan.component("rollout")
-    return _same_slots(actor, rollout)
-
-
-def _same_slots(a: ComponentPlan, b: ComponentPlan) -> bool:
-    def slots(plan: ComponentPlan) -> list[tuple[int, int, tuple[int, ...]]]:
-        return [(w.node_rank, w.local_rank, w.gpus) for w in plan.workers]
-
-    return a.placement == b.placement and slots(a) == slots(b)
-
-
-def run(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> None:
-    """Train until ``runner.max_steps``, resuming first when ``checkpoint.resume`` says so."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    clean_partials(run_dir)
-    resume_from = resolve_resume(config.checkpoint.resume, run_dir)
-    tokenizer_dir = prepare_tokenizer(config, run_dir)
-    config = with_tokenizer_ids(config, tokenizer_dir)
-    task = arithmetic_task_of(config.data)
-    train_set = load_dataset(config.data, "train", task)
-    val_set = load_dataset(config.data, "val", task) if config.runner.eval_interval else []
-    sampler = PromptSampler(train_set, config.runner.prompts_per_step, seed=config.runner.seed)
-    with ExitStack() as stack:
-        trainer = stack.enter_context(ReasoningTrainer.launch(config, cluster, plan, tokenizer_dir))
-        start_step = 0
-        if resume_from is not None:
-            state = read_trainer_state(resume_from)
-            start_step = trainer.load_checkpoint(resume_from)
-            sampler.load_state(SamplerState(state.sampler_epoch, state.sampler_position))
-            print(f"resumed from {resume_from} (step {start_step})", flush=True)
-        trainer.sync_weights(full=True)
-        logger = stack.enter_context(logger_for_run(config, run_dir, start_step))
-        if start_step == 0 and val_set:
-            logger.log(0, trainer.evaluate(val_set, step=0))
-        saved: dict[str, float] = {}
-        for step in range(start_step + 1, config.runner.max_steps + 1):
-            metrics = trainer.step(step, sampler.next())
-            if val_set and step % config.runner.eval_interval == 0:
-                metrics.update(trainer.evaluate(val_set, step=step))
-            # Logged before the checkpoint: a checkpoint of step N implies its metrics
-            # are on disk. The time a save took is reported with the step after it.
-            logger.log(step, {**metrics, **saved})
-            saved = {}
-            if _checkpoint_due(config, step):
-                with _timed(saved, "time/checkpoint"):
-                    trainer.save_checkpoint(run_dir, step, sampler.state())
-    plot_run(run_dir)
-    exported = export_final_policy(config, run_dir)
-    if exported is not None:
-        print(f"exported the final policy to {exported}", flush=True)
-
-
-def arithmetic_task_of(data: DataConfig) -> ArithmeticTask:
-    return ArithmeticTask(
-        num_terms=data.num_terms,
-        max_operand=data.max_operand,
-        num_val=data.num_val,
-        num_train=data.num_train,
-        seed=data.seed,
-    )
-
-
-def prepare_tokenizer(config: Config, run_dir: Path) -> Path:
-    """The tokenizer directory of a run: given, the model's own, or the project's, built here."""
-    model = config.actor.model
-    if model.tokenizer_path is not None:
-        path = Path(model.tokenizer_path)
-    elif model.path is not None:
-        path = Path(model.path)
-    else:
-        path = run_dir / "tokenizer"
-        ensure_tokenizer(path)
-        return path
-    load_tokenizer(path)  # a clear error now, not in every worker
-    return path
-
-
-def with_tokenizer_ids(config: Config, tokenizer_dir: Path) -> Config:
-    """For a model built from ``model_kwargs``: vocabulary size and special ids from the tokenizer.
-
-    An explicit ``vocab_size`` smaller than the tokenizer's vocabulary is an
-    error (tokens would index past the embedding).
-    """
-    model = config.actor.model
-    if model.path is not None:
-        return config
-    tokenizer = load_tokenizer(tokenizer_dir)
-    size = len(tokenizer)
-    kwargs = dict(model.model_kwargs)
-    given = kwargs.get("vocab_size")
-    if given is not None and int(given) < size:
-        raise ConfigError(
-            [
-                f"actor.model.model_kwargs.vocab_size: {given} is smaller than the tokenizer's "
-                f"{size} tokens ({tokenizer_dir}); remove it to use the tokenizer's size"
-            ]
-        )
-    kwargs.setdefault("vocab_size", size)
-    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
-        value = getattr(tokenizer, key)
-        if value is not None:
-            kwargs.setdefault(key, int(value))
-    actor = evolve(config.actor, model=evolve(model, model_kwargs=kwargs))
-    return evolve(config, actor=actor)
-
-
-def _checkpoint_due(config: Config, step: int) -> bool:
-    interval = config.checkpoint.interval
-    return bool(interval) and (step % interval == 0 or step == config.runner.max_steps)
-
-
-@contextmanager
-def _timed(metrics: dict[str, float], key: str) -> Iterator[None]:
-    start = time.perf_counter()
-    yield
-    metrics[key] = time.perf_counter() - start
+# What the reasoning trainer cannot feed a loss or estimator: values, teacher or proximal
+# log-probs.
+UNSUPPORTED = {
+    "algorithm.adv_type": {"gae": "a value model", "opd": "teacher log-probs"},
+    "algorithm.loss_type": {"decoupled_ppo": "proximal log-probs"},
+}
 
 
 def _seed(*parts: int) -> int:
@@ -185,40 +52,93 @@ def _seed(*parts: int) -> int:
 
 
 class ReasoningTrainer:
-    """The worker groups of a run and the one-step choreography between them.
+    """The worker groups of a reasoning run and the one-step choreography between them.
 
-    ``with ReasoningTrainer.launch(config, cluster, plan, tokenizer_dir) as t:``
-    starts every group the plan names; `step` runs one GRPO step and returns
-    its metrics; `evaluate`, `sync_weights`, `save_checkpoint` and
-    `load_checkpoint` do what they say. `run` is the loop around it.
+    ``ReasoningTrainer.launch(spec, cluster, plan, run_dir)`` builds the run's
+    tokenizer and prompt sampler and starts every group the plan names;
+    `step` runs one GRPO step on the next prompts and returns its metrics;
+    `evaluate` scores greedy answers on the held-out split; `save` and `load`
+    do what they say. The run loop (`rlshell.runners.loop`) drives it.
     """
 
-    def __init__(self, config: Config, tokenizer_dir: Path) -> None:
+    curves: ClassVar[tuple[str, ...]] = ("reward/mean", "eval/accuracy")
+    registered_names: ClassVar[tuple[str, ...]] = (
+        "actor.model.model_type",
+        "algorithm.adv_type",
+        "algorithm.loss_type",
+        "reward.reward_type",
+    )
+
+    def __init__(self, config: Config, tokenizer_dir: Path, rollout_in_actor: bool) -> None:
         self.config = config
         self.tokenizer_dir = tokenizer_dir
+        self.hybrid = rollout_in_actor
         self.actor: WorkerGroup[ActorWorker] | None = None
         self.rollout: WorkerGroup[Any] | None = None
         self.reward: WorkerGroup[RewardWorker] | None = None
         self.reference: WorkerGroup[ReferenceWorker] | None = None
-        self.hybrid = False
         self.pad_id = 0
+        self.train_set: list[PromptExample] = []
+        self.val_set: list[PromptExample] = []
+        self.sampler: PromptSampler | None = None
+        self._synced = False  # whether the rollout holds the actor's current weights
+
+    # -- what it runs
 
     @classmethod
-    @contextmanager
-    def launch(
-        cls, config: Config, cluster: Cluster, plan: PlacementPlan, tokenizer_dir: Path
-    ) -> Iterator[ReasoningTrainer]:
-        trainer = cls(config, tokenizer_dir)
+    def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
+        algorithm = config.algorithm
+        problems = []
+        for key in ("update_epochs", "num_minibatches"):
+            if getattr(algorithm, key) != 1:
+                problems.append(
+                    f"algorithm.{key}: the reasoning runner makes one optimizer step per batch; "
+                    f"{getattr(algorithm, key)} needs the embodied runner's PPO update"
+                )
+        if algorithm.value_clip is not None:
+            problems.append("algorithm.value_clip: the reasoning runner has no critic to clip")
+        for key, unsupported in UNSUPPORTED.items():
+            name = algorithm.adv_type if key.endswith("adv_type") else algorithm.loss_type
+            if name in unsupported:
+                problems.append(
+                    f"{key}: '{name}' needs {unsupported[name]}, which the reasoning runner "
+                    "does not compute"
+                )
+        if config.rollout.weight_sync == "shared":
+            problems += _shared_weight_problems(config)
+        return problems
+
+    @classmethod
+    def unread(cls, config: Config) -> dict[str, str]:
+        return {
+            **compile_unread("the reasoning runner does not read it"),
+            **stages_unread(config, "the reasoning runner"),
+        }
+
+    # -- launching
+
+    @classmethod
+    def launch(cls, spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> Self:
+        config = spec.config
+        tokenizer_dir = prepare_tokenizer(config, run_dir)
+        trainer = cls(
+            with_tokenizer_ids(config, tokenizer_dir), tokenizer_dir, spec.rollout_in_actor
+        )
         try:
             trainer._launch(cluster, plan)
-            yield trainer
-        finally:
-            trainer.shutdown()
+        except BaseException:
+            trainer.close()
+            raise
+        return trainer
 
     def _launch(self, cluster: Cluster, plan: PlacementPlan) -> None:
         config = self.config
+        self.train_set = load_dataset(config.data, "train")
+        self.val_set = load_dataset(config.data, "val") if config.runner.eval_interval else []
+        self.sampler = PromptSampler(
+            self.train_set, config.runner.prompts_per_step, seed=config.runner.seed
+        )
         timeout = config.cluster.call_timeout_s
-        self.hybrid = rollout_shares_actor(plan)
         started = time.perf_counter()
         self.actor = ActorWorker.create_group(config, config.runner.max_steps, self.hybrid).launch(
             cluster, plan.component("actor"), call_timeout_s=timeout
@@ -256,9 +176,15 @@ class ReasoningTrainer:
 
     # -- the step
 
-    def step(self, step: int, prompts: Sequence[PromptExample]) -> dict[str, float]:
+    def step(self, step: int) -> dict[str, float]:
+        """One GRPO step on the sampler's next prompts."""
+        return self.train_on(step, self._sampler().next())
+
+    def train_on(self, step: int, prompts: Sequence[PromptExample]) -> dict[str, float]:
+        """One GRPO step on ``prompts``: rollout, reward, (reference), update, sync."""
         config = self.config
         metrics: dict[str, float] = {}
+        self._ensure_synced()
         started = time.perf_counter()
         params = SamplingParams(
             n=config.algorithm.group_size,
@@ -267,19 +193,19 @@ class ReasoningTrainer:
             top_k=config.rollout.top_k,
             max_new_tokens=config.rollout.max_new_tokens,
         )
-        with _timed(metrics, "time/rollout"):
+        with timed(metrics, "time/rollout"):
             batch = self.generate([p.prompt for p in prompts], params, step)
         answers = [p.answer for p in prompts for _ in range(params.n)]
-        with _timed(metrics, "time/reward"):
+        with timed(metrics, "time/reward"):
             scored = self._reward().score(list(batch.response_texts), answers).wait()[0]
         scores = torch.tensor(scored.scores, dtype=torch.float32)
         ref_logprobs = None
         if self.reference is not None:
-            with _timed(metrics, "time/reference"):
+            with timed(metrics, "time/reference"):
                 ref_logprobs = self._reference_logprobs(batch)
-        with _timed(metrics, "time/update"):
+        with timed(metrics, "time/update"):
             train = self._actor().run_training(batch, scores, ref_logprobs).wait()[0]
-        with _timed(metrics, "time/sync"):
+        with timed(metrics, "time/sync"):
             sync = self.sync_weights(full=False)
         step_time = time.perf_counter() - started
         metrics.update(train)
@@ -310,8 +236,12 @@ class ReasoningTrainer:
         order = _interleave_order([len(shares[rank]) for rank in busy], params.n)
         return merged.select(order, group_size=params.n)
 
-    def evaluate(self, examples: Sequence[PromptExample], step: int) -> dict[str, float]:
+    def evaluate(self, step: int) -> dict[str, float]:
         """Greedy decoding on the held-out split: ``eval/accuracy`` is the mean reward."""
+        return self.evaluate_on(self.val_set, step)
+
+    def evaluate_on(self, examples: Sequence[PromptExample], step: int) -> dict[str, float]:
+        self._ensure_synced()
         started = time.perf_counter()
         params = SamplingParams(n=1, max_new_tokens=self.config.rollout.max_new_tokens, greedy=True)
         batch = self.generate([e.prompt for e in examples], params, step)
@@ -323,7 +253,15 @@ class ReasoningTrainer:
             "time/eval": time.perf_counter() - started,
         }
 
+    def _ensure_synced(self) -> None:
+        """A full sync after launch or load, before the rollout generates."""
+        if not self._synced:
+            self.sync_weights(full=True)
+
     def sync_weights(self, full: bool) -> dict[str, float]:
+        """The actor's weights to the rollout (``full``: every tensor, even in ``patch``
+        mode); the ``rollout/sync_*`` metrics."""
+        self._synced = self._synced or full
         if self.hybrid and self.config.rollout.weight_sync == "shared":
             return {"rollout/sync_bytes": 0.0}  # the engine generates with the actor's module
         actor = self._actor()
@@ -352,26 +290,22 @@ class ReasoningTrainer:
 
     # -- checkpoints
 
-    def save_checkpoint(self, run_dir: Path, step: int, sampler: SamplerState) -> Path:
-        staging = staging_dir(run_dir, step)
-        self._actor().save_checkpoint(str(staging), step).wait()
-        shutil.copytree(self.tokenizer_dir, staging / "tokenizer")
-        write_trainer_state(
-            staging,
-            TrainerState(
-                step=step,
-                sampler_epoch=sampler.epoch,
-                sampler_position=sampler.position,
-                experiment_name=self.config.runner.experiment_name,
-            ),
+    def save(self, directory: Path, step: int) -> TrainerState:
+        self._actor().save_checkpoint(str(directory), step).wait()
+        shutil.copytree(self.tokenizer_dir, directory / "tokenizer")
+        sampler = self._sampler().state()
+        return TrainerState(
+            step=step,
+            sampler_epoch=sampler.epoch,
+            sampler_position=sampler.position,
+            experiment_name=self.config.runner.experiment_name,
         )
-        final = commit(staging, run_dir, step)
-        prune(run_dir, self.config.checkpoint.keep_last)
-        return final
 
-    def load_checkpoint(self, path: Path) -> int:
-        steps = self._actor().load_checkpoint(str(path)).wait()
-        return int(steps[0])
+    def load(self, checkpoint: Path, state: TrainerState) -> int:
+        step = int(self._actor().load_checkpoint(str(checkpoint)).wait()[0])
+        self._sampler().load_state(SamplerState(state.sampler_epoch, state.sampler_position))
+        self._synced = False
+        return step
 
     # -- plumbing
 
@@ -390,7 +324,12 @@ class ReasoningTrainer:
             raise RuntimeError("the reward group is not running")
         return self.reward.execute_on(0)
 
-    def shutdown(self) -> None:
+    def _sampler(self) -> PromptSampler:
+        if self.sampler is None:
+            raise RuntimeError("the trainer was not launched")
+        return self.sampler
+
+    def close(self) -> None:
         groups = [self.reference, self.reward, self.actor]
         if self.rollout is not None and self.rollout is not self.actor:
             groups.append(self.rollout)
@@ -423,3 +362,31 @@ def _rollout_metrics(batch: RolloutBatch, scores: torch.Tensor, n: int) -> dict[
         "rollout/groups_solved": float(solved),
         "rollout/groups_uniform": float(uniform),
     }
+
+
+def _shared_weight_problems(config: Config) -> list[str]:
+    """``weight_sync='shared'``: the hf engine must live in the actor's processes, in its dtype."""
+    rollout, actor_dtype = config.rollout, config.actor.fsdp_config.mixed_precision
+    engine_dtype = rollout.precision or config.actor.model.precision
+    problems = []
+    if rollout.backend != "hf":
+        problems.append(
+            f"rollout.weight_sync: 'shared' generates with the actor's own module, which only "
+            f"the hf backend can do; the {rollout.backend} engine needs 'bucket' or 'patch'"
+        )
+    layout = ProcessLayout.of(config.cluster.component_placement)
+    key = layout.key_of("rollout")
+    if key is not None and not layout.shared("actor", "rollout"):
+        problems.append(
+            f"rollout.weight_sync: 'shared' needs the rollout in the actor's processes "
+            f"(one placement key such as 'actor,rollout'), but the rollout is placed by "
+            f"'{key}'; use 'bucket' or 'patch' for a rollout of its own"
+        )
+    if engine_dtype != actor_dtype:
+        problems.append(
+            f"rollout.precision: 'shared' generates with the actor's gathered parameters, "
+            f"which are {actor_dtype} (actor.fsdp_config.mixed_precision), not {engine_dtype} "
+            "(rollout.precision, else actor.model.precision); make them agree or use "
+            "'bucket'/'patch' to cast on sync"
+        )
+    return problems

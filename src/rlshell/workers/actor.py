@@ -37,13 +37,19 @@ from rlcore.masked import aggregate, aggregation_normalizer, masked_mean
 from rlcore.registry import ADVANTAGES, POLICY_LOSSES
 from rlcore.rollout import balanced_micro_batches, place_on_last_token, position_ids
 from rlcore.types import Advantages
+from rlshell.cluster.worker import Worker
 from rlshell.config import Config, Precision
-from rlshell.fsdp import FSDPModelManager, full_named_tensors, gathered_named_tensors
+from rlshell.engines.rollout import RolloutEngine, make_rollout_engine
+from rlshell.engines.rollout.hf import HFRolloutEngine
+from rlshell.engines.training import TrainingBackend, make_training_backend
+from rlshell.engines.training.fsdp import (
+    full_named_tensors,
+    gathered_named_tensors,
+)
 from rlshell.models import get_model, torch_dtype
 from rlshell.rollout import RolloutBatch, SamplingParams
-from rlshell.weight_sync import FlatBuckets
-from rlshell.weight_transfer import WeightSender
-from rlshell.worker import Worker
+from rlshell.sync.codec import FlatBuckets
+from rlshell.sync.transfer import WeightSender
 
 __all__ = [
     "ActorWorker",
@@ -186,8 +192,10 @@ class ActorWorker(Worker):
         self.total_steps = total_steps
         self.hybrid = hybrid
         self.global_step = 0
-        self.manager: FSDPModelManager | None = None
-        self.engine: Any = None
+        self.manager: TrainingBackend | None = None
+        self.engine: RolloutEngine | None = None
+        # weight_sync='shared': the hf engine, lent this rank's gathered weights to generate.
+        self.borrowing_engine: HFRolloutEngine | None = None
         self.sender: WeightSender | None = None
         self.flat: FlatBuckets | None = None
         self.rollout_handles: Sequence[Any] = ()
@@ -198,7 +206,7 @@ class ActorWorker(Worker):
         """Join the group's process group, build and shard the model (and the engine)."""
         device = worker_device()
         self.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        self.manager = FSDPModelManager(
+        self.manager = make_training_backend(
             self.config.actor, total_steps=self.total_steps, device=device
         )
         self.manager.setup_model_and_optimizer()
@@ -209,16 +217,19 @@ class ActorWorker(Worker):
             dtype=torch_dtype(rollout_precision(self.config)),
         )
         if self.hybrid:
-            from rlshell.rollout.hf import HFRolloutEngine
             from rlshell.tokenizer import load_tokenizer
 
             model = build_rollout_model(self.config)
-            self.engine = HFRolloutEngine(model, load_tokenizer(tokenizer_path), device)
+            tokenizer = load_tokenizer(tokenizer_path)
             if self.shared:
-                self.engine.release_weights()  # it borrows this rank's own, gathered, to generate
-            elif rollout.weight_sync == "bucket":
-                # The engine's weights become the bucket layout: syncs pack straight into them.
-                self.flat = FlatBuckets(self.engine.weight_targets(), self.sender.bucket_bytes)
+                engine = HFRolloutEngine(model, tokenizer, device)
+                engine.release_weights()  # it borrows this rank's own, gathered, to generate
+                self.engine = self.borrowing_engine = engine
+            else:
+                self.engine = make_rollout_engine(rollout, model, tokenizer, device)
+                if rollout.weight_sync == "bucket":
+                    # The engine's weights become the bucket layout: syncs pack straight into them.
+                    self.flat = FlatBuckets(self.engine.weight_targets(), self.sender.bucket_bytes)
 
     @property
     def shared(self) -> bool:
@@ -246,16 +257,14 @@ class ActorWorker(Worker):
             raise RuntimeError(
                 "this actor has no rollout engine: the rollout runs in its own worker group"
             )
-        if self.shared:
+        if self.borrowing_engine is not None:
             assert self.manager is not None
             with (
                 self.manager.unsharded() as model,
-                self.engine.borrowing(dict(model.named_parameters())),
+                self.borrowing_engine.borrowing(dict(model.named_parameters())),
             ):
-                shared_batch: RolloutBatch = self.engine.generate(prompts, params, seed=seed)
-            return shared_batch
-        batch: RolloutBatch = self.engine.generate(prompts, params, seed=seed)
-        return batch
+                return self.borrowing_engine.generate(prompts, params, seed=seed)
+        return self.engine.generate(prompts, params, seed=seed)
 
     # -- weights
 
@@ -272,7 +281,7 @@ class ActorWorker(Worker):
         assert self.manager is not None
         with self.manager.unsharded() as model:  # one all-gather per FSDP unit
             gathered = gathered_named_tensors(model)
-            if self.hybrid:
+            if self.engine is not None:  # the engine in this process (collocated)
                 targets = self.engine.weight_targets()
                 if gathered.keys() != targets.keys():
                     raise RuntimeError(

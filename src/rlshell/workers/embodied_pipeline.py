@@ -1,14 +1,15 @@
-"""Embodied PPO in the hybrid placement: env and rollout workers of their own, pipelined.
+"""Embodied PPO's workers in the hybrid placement: env and rollout workers of their own.
 
 With env, rollout and actor under three keys, e.g.
 ``{"actor": "0:0-1", "rollout": "0:0", "env": "0:0"}``, the embodied runner
-starts three groups: `EnvWorker`s step the envs, `RolloutWorker`s hold a copy
+starts three groups: `EnvWorker`s step the envs, `PipelineRolloutWorker`s hold a copy
 of the policy and choose the actions, and the `PipelineActor` ranks (FSDP2, as
-in the collocated placement) train on what they collected. Each env worker
+in the collocated placement) train on what they collected; the driver that
+chains their calls is `rlshell.runners.embodied_pipeline`. Each env worker
 splits its ``env.num_envs / env workers`` envs into
 ``rollout.pipeline_stage_num`` stages, one vector env each, and the driver
 submits a window's whole chain of calls at once, each call's result handed to
-the next as a Ray ObjectRef (`rlshell.worker.GroupCall.refs`), never waited for:
+the next as a Ray ObjectRef (`rlshell.cluster.worker.GroupCall.refs`), never waited for:
 
     for t in range(runner.rollout_steps):
         for s in range(stages):
@@ -46,52 +47,33 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from contextlib import ExitStack
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from attrs import evolve, frozen
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from rlshell.checkpoint import clean_partials, read_trainer_state, resolve_resume
-from rlshell.cluster import Cluster
+from rlshell.cluster.worker import Worker
 from rlshell.config import Config
-from rlshell.config_loading import ConfigError
 from rlshell.envs.stepper import EnvObs, EnvStepper
-from rlshell.metrics import logger_for_run, plot_run
+from rlshell.metrics import merge_rank_metrics
 from rlshell.models.base import BasePolicy
-from rlshell.placement import PlacementPlan
 from rlshell.rollout.trajectory import RewardScaler, TrajectoryBuffer
-from rlshell.runners.embodied import (
-    PPOActor,
-    actor_share_problems,
-    launched_group,
-    merge_metrics,
-    save_run_checkpoint,
-)
-from rlshell.worker import GroupCall, Worker, WorkerDiedError, WorkerError, WorkerGroup
 from rlshell.workers.actor import build_rollout_model, worker_device
+from rlshell.workers.embodied_actor import EnvShare, PPOActor
 from rlshell.workers.embodied_update import policy_name, policy_values
 
 __all__ = [
     "EnvWindow",
     "EnvWorker",
-    "Pipeline",
     "PipelineActor",
+    "PipelineRolloutWorker",
     "RolloutWindow",
-    "RolloutWorker",
     "StageObs",
-    "SubmittedWindow",
-    "check_pipeline_placement",
-    "is_hybrid",
-    "run_pipelined",
     "stage_seed",
     "window_buffer",
 ]
-
-_TRIO = ("actor", "rollout", "env")
 
 
 # ---------------------------------------------------------------- records
@@ -172,7 +154,7 @@ class EnvWorker(Worker):
         self._columns: dict[str, list[list[Tensor]]] = {}
         self._busy = 0.0
 
-    def init_worker(self, policy: str | None = None) -> dict[str, Any]:
+    def init_worker(self, policy: str | None = None) -> EnvShare:
         """Make and reset each stage's envs; ``policy`` names what acts, for action errors."""
         config = self.config
         stages = config.rollout.pipeline_stage_num
@@ -184,7 +166,7 @@ class EnvWorker(Worker):
             self.steppers.append(stepper)
             self.obs.append(stepper.reset(seed))
         self._clear()
-        return {"envs": per_stage * stages, "env_id": self.steppers[0].env_id}
+        return EnvShare(envs=per_stage * stages, env_id=self.steppers[0].env_id)
 
     def observe(self, stage: int) -> StageObs:
         """The observation ``stage``'s envs are at, with no truncation to report."""
@@ -221,7 +203,7 @@ class EnvWorker(Worker):
             rewards=_side_by_side(columns["rewards"]),
             terminated=_side_by_side(columns["terminated"]),
             truncated=_side_by_side(columns["truncated"]),
-            metrics=merge_metrics(per_stage),
+            metrics=merge_rank_metrics(per_stage),
         )
         window.metrics["env/steps"] = float(window.rewards.numel())
         window.metrics["time/env_busy"] = self._busy
@@ -254,7 +236,7 @@ class _StageRecord:
         self.truncated: list[Tensor] = []
 
 
-class RolloutWorker(Worker):
+class PipelineRolloutWorker(Worker):
     """A copy of the policy acting for env workers e ≡ rank (mod rollout workers).
 
     ``mode`` is ``predict_action_batch``'s: ``"train"`` samples, ``"eval"`` acts
@@ -269,8 +251,9 @@ class RolloutWorker(Worker):
         self._records: dict[tuple[int, int], _StageRecord] = {}
         self._busy = 0.0
 
-    def init_worker(self) -> dict[str, Any]:
-        """Build the policy copy (the actor's initial weights until `set_weights`)."""
+    def init_worker(self) -> str:
+        """Build the policy copy (the actor's initial weights until `set_weights`); what acts,
+        for the env workers' errors."""
         config = self.config
         self.device = worker_device()
         policy = build_rollout_model(config)
@@ -282,7 +265,7 @@ class RolloutWorker(Worker):
         self.policy = policy.to(self.device).eval().requires_grad_(False)
         # The policy samples from torch's global generator: one stream per rollout worker.
         torch.manual_seed(config.runner.seed + 7919 * (self.rank + 1))
-        return {"policy": f"{policy_name(policy)}.predict_action_batch"}
+        return f"{policy_name(policy)}.predict_action_batch"
 
     def set_weights(self, state: dict[str, Tensor]) -> None:
         """Load the actor's policy (a full state dict)."""
@@ -386,15 +369,16 @@ def _persistent_buffers(model: nn.Module) -> dict[str, Tensor]:
 class PipelineActor(PPOActor):
     """An FSDP2 rank of the actor that trains on windows env and rollout workers collected."""
 
-    def init_worker(self) -> dict[str, Any]:
-        """Join the process group and build the sharded policy and its optimizer."""
+    def init_worker(self) -> int:
+        """Join the process group and build the sharded policy and its optimizer; the number
+        of envs whose samples this rank trains on."""
         config = self.config
         self._setup_actor()
         share = config.env.num_envs // self.world_size
         if config.algorithm.norm_reward:
             self.reward_scaler = RewardScaler(share, config.algorithm.gamma)
         self.generator.manual_seed(config.runner.seed + 1000 * self.rank)
-        return {"envs": share}
+        return share
 
     def train_on(self, *windows: RolloutWindow | EnvWindow) -> dict[str, float]:
         """GAE and PPO's update on this rank's share of the window; its ``train/`` metrics.
@@ -489,213 +473,3 @@ def window_buffer(
             next_values[t],
         )
     return buffer
-
-
-# ---------------------------------------------------------------- the driver
-
-
-def is_hybrid(config: Config) -> bool:
-    """Whether env, rollout and actor are placed under three keys of their own."""
-    keys = {
-        name.strip(): key for key in config.cluster.component_placement for name in key.split(",")
-    }
-    return len({keys.get(name) for name in _TRIO}) == 3 and all(name in keys for name in _TRIO)
-
-
-def check_pipeline_placement(config: Config, plan: PlacementPlan) -> None:
-    """The hybrid placement's sizes: envs split evenly over env workers, stages and actor
-    ranks, no more rollout workers than env workers, and GAE (ConfigError)."""
-    env_workers = len(plan.component("env").workers)
-    rollout_workers = len(plan.component("rollout").workers)
-    stages = config.rollout.pipeline_stage_num
-    num_envs = config.env.num_envs
-    problems = []
-    if rollout_workers > env_workers:
-        problems.append(
-            f"cluster.component_placement: {rollout_workers} rollout workers for "
-            f"{env_workers} env workers; rollout worker r acts for env workers r, "
-            f"r + {rollout_workers}, ..., so some would idle: place at most {env_workers}"
-        )
-    if num_envs % env_workers:
-        problems.append(
-            f"env.num_envs: {num_envs} envs do not split evenly over the {env_workers} env workers"
-        )
-    elif (num_envs // env_workers) % stages:
-        problems.append(
-            f"rollout.pipeline_stage_num: an env worker's {num_envs // env_workers} envs do not "
-            f"split evenly into {stages} stages"
-        )
-    if config.algorithm.adv_type != "gae":
-        problems.append(
-            f"algorithm.adv_type: the hybrid placement trains PPO with GAE; "
-            f"'{config.algorithm.adv_type}' (group-normalised episode returns) runs with env, "
-            'rollout and actor under one key, e.g. {"actor,rollout,env": "0:0"}'
-        )
-    problems += actor_share_problems(config, len(plan.component("actor").workers))
-    if problems:
-        raise ConfigError(problems)
-
-
-@frozen(eq=False)
-class SubmittedWindow:
-    """The calls of one window, in submission order, and the ones the driver reads."""
-
-    calls: list[GroupCall]
-    rollout_windows: list[GroupCall]
-    env_windows: GroupCall
-    rollout_metrics: GroupCall
-
-    def wait(self, call: GroupCall) -> list[Any]:
-        """``call.wait()``; a failure is reported as the first call of the chain that failed
-        (a call whose input failed fails with that error, naming the wrong worker)."""
-        try:
-            return call.wait()
-        except WorkerError as error:
-            raise _first_failure(self.calls, error) from None
-
-
-def _first_failure(calls: Sequence[GroupCall], error: WorkerError) -> WorkerError:
-    for call in calls:
-        if not call.done():
-            continue
-        try:
-            call.wait(timeout=0)
-        except WorkerError as failure:
-            error = failure
-            break
-    if isinstance(error, WorkerDiedError) and error.component == "env":
-        error._add_note_to_message(
-            "\nIt was stepping envs (an env that crashes its process ends this way); "
-            "checkpoint.resume=auto continues from the last checkpoint."
-        )
-    return error
-
-
-class Pipeline:
-    """Submits windows of env ↔ rollout calls; each stage's observation travels as an ObjectRef.
-
-    The observation refs carry over from one window to the next, as the envs do.
-    """
-
-    def __init__(
-        self,
-        envs: WorkerGroup[EnvWorker],
-        rollout: WorkerGroup[RolloutWorker],
-        steps: int,
-        stages: int,
-    ) -> None:
-        self.envs = envs
-        self.rollout = rollout
-        self.steps = steps
-        self.stages = stages
-        self._calls: list[GroupCall] = []
-        self.obs: list[list[Any]] = []
-        for env_rank in range(envs.world_size):
-            observed = [envs.execute_on(env_rank).observe(stage) for stage in range(stages)]
-            self._calls += observed
-            self.obs.append([call.refs[0] for call in observed])
-
-    def _rollout_of(self, env_rank: int) -> int:
-        return env_rank % self.rollout.world_size
-
-    def submit(self) -> SubmittedWindow:
-        """Submit one window's calls without waiting for any."""
-        calls, self._calls = self._calls, []
-        env_ranks = range(self.envs.world_size)
-        for _ in range(self.steps):
-            for stage in range(self.stages):
-                for env_rank in env_ranks:
-                    rollout = self.rollout.execute_on(self._rollout_of(env_rank))
-                    actions = rollout.predict(env_rank, stage, self.obs[env_rank][stage])
-                    stepped = self.envs.execute_on(env_rank).step(stage, actions.refs[0])
-                    self.obs[env_rank][stage] = stepped.refs[0]
-                    calls += [actions, stepped]
-        rollout_windows = [
-            self.rollout.execute_on(self._rollout_of(env_rank)).finish(
-                env_rank, *self.obs[env_rank]
-            )
-            for env_rank in env_ranks
-        ]
-        env_windows = self.envs.finish()
-        rollout_metrics = self.rollout.pop_metrics()
-        calls += [*rollout_windows, env_windows, rollout_metrics]
-        return SubmittedWindow(calls, rollout_windows, env_windows, rollout_metrics)
-
-
-def _sync_weights(
-    actor: WorkerGroup[PipelineActor], rollout: WorkerGroup[RolloutWorker]
-) -> list[GroupCall]:
-    """Rank 0's full state dict straight to every rollout worker (Ray stores it once)."""
-    state = actor.policy_state()
-    return [state, rollout.set_weights(state.refs[0])]
-
-
-def run_pipelined(config: Config, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> None:
-    """PPO with env, rollout and actor apart: ``runner.max_steps`` pipelined windows and updates."""
-    check_pipeline_placement(config, plan)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    clean_partials(run_dir)
-    resume_from = resolve_resume(config.checkpoint.resume, run_dir)
-    timeout = config.cluster.call_timeout_s
-    stages = config.rollout.pipeline_stage_num
-    with ExitStack() as stack:
-        started = time.perf_counter()
-        envs: WorkerGroup[EnvWorker] = stack.enter_context(
-            launched_group(EnvWorker.create_group(config), cluster, plan.component("env"), timeout)
-        )
-        rollout: WorkerGroup[RolloutWorker] = stack.enter_context(
-            launched_group(
-                RolloutWorker.create_group(config), cluster, plan.component("rollout"), timeout
-            )
-        )
-        actor: WorkerGroup[PipelineActor] = stack.enter_context(
-            launched_group(
-                PipelineActor.create_group(config), cluster, plan.component("actor"), timeout
-            )
-        )
-        actor_up = actor.init_worker()
-        policy = rollout.init_worker().wait()[0]["policy"]
-        env_info = envs.init_worker(policy).wait()
-        actor_up.wait()
-        print(
-            f"workers up in {time.perf_counter() - started:.1f} s ({len(env_info)} env workers × "
-            f"{env_info[0]['envs']} {env_info[0]['env_id']} envs in {stages} stages, "
-            f"{rollout.world_size} rollout workers, {actor.world_size} actor ranks; pipelined)",
-            flush=True,
-        )
-        start_step = 0
-        if resume_from is not None:
-            read_trainer_state(resume_from)
-            start_step = int(actor.load_checkpoint(str(resume_from)).wait()[0])
-            print(f"resumed from {resume_from} (step {start_step})", flush=True)
-        for call in _sync_weights(actor, rollout):
-            call.wait()
-        logger = stack.enter_context(logger_for_run(config, run_dir, start_step))
-        env_steps = start_step * config.env.num_envs * config.runner.rollout_steps
-        pipeline = Pipeline(envs, rollout, config.runner.rollout_steps, stages)
-        for step in range(start_step + 1, config.runner.max_steps + 1):
-            step_started = time.perf_counter()
-            window = pipeline.submit()
-            parts = [call.refs[0] for call in window.rollout_windows]
-            train = actor.train_on(*parts, *window.env_windows.refs)
-            synced = _sync_weights(actor, rollout)
-            window.calls.extend([train, *synced])
-            collected = window.wait(window.env_windows)
-            busy = window.wait(window.rollout_metrics)
-            rollout_done = time.perf_counter()
-            train_metrics = window.wait(train)
-            for call in synced:
-                window.wait(call)
-            metrics = merge_metrics([w.metrics for w in collected] + busy)
-            metrics.update(merge_metrics(train_metrics))
-            metrics["time/rollout"] = rollout_done - step_started
-            metrics["time/update"] = time.perf_counter() - rollout_done
-            metrics["time/step"] = time.perf_counter() - step_started
-            env_steps += int(metrics["env/steps"])
-            metrics["env/total_steps"] = float(env_steps)
-            metrics["perf/env_steps_per_s"] = metrics["env/steps"] / metrics["time/step"]
-            logger.log(step, metrics)
-            interval = config.checkpoint.interval
-            if interval and (step % interval == 0 or step == config.runner.max_steps):
-                save_run_checkpoint(config, actor, run_dir, step)
-    plot_run(run_dir, ("env/episode_return", "env/success"))

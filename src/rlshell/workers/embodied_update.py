@@ -24,7 +24,7 @@ import functools
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from attrs import field, frozen
@@ -33,6 +33,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from rlcore.losses import entropy_loss, ppo_policy_loss, value_loss
 from rlcore.masked import masked_whiten
+from rlshell.config import Config
 from rlshell.envs.stepper import EnvObs, EnvStepper
 from rlshell.models.base import ActionInfo, BasePolicy, ForwardType, MissingInputError
 from rlshell.models.compiled import inductor_compile
@@ -40,17 +41,24 @@ from rlshell.rollout.trajectory import RewardScaler, Samples, TrajectoryBuffer
 
 __all__ = [
     "CompiledPPOStep",
+    "EagerPPOStep",
     "OptimizerStep",
+    "PPOLoss",
     "PPOSettings",
     "Predict",
+    "UpdateStep",
     "collect_rollout",
     "policy_name",
     "policy_values",
+    "ppo_loss",
     "ppo_update",
+    "torch_optimizer_step",
 ]
 
-OptimizerStep = Callable[[], float]
-"""Clip, step and clear the gradients; return their norm before clipping."""
+OptimizerStep = Callable[[], tuple[float, float]]
+"""Clip, step and clear the gradients; return (their norm before clipping, the learning rate
+of the step). The actor wraps its training backend's ``optimizer_step``; `torch_optimizer_step`
+makes one for a torch optimizer."""
 
 Predict = Callable[[EnvObs], tuple[Tensor, ActionInfo]]
 """The rollout's call per env step: the policy's ``predict_action_batch`` in ``"train"``
@@ -76,6 +84,27 @@ class PPOSettings:
     ent_coef: float = 0.0
     max_grad_norm: float | None = 0.5
     norm_adv: bool = True
+
+    @classmethod
+    def of(cls, config: Config, critic: bool) -> PPOSettings:
+        """From ``algorithm.*`` and ``actor.optim.clip_grad``; without a ``critic`` (embodied
+        GRPO) the value loss weighs nothing."""
+        algorithm = config.algorithm
+        return cls(
+            update_epochs=algorithm.update_epochs,
+            num_minibatches=algorithm.num_minibatches,
+            clip_coef=algorithm.clip_low if algorithm.clip_low is not None else 0.2,
+            clip_vloss=algorithm.value_clip,
+            vf_coef=algorithm.vf_coef if critic else 0.0,
+            ent_coef=algorithm.entropy_coef,
+            max_grad_norm=config.actor.optim.clip_grad,
+            norm_adv=algorithm.norm_adv,
+        )
+
+    @property
+    def steps_per_window(self) -> int:
+        """Optimizer steps on one window: ``update_epochs × num_minibatches``."""
+        return self.update_epochs * self.num_minibatches
 
 
 def collect_rollout(
@@ -155,50 +184,45 @@ def policy_values(policy: BasePolicy, obs: EnvObs) -> Tensor:
 
 def ppo_update(
     policy: BasePolicy,
-    optimizer: torch.optim.Optimizer | OptimizerStep | CompiledPPOStep,
+    step: UpdateStep | torch.optim.Optimizer,
     samples: Samples,
     settings: PPOSettings,
     generator: torch.Generator,
 ) -> dict[str, float]:
     """``update_epochs`` passes of ``num_minibatches`` steps each; the last pass's mean metrics.
 
-    ``optimizer``: a torch optimizer (gradients clipped to
-    ``settings.max_grad_norm`` first); a callable that clips, steps and clears
-    the gradients itself and returns the norm before clipping (e.g.
-    `rlshell.fsdp.FSDPModelManager.optimizer_step`, whose clipping is
-    ``actor.optim.clip_grad``); or a `CompiledPPOStep` of this policy, which
-    runs the whole step (the same maths) in one compiled call. A non-finite
-    loss stops the update (FloatingPointError) with the weights as the
-    previous step left them.
+    ``step`` runs one minibatch (an `UpdateStep`: `EagerPPOStep`, or the
+    compiled `CompiledPPOStep`); a torch optimizer is taken as the eager step
+    over it, its gradients clipped to ``settings.max_grad_norm`` first. A
+    non-finite loss stops the update (FloatingPointError) with the weights as
+    the previous step left them.
     """
-    if isinstance(optimizer, CompiledPPOStep):
-        optimizer.bind(policy)
-        step: OptimizerStep | CompiledPPOStep = optimizer
-    elif isinstance(optimizer, torch.optim.Optimizer):
-        step = _torch_step(policy, optimizer, settings)
-    else:
-        step = optimizer
+    if isinstance(step, torch.optim.Optimizer):  # a custom loop's optimizer, as it comes
+        step = EagerPPOStep(policy, settings, torch_optimizer_step(policy, step, settings))
+    step.prepare(policy)
     totals: dict[str, float] = {}
     steps = 0
     for epoch in range(settings.update_epochs):
         last = epoch == settings.update_epochs - 1
         for minibatch in samples.minibatches(settings.num_minibatches, generator):
-            metrics = _step(policy, step, minibatch, settings, report=last)
+            parts, grad_norm = step(minibatch)
             if last:
                 steps += 1
-                for key, value in metrics.items():
+                for key, value in _report(parts, grad_norm).items():
                     totals[key] = totals.get(key, 0.0) + value
     return {f"train/{key}": value / steps for key, value in totals.items()}
 
 
-def _torch_step(
+def torch_optimizer_step(
     policy: BasePolicy, optimizer: torch.optim.Optimizer, settings: PPOSettings
 ) -> OptimizerStep:
-    def step() -> float:
+    """`OptimizerStep` of a torch optimizer: clip to ``settings.max_grad_norm``, step, clear."""
+
+    def step() -> tuple[float, float]:
         grad_norm = _clip(policy, settings.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return grad_norm
+        return grad_norm, float(optimizer.param_groups[0]["lr"])
 
     return step
 
@@ -247,6 +271,55 @@ def ppo_loss(out: dict[str, Tensor], batch: Samples, settings: PPOSettings) -> P
     )
 
 
+class UpdateStep(Protocol):
+    """PPO's step on one minibatch: forward, losses, backward, gradient clip, optimizer step.
+
+    `ppo_update` drives it, a window at a time:
+
+        step.prepare(policy)                      # once per window
+        for minibatch in window.minibatches(...):
+            parts, grad_norm = step(minibatch)
+
+    Two implementations, chosen once when the actor is built (``actor.compile``):
+    `EagerPPOStep` and `CompiledPPOStep`. ``lr``: the learning rate of the last step.
+    """
+
+    @property
+    def lr(self) -> float: ...
+
+    def prepare(self, policy: BasePolicy) -> None:
+        """Before a window's first minibatch (a checkpoint load may have replaced tensors)."""
+        ...
+
+    def __call__(self, batch: Samples) -> tuple[PPOLoss, float]:
+        """One step on ``batch``: its `PPOLoss` (detached) and the gradient norm before
+        clipping."""
+        ...
+
+
+class EagerPPOStep:
+    """PPO's minibatch step in eager torch: `ppo_loss` on ``default_forward``, backward, then
+    ``optimizer_step`` (clip, step, clear)."""
+
+    def __init__(
+        self, policy: BasePolicy, settings: PPOSettings, optimizer_step: OptimizerStep
+    ) -> None:
+        self.policy = policy
+        self.settings = settings
+        self.optimizer_step = optimizer_step
+        self.lr = float("nan")
+
+    def prepare(self, policy: BasePolicy) -> None:
+        self.policy = policy
+
+    def __call__(self, batch: Samples) -> tuple[PPOLoss, float]:
+        parts = ppo_loss(_default_forward(self.policy, batch.forward_inputs), batch, self.settings)
+        _finite_loss(parts.loss)
+        torch.autograd.backward(parts.loss)
+        grad_norm, self.lr = self.optimizer_step()
+        return parts._replace(loss=parts.loss.detach()), grad_norm
+
+
 _Shapes = tuple[tuple[str, tuple[int, ...]], ...]  # a minibatch's shapes, input by input
 
 
@@ -267,7 +340,7 @@ class CompiledPPOStep:
     (``step``, ``exp_avg``, ``exp_avg_sq``: ``optimizer.state``, so
     checkpoints save them as usual) are updated in place.
 
-    As `rlshell.fsdp.FSDPModelManager.optimizer_step` does: a non-finite
+    As `rlshell.engines.training.fsdp.FSDPModelManager.optimizer_step` does: a non-finite
     gradient norm leaves the weights and moments as they were (the step is
     skipped inside the graph); a non-finite loss does too and then raises
     FloatingPointError. ``lr_scheduler`` (if given) steps after each update.
@@ -305,11 +378,11 @@ class CompiledPPOStep:
         self._static: list[Tensor] = []  # params, moments, steps, lr, buffers: the graph's head
         self._lr = torch.zeros((), dtype=torch.float32)
         self._buffer_names: list[str] = []
-        self.bind(policy)
+        self.prepare(policy)
         # One compiled graph per minibatch shape (a window may split into two sizes).
         self._compiled: dict[_Shapes, tuple[Callable[..., list[Tensor]], list[str]]] = {}
 
-    def bind(self, policy: BasePolicy) -> None:
+    def prepare(self, policy: BasePolicy) -> None:
         """Read ``policy``'s parameters and buffers and the optimizer's state (`ppo_update`
         does, once per window: a checkpoint load may have replaced them). AdamW's state of
         a parameter not yet stepped is created as ``torch.optim.AdamW`` keeps it."""
@@ -525,26 +598,10 @@ def _batch_shapes(batch: Samples) -> _Shapes:
     return (*((key, tuple(value.shape)) for key, value in inputs), ("rows", (batch.size,)))
 
 
-def _step(
-    policy: BasePolicy,
-    step: OptimizerStep | CompiledPPOStep,
-    batch: Samples,
-    settings: PPOSettings,
-    report: bool = True,
-) -> dict[str, float]:
-    """One minibatch step; its metrics when ``report`` (`ppo_update` reports the last epoch)."""
-    if isinstance(step, CompiledPPOStep):
-        parts, grad_norm = step(batch)
-        value = float(parts.loss)
-    else:
-        parts = ppo_loss(_default_forward(policy, batch.forward_inputs), batch, settings)
-        value = _finite_loss(parts.loss)
-        torch.autograd.backward(parts.loss)
-        grad_norm = step()
-    if not report:
-        return {}
+def _report(parts: PPOLoss, grad_norm: float) -> dict[str, float]:
+    """One minibatch step's metrics (`ppo_update` reports the last epoch's)."""
     metrics = {
-        "loss": value,
+        "loss": float(parts.loss),
         "pg_loss": float(parts.pg_loss),
         "value_loss": float(parts.value_loss),
         "entropy": float(parts.entropy),

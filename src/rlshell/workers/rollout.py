@@ -1,6 +1,7 @@
 """Rollout and reference workers for placements where they do not share the actor's processes.
 
-`RolloutWorker` holds an `HFRolloutEngine` and receives weights from actor
+`RolloutWorker` holds the rollout engine ``rollout.backend`` names
+(`rlshell.engines.rollout`) and receives weights from actor
 rank 0 (buckets or patches through the Ray object store). `ReferenceWorker`
 holds the frozen initial policy and computes the reference log-probs of the
 KL term; it is started only when ``algorithm.kl_coef`` > 0.
@@ -14,11 +15,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlshell.cluster.worker import Worker
 from rlshell.config import Config
+from rlshell.engines.rollout import RolloutEngine, make_rollout_engine
 from rlshell.models import get_model
 from rlshell.rollout import RolloutBatch, SamplingParams
-from rlshell.weight_transfer import WeightReceiver
-from rlshell.worker import Worker
+from rlshell.sync.transfer import WeightReceiver
 from rlshell.workers.actor import build_rollout_model, policy_forward, worker_device
 
 __all__ = ["ReferenceWorker", "RolloutWorker"]
@@ -29,20 +31,20 @@ class RolloutWorker(Worker):
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.engine: Any = None
+        self.engine: RolloutEngine | None = None
         self.receiver: WeightReceiver | None = None
 
     def init_worker(self, tokenizer_path: str) -> None:
-        from rlshell.rollout.hf import HFRolloutEngine
         from rlshell.tokenizer import load_tokenizer
 
         model = build_rollout_model(self.config)
-        self.engine = HFRolloutEngine(model, load_tokenizer(tokenizer_path), worker_device())
+        self.engine = make_rollout_engine(
+            self.config.rollout, model, load_tokenizer(tokenizer_path), worker_device()
+        )
         self.receiver = WeightReceiver(self.engine.weight_targets())
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> RolloutBatch:
-        batch: RolloutBatch = self.engine.generate(prompts, params, seed=seed)
-        return batch
+        return self._engine().generate(prompts, params, seed=seed)
 
     def receive_weights(self, message: Any) -> int:
         """Apply one bucket or patch sent by actor rank 0; returns the bytes applied."""
@@ -57,7 +59,12 @@ class RolloutWorker(Worker):
         return self.receiver.finish(check_coverage=True)
 
     def rollout_weights(self) -> dict[str, Tensor]:
-        return {name: t.detach().clone() for name, t in self.engine.weight_targets().items()}
+        return {name: t.detach().clone() for name, t in self._engine().weight_targets().items()}
+
+    def _engine(self) -> RolloutEngine:
+        if self.engine is None:
+            raise RuntimeError("init_worker() has not run")
+        return self.engine
 
 
 class ReferenceWorker(Worker):

@@ -7,7 +7,7 @@ call steps them ``runner.rollout_steps`` times and returns the transitions.
 buffer and the `rlshell.workers.sac_update.SACLearner`; each
 `SACLearnerWorker.train` call adds the transitions of a chunk and makes
 ``utd_ratio`` updates per transition added, then hands back the policy's
-weights. The runner (`rlshell.runners.embodied`) overlaps the two: while the
+weights. The trainer (`rlshell.runners.sac`) overlaps the two: while the
 learner trains on chunk k, the collectors gather chunk k + 1 with the
 weights of the update before, so each chunk's policy is one chunk stale, as
 in asynchronous SAC (RLinf's async embodied runner, SRL, Sample Factory).
@@ -18,23 +18,22 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
 
 import torch
-from attrs import evolve
+from attrs import evolve, frozen
 from torch import Tensor
 
 from rlcore import unchecked
+from rlshell.cluster.worker import Worker
 from rlshell.config import Config
+from rlshell.engines.training.fsdp import rng_state, set_rng_state
 from rlshell.envs.stepper import EnvObs, EnvStepper
-from rlshell.fsdp import rng_state, set_rng_state
 from rlshell.models import get_model
 from rlshell.models.base import BasePolicy
 from rlshell.rollout.replay import ReplayBatch, ReplayBuffer
-from rlshell.worker import Worker
 from rlshell.workers.sac_update import SACLearner, SACSettings, collect_sac_steps
 
-__all__ = ["SACCollector", "SACLearnerWorker", "sac_settings"]
+__all__ = ["CollectorShare", "SACCollector", "SACLearnerWorker", "sac_settings"]
 
 LEARNER_STATE = "sac_learner.pt"
 
@@ -58,6 +57,16 @@ def sac_settings(config: Config) -> SACSettings:
     )
 
 
+@frozen
+class CollectorShare:
+    """What a collector reports when it starts: its envs and the sizes the learner needs."""
+
+    envs: int
+    env_id: str
+    obs_dim: int
+    action_dim: int
+
+
 def _build_policy(config: Config) -> BasePolicy:
     torch.manual_seed(config.actor.seed)
     policy = get_model(config.actor.model)
@@ -79,7 +88,7 @@ class SACCollector(Worker):
         self.obs: EnvObs = {}
         self.generator = torch.Generator()
 
-    def init_worker(self) -> dict[str, Any]:
+    def init_worker(self) -> CollectorShare:
         """Build the policy copy and this worker's envs; their sizes for the learner."""
         config = self.config
         self.policy = _build_policy(config).eval()
@@ -90,12 +99,12 @@ class SACCollector(Worker):
         self.generator.manual_seed(seed)
         torch.manual_seed(seed)  # the policy samples from the global generator
         self.obs = self.stepper.reset(seed)
-        return {
-            "envs": per_worker,
-            "env_id": self.stepper.env_id,
-            "obs_dim": int(self.obs["states"].shape[1]),
-            "action_dim": int(self.stepper.action_shape[1]),
-        }
+        return CollectorShare(
+            envs=per_worker,
+            env_id=self.stepper.env_id,
+            obs_dim=int(self.obs["states"].shape[1]),
+            action_dim=int(self.stepper.action_shape[1]),
+        )
 
     def collect(self, steps: int, random_actions: bool) -> tuple[ReplayBatch, dict[str, float]]:
         """``steps`` steps of every env: the transitions in step order and ``env/`` metrics."""
@@ -133,8 +142,9 @@ class SACLearnerWorker(Worker):
         self.owed = 0.0  # updates earned by transitions and not yet made
         self.checked = False  # whether an update ran with rlcore's shape checks
 
-    def init_worker(self, obs_dim: int, action_dim: int) -> dict[str, Any]:
-        """Build the learner for the collectors' observation and action sizes."""
+    def init_worker(self, obs_dim: int, action_dim: int) -> int:
+        """Build the learner for the collectors' observation and action sizes; its parameter
+        count."""
         config = self.config
         if self.world_size != 1:
             raise ValueError(
@@ -144,7 +154,7 @@ class SACLearnerWorker(Worker):
         self.learner = SACLearner(policy, action_dim, sac_settings(config))
         self.replay = ReplayBuffer(config.algorithm.sac.replay_size, obs_dim, action_dim)
         self.generator.manual_seed(config.runner.seed + 7919)
-        return {"parameters": sum(p.numel() for p in policy.parameters())}
+        return sum(p.numel() for p in policy.parameters())
 
     def policy_weights(self) -> dict[str, Tensor]:
         """The policy's state dict, for the collectors."""

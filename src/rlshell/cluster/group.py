@@ -1,495 +1,60 @@
-"""Workers: the `Worker` base class and `WorkerGroup`, its processes on a cluster.
+"""The driver side: `WorkerGroup`, one Ray actor per rank of a component, called as one.
 
-A worker is a plain Python class; `WorkerGroup` turns it into one Ray actor
-per rank of a planned component and calls methods on every rank at once
-(RLinf's ``Worker`` / ``WorkerGroup`` pattern):
+`Worker.create_group` makes a group and `WorkerGroup.launch` starts it on a
+planned component; ``group.method(*args)`` calls a public method of the worker
+on every rank and returns a `GroupCall`, whose `GroupCall.wait` gathers the
+results in rank order (`WorkerGroup.execute_on` picks ranks,
+`WorkerGroup.scatter` sends one argument item per rank; `WorkerGroupView` is
+either). A call's time-out and the group's shutdown are here too.
 
-    class ActorWorker(Worker):
-        def __init__(self, cfg): ...
-        def run_training(self, batch): ...
-
-    actor = ActorWorker.create_group(cfg).launch(cluster, plan.component("actor"))
-    metrics = actor.run_training(batch).wait()            # one result per rank, rank order
-    actor.execute_on(0).save_checkpoint(path).wait()      # rank 0 only
-    actor.scatter.run_training(batches).wait()            # batches[i] to rank i
-
-Inside a method a worker knows `component`, `rank`, `world_size`,
-`local_rank`, `placement` and `node_ip`; its environment holds RANK,
-WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, CUDA_VISIBLE_DEVICES and
-MASTER_ADDR/MASTER_PORT, so `Worker.init_process_group` (torch's env://
-rendezvous) just works. Before the subclass's ``__init__`` runs, a worker sets
-its torch threads to its reserved CPUs and loads ``RLSHELL_EXT_MODULE``.
-
-Failures come back as `WorkerError`s naming the component, rank, node, pid and
-method. A worker's own exception is re-raised on the driver as an instance of
-both `WorkerError` and the original type (``pytest.raises(ValueError)`` still
-works), carrying the worker's traceback; a worker that died raises
-`WorkerDiedError`; a call past its timeout raises `WorkerTimeoutError`.
+Failures come back as `rlshell.cluster.errors.WorkerError`s naming the
+component, rank, node, pid and method: a worker's own exception is re-raised
+as an instance of both `WorkerError` and the original type, carrying the
+worker's traceback; a worker that died raises `WorkerDiedError`; a call past
+its timeout raises `WorkerTimeoutError`. `WorkerGroup._translate` is where a
+Ray failure becomes one of those.
 """
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-import os
-import re
-import socket
-import sys
-import threading
 import time
-import types
-from collections.abc import Callable, Iterator, Sequence
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, cast
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import ray
-from attrs import frozen
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
-from rlshell.extensions import load_extensions
-from rlshell.placement import ComponentPlan, WorkerPlacement
+from rlshell.cluster.errors import (
+    WorkerDiedError,
+    WorkerError,
+    WorkerFailure,
+    WorkerTimeoutError,
+    ray_reason,
+    remote_traceback,
+    worker_error_for,
+)
+from rlshell.cluster.placement import ComponentPlan
+from rlshell.cluster.worker import (
+    HOOK_FILE,
+    HOOK_FRAMES,
+    Worker,
+    WorkerContext,
+    WorkerInfo,
+    actor_class,
+)
 
 if TYPE_CHECKING:
-    from rlshell.cluster import Cluster, Reservation
+    from rlshell.cluster.ray_cluster import Cluster, Reservation
 
-__all__ = [
-    "GroupCall",
-    "Worker",
-    "WorkerContext",
-    "WorkerDiedError",
-    "WorkerError",
-    "WorkerGroup",
-    "WorkerGroupView",
-    "WorkerInfo",
-    "WorkerTimeoutError",
-]
+__all__ = ["GroupCall", "WorkerGroup", "WorkerGroupView"]
 
-W = TypeVar("W", bound="Worker")
+W = TypeVar("W", bound=Worker)
 
 # Methods of `Worker` that make sense only on the driver.
 _DRIVER_ONLY = frozenset({"create_group"})
-# Ray refuses zero-CPU placement-group bundles; keep in step with rlshell.cluster.
+# Ray refuses zero-CPU placement-group bundles; keep in step with rlshell.cluster.ray_cluster.
 _MIN_ACTOR_CPUS = 0.01
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_RAY_PID_IP = re.compile(r"\(pid=(\d+), ip=([^,)\s]+)")
-_RAY_HEADER_LINE = re.compile(r"^\s*ray::\S+ \(pid=\d+")
-_CARETS = re.compile(r"^\s*[\^~]+\s*$")
-_FRAME = re.compile(r'^(\s*)File "([^"]+)", line \d+, in (\S+)')
-# Frames of this module's start-up hooks, dropped from constructor tracebacks.
-_THIS_MODULE = os.path.join("rlshell", "worker.py")
-_HOOK_FRAMES = frozenset({"_rlshell_ready", "__init__"})
-
-
-# ---------------------------------------------------------------- errors
-
-
-class WorkerError(Exception):
-    """A worker of a group failed. Names component, rank, node, pid and method.
-
-    The same facts are attributes: ``component``, ``rank``, ``node``, ``pid``,
-    ``method``. When the worker raised an exception, the error raised on the
-    driver is an instance of both `WorkerError` and that exception's type, with
-    its fields (``errno``, custom attributes, an ExceptionGroup's
-    ``exceptions``); ``cause`` is the worker's exception and
-    ``remote_traceback`` its traceback as text. Only a cause type that refuses
-    subclassing yields a plain `WorkerError`.
-    """
-
-    def __init__(
-        self,
-        message: str = "",
-        *,
-        component: str = "",
-        rank: int | None = None,
-        node: str = "",
-        pid: int | None = None,
-        method: str = "",
-        remote_traceback: str = "",
-        cause: BaseException | None = None,
-    ) -> None:
-        super().__init__(message)
-        self._fill(message, component, rank, node, pid, method, remote_traceback, cause)
-
-    def _fill(
-        self,
-        message: str,
-        component: str,
-        rank: int | None,
-        node: str,
-        pid: int | None,
-        method: str,
-        remote_traceback: str,
-        cause: BaseException | None,
-    ) -> None:
-        # Not `message`: ExceptionGroup has a read-only field of that name.
-        self._text = message
-        self.component = component
-        self.rank = rank
-        self.node = node
-        self.pid = pid
-        self.method = method
-        self.remote_traceback = remote_traceback
-        self.cause = cause
-
-    def __str__(self) -> str:
-        return self._text
-
-    def _add_note_to_message(self, note: str) -> None:
-        self._text += note
-
-
-class WorkerDiedError(WorkerError):
-    """A worker process died (killed, out of memory, crashed) before answering a call."""
-
-
-class WorkerTimeoutError(WorkerError, TimeoutError):
-    """A group call did not finish in time; `pending_ranks` are the ranks still running it."""
-
-    def __init__(
-        self,
-        message: str = "",
-        *,
-        component: str = "",
-        method: str = "",
-        pending_ranks: tuple[int, ...] = (),
-        timeout_s: float = 0.0,
-    ) -> None:
-        super().__init__(message, component=component, method=method)
-        self.pending_ranks = pending_ranks
-        self.timeout_s = timeout_s
-
-
-_DUAL_CLASSES: dict[type[BaseException], type[WorkerError] | None] = {}
-_DUAL_LOCK = threading.Lock()
-
-
-def _dual_class(cause_type: type[BaseException]) -> type[WorkerError] | None:
-    """A class deriving from WorkerError and ``cause_type``; None if it cannot be made."""
-    if issubclass(cause_type, WorkerError):
-        # A worker that called another group re-raised its WorkerError: that
-        # class already is both, and nesting it again could not be ordered.
-        return cause_type
-    with _DUAL_LOCK:
-        if cause_type in _DUAL_CLASSES:
-            return _DUAL_CLASSES[cause_type]
-        name = f"WorkerError({cause_type.__name__})"
-
-        def __getattr__(self: WorkerError, attribute: str) -> Any:
-            # Attributes of the worker's exception (errno, a custom field) read
-            # through; the guard keeps unpickling from recursing before `cause` exists.
-            if attribute == "cause" or attribute.startswith("__"):
-                raise AttributeError(attribute)
-            return getattr(self.cause, attribute)
-
-        def __reduce__(self: WorkerError) -> tuple[Any, ...]:
-            return (_rebuild_worker_error, (self.cause, _fields(self)))
-
-        dual: type[WorkerError] | None
-        try:
-            dual = cast(
-                type[WorkerError],
-                type(
-                    name,
-                    (WorkerError, cause_type),
-                    {
-                        "__module__": __name__,
-                        "__qualname__": name,
-                        "__getattr__": __getattr__,
-                        "__reduce__": __reduce__,
-                    },
-                ),
-            )
-        except Exception:  # final types, layout conflicts, an __init_subclass__ refusing
-            dual = None
-        _DUAL_CLASSES[cause_type] = dual
-        return dual
-
-
-def _fields(error: WorkerError) -> dict[str, Any]:
-    return {
-        "message": error._text,
-        "component": error.component,
-        "rank": error.rank,
-        "node": error.node,
-        "pid": error.pid,
-        "method": error.method,
-        "remote_traceback": error.remote_traceback,
-    }
-
-
-def _rebuild_worker_error(cause: BaseException, fields: dict[str, Any]) -> WorkerError:
-    return _worker_error_for(cause, **fields)
-
-
-def _worker_error_for(
-    cause: BaseException,
-    *,
-    message: str,
-    component: str,
-    rank: int | None,
-    node: str,
-    pid: int | None,
-    method: str,
-    remote_traceback: str,
-) -> WorkerError:
-    """The driver-side error for a worker's exception: WorkerError and the cause's type."""
-    fill = (message, component, rank, node, pid, method, remote_traceback, cause)
-    dual = _dual_class(type(cause))
-    if dual is not None:
-        try:
-            error = dual.__new__(dual, *cause.args)
-        except Exception:  # a __new__ that wants something else: fall back below
-            pass
-        else:
-            # Built-in fields (errno, filename, ...) live in C slots, custom ones
-            # in __dict__ (with any __notes__); our fields go last so that the
-            # message stays ours.
-            _copy_builtin_fields(cause, error)
-            error.__dict__.update(getattr(cause, "__dict__", {}))
-            error._fill(*fill)
-            return error
-    plain = WorkerError.__new__(WorkerError, message)
-    plain._fill(*fill)
-    return plain
-
-
-def _copy_builtin_fields(source: BaseException, target: BaseException) -> None:
-    """Copy the C-level fields of built-in exception types (OSError.filename, ...)."""
-    for cls in type(source).__mro__:
-        if cls.__module__ != "builtins" or not issubclass(cls, BaseException):
-            continue
-        for name, descriptor in vars(cls).items():
-            # args is already in place; dunder slots (__class__, __traceback__,
-            # __cause__, ...) are the exception's plumbing, not its data.
-            if name == "args" or name.startswith("_"):
-                continue
-            if not isinstance(descriptor, types.MemberDescriptorType | types.GetSetDescriptorType):
-                continue
-            # Unset fields raise on read, read-only ones on write: both stay as they are.
-            with contextlib.suppress(AttributeError, TypeError):
-                setattr(target, name, getattr(source, name))
-
-
-def _where(component: str, rank: int, node: str, pid: int | None) -> str:
-    pid_text = "" if pid is None else f", pid {pid}"
-    return f"component '{component}' rank {rank} (node {node or '?'}{pid_text})"
-
-
-def _remote_traceback(error: RayTaskError) -> tuple[str, int | None, str]:
-    """The worker's traceback from Ray's error text, and the pid and IP Ray names."""
-    text = _ANSI.sub("", str(error))
-    match = _RAY_PID_IP.search(text)
-    pid = int(match.group(1)) if match else None
-    ip = match.group(2) if match else ""
-    return _clean_traceback(text), pid, ip
-
-
-def _clean_traceback(text: str) -> str:
-    """Ray's traceback text as Python would print it, without Ray's or our plumbing.
-
-    Ray writes a ``ray::Class.method() (pid=..., ip=...)`` header where it cut
-    its own frames, leaving their caret lines behind; the start-up hooks of this
-    module add two frames to every constructor error. All of those go.
-    """
-    kept: list[str] = []
-    skip_deeper_than: int | None = None
-    for line in text.strip().splitlines():
-        if _RAY_HEADER_LINE.match(line) or _CARETS.match(line):
-            continue
-        indent = len(line) - len(line.lstrip())
-        if skip_deeper_than is not None and indent > skip_deeper_than:
-            continue  # source lines of a frame being dropped
-        skip_deeper_than = None
-        frame = _FRAME.match(line)
-        if frame and frame.group(2).endswith(_THIS_MODULE) and frame.group(3) in _HOOK_FRAMES:
-            skip_deeper_than = indent
-            continue
-        kept.append(line)
-    lines: list[str] = []
-    for line in kept:
-        previous = next((seen for seen in reversed(lines) if seen.strip()), "")
-        starts_chunk = not lines or previous.startswith(("The above exception", "During handling"))
-        if starts_chunk and _FRAME.match(line):
-            lines.append("Traceback (most recent call last):")
-        if lines or _FRAME.match(line) or line.startswith("Traceback"):
-            lines.append(line)  # anything before the first frame is Ray's preamble
-    return "\n".join(lines) if lines else text.strip()
-
-
-_EXIT_DETAIL = re.compile(r"Worker exit detail: (.*?\.)(?:\s|$)")
-
-
-def _ray_reason(error: BaseException, limit: int = 600) -> str:
-    """Ray's explanation on one line: its exit detail if it gave one, else the text, capped."""
-    reason = " ".join(_ANSI.sub("", str(error)).split())
-    detail = _EXIT_DETAIL.search(reason)
-    if detail:
-        return detail.group(1)
-    return reason if len(reason) <= limit else reason[: limit - 3] + "..."
-
-
-# ---------------------------------------------------------------- the worker side
-
-
-@frozen
-class WorkerContext:
-    """What a worker process is told about itself when it starts."""
-
-    component: str
-    placement: WorkerPlacement
-    world_size: int
-
-
-@frozen
-class WorkerInfo:
-    """Where one rank of a launched group runs."""
-
-    rank: int
-    pid: int
-    node_ip: str
-    node_id: str
-
-
-# Ray leaves it unannotated; a typed view keeps the callers checked.
-_node_ip_address = cast(Callable[[], str], ray.util.get_node_ip_address)
-
-_STANDALONE = WorkerPlacement(
-    rank=0, node_rank=0, local_rank=0, local_world_size=1, cpus=1.0, gpus=(), resources=()
-)
-
-
-class Worker:
-    """Base class of rlshell workers: a plain class that a `WorkerGroup` runs as Ray actors.
-
-    Subclasses write an ordinary ``__init__`` (arguments come from
-    `create_group`) and public methods, which the group calls on every rank.
-    Inside them ``self.component`` (the group's name: the component's unless
-    launched under another), ``self.rank``, ``self.world_size``,
-    ``self.local_rank``, ``self.placement`` (this rank's `WorkerPlacement`) and
-    ``self.node_ip`` describe this process; they are set before ``__init__``
-    runs. Instantiated directly (in a unit test) a worker is rank 0 of 1.
-    """
-
-    component: str = ""
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    local_world_size: int = 1
-    node_rank: int = 0
-    placement: WorkerPlacement = _STANDALONE
-    node_ip: str = ""
-
-    @classmethod
-    def create_group(cls, *args: Any, **kwargs: Any) -> WorkerGroup[Self]:
-        """A group of this worker; ``args``/``kwargs`` go to every rank's ``__init__``."""
-        return WorkerGroup(cls, args, kwargs)
-
-    def init_process_group(self, backend: str = "gloo", *, timeout_s: float = 300.0) -> None:
-        """Join this group's torch.distributed process group (env:// rendezvous).
-
-        MASTER_ADDR/MASTER_PORT (rank 0's node and a free port) and the ranks
-        come from the launch. Every rank must call it (``group.init_process_group()``);
-        ``timeout_s`` bounds the rendezvous and later collectives. A second call
-        in the same process does nothing.
-        """
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            return
-        missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
-        if missing:
-            raise RuntimeError(
-                f"{type(self).__name__}.init_process_group: {', '.join(missing)} unset; "
-                "only workers started by WorkerGroup.launch have a rendezvous address"
-            )
-        dist.init_process_group(
-            backend=backend,
-            init_method="env://",
-            rank=self.rank,
-            world_size=self.world_size,
-            timeout=timedelta(seconds=timeout_s),
-        )
-
-    def __repr__(self) -> str:
-        # Ray prefixes a worker's log lines with this.
-        return f"{type(self).__name__}({self.component} rank {self.rank})"
-
-    # Hooks the group calls; the leading underscore keeps them off the group's
-    # public method list.
-
-    def _rlshell_start(self, context: WorkerContext) -> None:
-        placement = context.placement
-        self.component = context.component
-        self.placement = placement
-        self.rank = placement.rank
-        self.world_size = context.world_size
-        self.local_rank = placement.local_rank
-        self.local_world_size = placement.local_world_size
-        self.node_rank = placement.node_rank
-        self.node_ip = _node_ip_address()
-        # OMP_NUM_THREADS in the process environment sizes torch's pool when torch
-        # is first imported; if the worker's module already imported it, set it
-        # here. Importing torch just for this would cost each worker ~2 s.
-        if "torch" in sys.modules:
-            sys.modules["torch"].set_num_threads(max(1, int(placement.cpus)))
-        load_extensions(where=f"{context.component} rank {placement.rank}")
-
-    def _rlshell_ready(self) -> WorkerInfo:
-        startup_error: Exception | None = self.__dict__.get("_rlshell_startup_error")
-        if startup_error is not None:
-            raise startup_error
-        return WorkerInfo(
-            rank=self.rank,
-            pid=os.getpid(),
-            node_ip=self.node_ip,
-            node_id=ray.get_runtime_context().get_node_id(),
-        )
-
-    def _rlshell_rendezvous_address(self) -> tuple[str, int]:
-        # Port 0 lets the kernel pick a free port; it is released before torch
-        # binds it, a short race every env:// launcher accepts.
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
-            port = int(sock.getsockname()[1])
-        return self.node_ip, port
-
-    def _rlshell_set_env(self, env: dict[str, str]) -> None:
-        os.environ.update(env)
-
-
-_ACTOR_CLASSES: dict[type[Worker], Any] = {}
-
-
-def _actor_class(worker_cls: type[Worker]) -> Any:
-    """The Ray actor class for ``worker_cls`` (cached): its constructor sets up the worker first.
-
-    The subclass's ``__init__`` runs after `Worker._rlshell_start` (attributes,
-    threads, extensions). An exception from either is kept and raised by
-    ``_rlshell_ready``, so the driver sees the original exception type rather
-    than Ray's generic actor-death error.
-    """
-    if worker_cls in _ACTOR_CLASSES:
-        return _ACTOR_CLASSES[worker_cls]
-
-    def __init__(
-        self: Worker, context: WorkerContext, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> None:
-        self.__dict__["_rlshell_startup_error"] = None
-        try:
-            self._rlshell_start(context)
-            worker_cls.__init__(self, *args, **kwargs)
-        except Exception as error:
-            self.__dict__["_rlshell_startup_error"] = error
-
-    # Same __name__ so Ray's process titles and logs show the user's class.
-    actor_cls = type(
-        worker_cls.__name__,
-        (worker_cls,),
-        {"__init__": __init__, "__module__": __name__, "__qualname__": worker_cls.__qualname__},
-    )
-    remote_cls: Any = ray.remote(actor_cls)
-    _ACTOR_CLASSES[worker_cls] = remote_cls
-    return remote_cls
 
 
 def _public_methods(worker_cls: type[Worker]) -> frozenset[str]:
@@ -501,9 +66,6 @@ def _public_methods(worker_cls: type[Worker]) -> frozenset[str]:
         and callable(getattr(worker_cls, name, None))
         and not isinstance(getattr(worker_cls, name, None), type)
     )
-
-
-# ---------------------------------------------------------------- the driver side
 
 
 class GroupCall:
@@ -578,11 +140,10 @@ class GroupCall:
                 try:
                     self._values[slot] = ray.get(ref)
                 except RayError as error:
-                    failure = self.group._translate(error, self.ranks[slot], self.method)
-                    if isinstance(failure, WorkerError):
-                        failure._add_note_to_message(self._other_failures())
-                    self._error = failure
-                    raise failure from None
+                    raised = self.group._translate(error, self.ranks[slot], self.method)
+                    raised.extend_message(self._other_failures())
+                    self._error = raised
+                    raise raised from None
         return list(self._values)
 
     def _other_failures(self) -> str:
@@ -611,8 +172,7 @@ class GroupCall:
             f"{self.method}() on component '{self.group.name}' did not finish within "
             f"{limit:g} s; still running on rank(s) {list(pending)}: {where}. The call "
             "goes on in those workers (wait again, or shut the group down to stop it)",
-            component=self.group.name,
-            method=self.method,
+            WorkerFailure(component=self.group.name, method=self.method),
             pending_ranks=pending,
             timeout_s=limit,
         )
@@ -759,7 +319,7 @@ class WorkerGroup(Generic[W]):
         placement: ComponentPlan,
         max_concurrency: int | None,
     ) -> None:
-        remote_cls = _actor_class(self.worker_cls)
+        remote_cls = actor_class(self.worker_cls)
         for worker in placement.workers:
             context = WorkerContext(
                 component=self._name, placement=worker, world_size=placement.world_size
@@ -787,9 +347,7 @@ class WorkerGroup(Generic[W]):
                     f"cannot launch component '{self._name}': an actor named "
                     f"'{options['name']}' already exists in namespace '{cluster.namespace}' "
                     "(a group of that name is running; shut it down or pass another name=)",
-                    component=self._name,
-                    rank=worker.rank,
-                    method="__init__",
+                    WorkerFailure(component=self._name, rank=worker.rank, method="__init__"),
                 ) from error
             self._handles.append(handle)
 
@@ -808,11 +366,13 @@ class WorkerGroup(Generic[W]):
                 raise WorkerError(
                     f"{self._describe(rank)} started on Ray node {info.node_id}, but its "
                     f"placement group was pinned to node {expected}",
-                    component=self._name,
-                    rank=rank,
-                    node=info.node_ip,
-                    pid=info.pid,
-                    method="__init__",
+                    WorkerFailure(
+                        component=self._name,
+                        rank=rank,
+                        node=info.node_ip,
+                        pid=info.pid,
+                        method="__init__",
+                    ),
                 )
 
     # -- describing
@@ -970,49 +530,45 @@ class WorkerGroup(Generic[W]):
         self._check_method(name)
         return _GroupMethod(self, name, None, False)
 
-    def _translate(self, error: BaseException, rank: int, method: str) -> BaseException:
+    def _translate(self, error: BaseException, rank: int, method: str) -> WorkerError:
         """The driver-side error for a Ray failure of ``rank`` running ``method``."""
         info = self._infos[rank] if rank < len(self._infos) else None
         node = info.node_ip if info is not None else self._planned_node(rank)
         pid = info.pid if info is not None else None
+        cause, traceback_text = error, ""
         if isinstance(error, RayTaskError):
             cause = error.cause
-            if isinstance(cause, RayActorError):  # a nested call to a dead actor
-                return self._died(rank, method, node, pid, cause)
-            traceback_text, remote_pid, remote_ip = _remote_traceback(error)
-            node = node if info is not None or not remote_ip else remote_ip
-            pid = pid if pid is not None else remote_pid
-            summary = f"{type(cause).__name__}: {cause}"
-            return _worker_error_for(
-                cause,
-                message=(
-                    f"{_where(self._name, rank, node, pid)} raised in {method}(): {summary}\n\n"
-                    f"Worker traceback:\n{traceback_text}"
-                ),
-                component=self._name,
-                rank=rank,
-                node=node,
-                pid=pid,
-                method=method,
-                remote_traceback=traceback_text,
-            )
-        if isinstance(error, RayActorError):
-            return self._died(rank, method, node, pid, error)
-        return WorkerError(
-            f"{_where(self._name, rank, node, pid)} failed in {method}(): "
-            f"{type(error).__name__}: {_ray_reason(error)}",
+            if not isinstance(cause, RayActorError):  # else a nested call to a dead actor
+                traceback_text, remote_pid, remote_ip = remote_traceback(
+                    str(error), HOOK_FILE, HOOK_FRAMES
+                )
+                node = node if info is not None or not remote_ip else remote_ip
+                pid = pid if pid is not None else remote_pid
+        failure = WorkerFailure(
             component=self._name,
             rank=rank,
             node=node,
             pid=pid,
             method=method,
-            cause=error,
+            remote_traceback=traceback_text,
+            cause=cause,
+        )
+        if isinstance(cause, RayActorError):
+            self._dead.add(rank)
+            return self._died(failure)
+        if isinstance(error, RayTaskError):
+            return worker_error_for(
+                failure,
+                f"{failure.where} raised in {method}(): {type(cause).__name__}: {cause}\n\n"
+                f"Worker traceback:\n{traceback_text}",
+            )
+        return WorkerError(
+            f"{failure.where} failed in {method}(): {type(error).__name__}: {ray_reason(error)}",
+            failure,
         )
 
-    def _died(
-        self, rank: int, method: str, node: str, pid: int | None, error: BaseException
-    ) -> WorkerDiedError:
-        self._dead.add(rank)
+    def _died(self, failure: WorkerFailure) -> WorkerDiedError:
+        method = failure.method
         doing = "while starting" if method == "__init__" else f"while running {method}()"
         why = (
             "the group was shut down"
@@ -1020,14 +576,8 @@ class WorkerGroup(Generic[W]):
             else "its process exited (killed, out of memory, or crashed)"
         )
         return WorkerDiedError(
-            f"{_where(self._name, rank, node, pid)} died {doing}: {why}. "
-            f"Ray says: {_ray_reason(error, 2000)}",
-            component=self._name,
-            rank=rank,
-            node=node,
-            pid=pid,
-            method=method,
-            cause=error,
+            f"{failure.where} died {doing}: {why}. Ray says: {ray_reason(failure.cause, 2000)}",
+            failure,
         )
 
     # -- stopping

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rlshell.cluster.worker import Worker
 from rlshell.config import RewardConfig
 from rlshell.rewards.pool import RewardPool, RewardResult
-from rlshell.worker import Worker
 
 __all__ = ["RewardWorker"]
 

@@ -4,7 +4,7 @@ A pure planner, no Ray: a `ClusterSpec` (nodes, their GPUs and CPUs, node
 groups) and one `ComponentRequest` per component (RLinf's compact placement
 string, CPUs per worker, tensor-parallel size) become a `PlacementPlan`
 record: for every component, its workers with rank, node, local rank, CPUs
-and GPU indices. `rlshell.cluster` realises a plan with Ray placement groups.
+and GPU indices. `rlshell.cluster.ray_cluster` realises a plan with Ray placement groups.
 
 Placement strings follow RLinf (``resource_ranks[:process_ranks]``, segments
 joined by commas):

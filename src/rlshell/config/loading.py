@@ -1,11 +1,11 @@
-"""Loading a config: a Python module or a resolved JSON, then overrides, then every check.
+"""Reading a config: a Python module or a resolved JSON, then overrides, then a check.
 
-`load_config` reads ``config`` from a Python config file (or a resolved
+`read_config` reads ``config`` from a Python config file (or a resolved
 ``config.json`` written by an earlier run), applies ``key.path=value``
 overrides parsed to each field's type, structures the result with cattrs and
-validates it (`rlshell.validation`). Every problem found on the way is
-collected and raised together as one `ConfigError`, each line naming the
-full key path:
+runs the caller's check on it (`rlshell.runners.validation.load_config` passes
+the validator). Every problem found on the way is collected and raised
+together as one `ConfigError`, each line naming the full key path:
 
     unknown key 'actor.optim.lrr' (did you mean 'actor.optim.lr'?)
     actor.optim.lr: expected a positive number, got -0.1
@@ -22,7 +22,7 @@ import os
 import sys
 import types
 import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -35,16 +35,17 @@ from cattrs.errors import (
     IterableValidationError,
 )
 
-from rlshell.config import Config, PlacementEntry
+from rlshell.config.schema import Config, PlacementEntry
 
 __all__ = [
     "CONVERTER",
     "ConfigError",
+    "all_key_paths",
     "apply_overrides",
     "config_from_dict",
     "config_to_dict",
-    "load_config",
     "parse_override_value",
+    "read_config",
     "read_config_source",
     "write_config",
 ]
@@ -408,25 +409,28 @@ def _describe_structure_error(
 # --- the whole load -----------------------------------------------------------------------------
 
 
-def load_config(
-    source: str | Path, overrides: Sequence[str] = (), *, for_run: bool = False
+def read_config(
+    source: str | Path,
+    overrides: Sequence[str] = (),
+    check: Callable[[Config], list[str]] | None = None,
 ) -> Config:
-    """Read, override, structure and validate a config; raise `ConfigError` listing every problem.
+    """Read a config file (or a resolved ``config.json``), apply ``key.path=value``
+    overrides, structure the result and run ``check`` on it; raise one `ConfigError`
+    listing every problem found on the way (unknown keys, wrong types, unparsable
+    values, and what ``check`` returns).
 
-    ``for_run=True`` (what the CLI passes for a real run) adds the checks that
-    only matter when the run really starts: files and checkpoints on disk,
-    GPUs on this machine, the runner being installed. ``--dry-run`` and
-    tools that only read a config leave it False.
+    ``check`` is the validator of the layer that knows the rules between fields
+    (`rlshell.runners.validation.validate`; `rlshell.runners.validation.load_config`
+    passes it); without one only the file, the overrides and the types are checked.
     """
-    from rlshell.validation import validate
-
     data = read_config_source(source)
     problems = apply_overrides(data, overrides)
     try:
         config = config_from_dict(data)
     except ConfigError as error:
         raise ConfigError([*problems, *error.problems]) from None
-    problems += validate(config, for_run=for_run)
+    if check is not None:
+        problems += check(config)
     if problems:
         raise ConfigError(problems)
     return config

@@ -1,7 +1,7 @@
 """The typed configuration: one attrs frozen class per component.
 
 A config file is a Python module that defines ``config``, a `Config`
-(`configs/grpo.py` is the default). `rlshell.config_loading` applies
+(`configs/grpo.py` is the default). `rlshell.config.loading` applies
 ``key.path=value`` overrides, checks everything and reports every problem
 at once; this module only declares the fields, their defaults, and the
 per-field constraints (``metadata=checked(...)``) that the loader applies
@@ -16,9 +16,10 @@ validated, so names registered by an extension module are accepted.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
+import attrs
 from attrs import Factory, field, frozen
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "SACConfig",
     "WrapPolicyConfig",
     "checked",
+    "field_problems",
 ]
 
 # The components a placement can name, in the order plans list them.
@@ -79,7 +81,7 @@ OPTIONAL_POSITIVE = checked(lambda v: v is None or (_finite(v) and v > 0), "null
 class PlacementEntry:
     """A component's placement in its long form (the short form is the string alone).
 
-    ``placement`` uses RLinf's syntax (`rlshell.placement`); ``node_group`` a
+    ``placement`` uses RLinf's syntax (`rlshell.cluster.placement`); ``node_group`` a
     label from ``cluster.node_groups``; ``cpus_per_worker`` overrides the
     component's own setting.
     """
@@ -453,3 +455,27 @@ class Config:
     runner: RunnerConfig = Factory(RunnerConfig)
     logger: LoggerConfig = Factory(LoggerConfig)
     checkpoint: CheckpointConfig = Factory(CheckpointConfig)
+
+
+def field_problems(value: Any, path: str = "") -> Iterator[str]:
+    """Walk the config; yield '{key}: expected ..., got ...' for each violated field constraint."""
+    if attrs.has(type(value)):
+        for item in attrs.fields(type(value)):
+            child = getattr(value, item.name)
+            key = f"{path}.{item.name}" if path else item.name
+            check = item.metadata.get(CHECK_KEY)
+            if check is not None:
+                predicate, expected = check
+                if not _holds(predicate, child):
+                    yield f"{key}: expected {expected}, got {child!r}"
+            yield from field_problems(child, key)
+    elif isinstance(value, dict):
+        for name, child in value.items():
+            yield from field_problems(child, f"{path}.{name}")
+
+
+def _holds(predicate: Any, value: Any) -> bool:
+    try:
+        return bool(predicate(value))
+    except TypeError:
+        return False

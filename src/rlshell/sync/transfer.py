@@ -1,6 +1,6 @@
 """Moving encoded weights: in memory (collocated) or to rollout workers through Ray.
 
-`rlshell.weight_sync` encodes and decodes (pure); this module moves the
+`rlshell.sync.codec` encodes and decodes (pure); this module moves the
 records. `WeightSender` lives on the actor: in memory it applies each bucket
 or patch to the engine's tensors as soon as it is made; across processes
 actor rank 0 puts each record in the Ray object store once and every rollout
@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from rlshell.weight_sync import (
+from rlshell.sync.codec import (
     Bucket,
     BucketReceiver,
     FlatBuckets,
@@ -62,7 +62,7 @@ class WeightSender:
 
         Floating-point tensors are cast to the engine's ``dtype`` (buckets: as
         they are packed). ``into``: buckets are packed straight into the
-        in-memory receiver's weights (see `rlshell.weight_sync.FlatBuckets`).
+        in-memory receiver's weights (see `rlshell.sync.codec.FlatBuckets`).
         """
         if self.mode == "bucket":
             yield from iter_buckets(named_tensors, self.bucket_bytes, dtype=self.dtype, into=into)

@@ -5,7 +5,7 @@
 log-probs come from the logits ``generate`` returns, scaled by the sampling
 temperature exactly as the actor recomputes them (`rlcore.logprobs`);
 top-p/top-k truncation is not reflected in them, as in verl. Weights arrive
-from the actor through `weight_targets` (`rlshell.weight_sync`), or are lent
+from the actor through `weight_targets` (`rlshell.sync.codec`), or are lent
 for each rollout by `HFRolloutEngine.borrowing` (``weight_sync='shared'``).
 """
 
@@ -50,7 +50,7 @@ class HFRolloutEngine:
     def weight_targets(self) -> dict[str, Tensor]:
         """The model's own tensors by state-dict name (not detached copies): syncs write into them.
 
-        They may be re-homed (``tensor.data = ...``, `rlshell.weight_sync.FlatBuckets`).
+        They may be re-homed (``tensor.data = ...``, `rlshell.sync.codec.FlatBuckets`).
         """
         return dict(self.model.state_dict(keep_vars=True))
 

@@ -6,7 +6,7 @@ If Ray is already initialised in this process, the cluster reuses it and leaves
 it running on shutdown.
 
 `Cluster.spec` reads the live nodes (the driver's node is node rank 0, the
-others follow sorted by IP) so the pure planner in `rlshell.placement` can plan
+others follow sorted by IP) so the pure planner in `rlshell.cluster.placement` can plan
 against them. `Cluster.reserve` realises one component of a plan: one Ray
 placement group per node it uses, pinned to that node with Ray's
 ``ray.io/node-id`` label selector. `local_cluster_spec` describes this machine
@@ -33,9 +33,7 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlshell.config import WORKER_MALLOC_ENV
-from rlshell.extensions import ENV_VAR as EXT_MODULE_ENV_VAR
-from rlshell.placement import (
+from rlshell.cluster.placement import (
     DEFAULT_NODE_GROUP,
     ClusterSpec,
     ComponentPlan,
@@ -43,6 +41,8 @@ from rlshell.placement import (
     NodeSpec,
     WorkerPlacement,
 )
+from rlshell.config import WORKER_MALLOC_ENV
+from rlshell.extensions import ENV_VAR as EXT_MODULE_ENV_VAR
 
 __all__ = [
     "NODE_ID_LABEL",

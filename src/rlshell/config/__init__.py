@@ -1,0 +1,87 @@
+"""The typed configuration and reading it.
+
+`rlshell.config.schema` declares one attrs frozen class per component (their
+fields, defaults and per-field constraints); `rlshell.config.loading` reads a
+config file or a resolved ``config.json``, applies ``key.path=value``
+overrides and structures the result with cattrs. Both are re-exported here:
+
+    from rlshell.config import Config, ConfigError, read_config
+
+The rules between fields, the registries and the placement are checked one
+layer up, by `rlshell.runners.validation` (``load_config`` reads and
+validates in one call).
+"""
+
+from rlshell.config.loading import (
+    CONVERTER,
+    ConfigError,
+    all_key_paths,
+    apply_overrides,
+    config_from_dict,
+    config_to_dict,
+    parse_override_value,
+    read_config,
+    read_config_source,
+    write_config,
+)
+from rlshell.config.schema import (
+    CHECK_KEY,
+    COMPONENTS,
+    WORKER_MALLOC_ENV,
+    ActorConfig,
+    AlgorithmConfig,
+    CheckpointConfig,
+    ClusterConfig,
+    Config,
+    DataConfig,
+    EnvConfig,
+    FSDPConfig,
+    LoggerConfig,
+    ModelConfig,
+    OptimConfig,
+    PlacementEntry,
+    Precision,
+    RewardConfig,
+    RolloutConfig,
+    RunnerConfig,
+    SACConfig,
+    WrapPolicyConfig,
+    checked,
+    field_problems,
+)
+
+__all__ = [
+    "CHECK_KEY",
+    "COMPONENTS",
+    "CONVERTER",
+    "WORKER_MALLOC_ENV",
+    "ActorConfig",
+    "AlgorithmConfig",
+    "CheckpointConfig",
+    "ClusterConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "EnvConfig",
+    "FSDPConfig",
+    "LoggerConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "PlacementEntry",
+    "Precision",
+    "RewardConfig",
+    "RolloutConfig",
+    "RunnerConfig",
+    "SACConfig",
+    "WrapPolicyConfig",
+    "all_key_paths",
+    "apply_overrides",
+    "checked",
+    "config_from_dict",
+    "config_to_dict",
+    "field_problems",
+    "parse_override_value",
+    "read_config",
+    "read_config_source",
+    "write_config",
+]

@@ -1,0 +1,313 @@
+"""Embodied PPO in the hybrid placement: env, rollout and actor workers of their own, pipelined.
+
+With env, rollout and actor under three keys, e.g.
+``{"actor": "0:0-1", "rollout": "0:0", "env": "0:0"}``, the trainer starts
+three groups (`rlshell.workers.embodied_pipeline`): `EnvWorker`s step the
+envs, `PipelineRolloutWorker`s act, `PipelineActor` ranks train. Each env
+worker splits its envs into ``rollout.pipeline_stage_num`` stages, and the
+driver submits a window's whole chain of calls at once, each call's result
+handed to the next as a Ray ObjectRef (`rlshell.cluster.worker.GroupCall.refs`),
+never waited for:
+
+    for t in range(runner.rollout_steps):
+        for s in range(stages):
+            actions[s] = rollout.predict(env, s, obs[s])
+            obs[s] = env.step(s, actions[s])
+
+A worker runs its calls in the order they were submitted, each once its
+inputs exist, so while the rollout worker computes stage s + 1's actions the
+env worker steps stage s. Env worker e is served by rollout worker
+e mod (rollout workers). At the window's end:
+
+    rollout.finish(e, obs[0], …)  → RolloutWindow: forward_inputs, log-probs, values, bootstraps
+    env.finish()                  → EnvWindow: rewards, terminated, truncated, env/ metrics
+    actor.train_on(windows…)      → GAE (rlcore, `TrajectoryBuffer.finish`), PPO's update
+    rollout.set_weights(actor.policy_state())
+
+Timing: ``time/rollout_busy`` and ``time/env_busy`` are the seconds the
+busiest rollout and env worker computed in the window; set against
+``time/rollout`` they show the overlap.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+from attrs import frozen
+
+from rlshell.checkpoint import TrainerState
+from rlshell.cluster.errors import WorkerDiedError, WorkerError
+from rlshell.cluster.group import GroupCall, WorkerGroup
+from rlshell.cluster.placement import PlacementPlan
+from rlshell.cluster.ray_cluster import Cluster
+from rlshell.config import Config
+from rlshell.metrics import merge_rank_metrics
+from rlshell.runners.embodied_ppo import COLLOCATED_EXAMPLE, actor_share_problems, compile_unread
+from rlshell.runners.spec import RunSpec
+from rlshell.runners.trainer import launched_group
+from rlshell.workers.embodied_pipeline import EnvWorker, PipelineActor, PipelineRolloutWorker
+
+__all__ = ["Pipeline", "PipelinedPPOTrainer", "SubmittedWindow"]
+
+
+class PipelinedPPOTrainer:
+    """Env, rollout and actor groups of their own; a window's calls chained, then the update."""
+
+    curves: ClassVar[tuple[str, ...]] = ("env/episode_return", "env/success")
+    registered_names: ClassVar[tuple[str, ...]] = (
+        "actor.model.model_type",
+        "algorithm.adv_type",
+        "env.env_type",
+    )
+
+    def __init__(
+        self,
+        config: Config,
+        envs: WorkerGroup[EnvWorker],
+        rollout: WorkerGroup[PipelineRolloutWorker],
+        actor: WorkerGroup[PipelineActor],
+        stack: ExitStack,
+    ) -> None:
+        self.config = config
+        self.envs = envs
+        self.rollout = rollout
+        self.actor = actor
+        self._stack = stack
+        self.pipeline: Pipeline | None = None  # made at the first step, after any resume
+        self._env_steps = 0
+
+    @classmethod
+    def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
+        """The hybrid placement's sizes: envs split evenly over env workers, stages and actor
+        ranks, no more rollout workers than env workers, and GAE."""
+        problems = []
+        if config.algorithm.adv_type != "gae":
+            problems.append(
+                f"algorithm.adv_type: the hybrid placement trains PPO with GAE; "
+                f"'{config.algorithm.adv_type}' (group-normalised episode returns) runs with "
+                f"env, rollout and actor under one key, e.g. {COLLOCATED_EXAMPLE}"
+            )
+        if plan is None:
+            return problems
+        env_workers = len(plan.component("env").workers)
+        rollout_workers = len(plan.component("rollout").workers)
+        stages = config.rollout.pipeline_stage_num
+        num_envs = config.env.num_envs
+        if rollout_workers > env_workers:
+            problems.append(
+                f"cluster.component_placement: {rollout_workers} rollout workers for "
+                f"{env_workers} env workers; rollout worker r acts for env workers r, "
+                f"r + {rollout_workers}, ..., so some would idle: place at most {env_workers}"
+            )
+        if num_envs % env_workers:
+            problems.append(
+                f"env.num_envs: {num_envs} envs do not split evenly over the {env_workers} env "
+                "workers"
+            )
+        elif (num_envs // env_workers) % stages:
+            problems.append(
+                f"rollout.pipeline_stage_num: an env worker's {num_envs // env_workers} envs do "
+                f"not split evenly into {stages} stages"
+            )
+        problems += actor_share_problems(config, len(plan.component("actor").workers))
+        return problems
+
+    @classmethod
+    def unread(cls, config: Config) -> dict[str, str]:
+        return compile_unread(
+            "only the collocated placement (env, rollout and actor in the same processes, "
+            f"e.g. {COLLOCATED_EXAMPLE}) reads it; the hybrid placement runs eager"
+        )
+
+    @classmethod
+    def launch(cls, spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> Self:
+        config = spec.config
+        timeout = config.cluster.call_timeout_s
+        stages = config.rollout.pipeline_stage_num
+        stack = ExitStack()
+        try:
+            started = time.perf_counter()
+            envs = stack.enter_context(
+                launched_group(
+                    EnvWorker.create_group(config), cluster, plan.component("env"), timeout
+                )
+            )
+            rollout = stack.enter_context(
+                launched_group(
+                    PipelineRolloutWorker.create_group(config),
+                    cluster,
+                    plan.component("rollout"),
+                    timeout,
+                )
+            )
+            actor = stack.enter_context(
+                launched_group(
+                    PipelineActor.create_group(config, spec.critic),
+                    cluster,
+                    plan.component("actor"),
+                    timeout,
+                )
+            )
+            actor_up = actor.init_worker()
+            policy = rollout.init_worker().wait()[0]
+            shares = envs.init_worker(policy).wait()
+            actor_up.wait()
+        except BaseException:
+            stack.close()
+            raise
+        print(
+            f"workers up in {time.perf_counter() - started:.1f} s ({len(shares)} env workers × "
+            f"{shares[0].envs} {shares[0].env_id} envs in {stages} stages, "
+            f"{rollout.world_size} rollout workers, {actor.world_size} actor ranks; pipelined)",
+            flush=True,
+        )
+        return cls(config, envs, rollout, actor, stack)
+
+    def load(self, checkpoint: Path, state: TrainerState) -> int:
+        step = int(self.actor.load_checkpoint(str(checkpoint)).wait()[0])
+        self._env_steps = step * self.config.env.num_envs * self.config.runner.rollout_steps
+        return step
+
+    def step(self, step: int) -> dict[str, float]:
+        config = self.config
+        if self.pipeline is None:  # the first step of this process: the actor's weights first
+            for call in _sync_weights(self.actor, self.rollout):
+                call.wait()
+            self.pipeline = Pipeline(
+                self.envs,
+                self.rollout,
+                config.runner.rollout_steps,
+                config.rollout.pipeline_stage_num,
+            )
+        step_started = time.perf_counter()
+        window = self.pipeline.submit()
+        parts = [call.refs[0] for call in window.rollout_windows]
+        train = self.actor.train_on(*parts, *window.env_windows.refs)
+        synced = _sync_weights(self.actor, self.rollout)
+        window.calls.extend([train, *synced])
+        collected = window.wait(window.env_windows)
+        busy = window.wait(window.rollout_metrics)
+        rollout_done = time.perf_counter()
+        train_metrics = window.wait(train)
+        for call in synced:
+            window.wait(call)
+        metrics = merge_rank_metrics([w.metrics for w in collected] + busy)
+        metrics.update(merge_rank_metrics(train_metrics))
+        metrics["time/rollout"] = rollout_done - step_started
+        metrics["time/update"] = time.perf_counter() - rollout_done
+        metrics["time/step"] = time.perf_counter() - step_started
+        self._env_steps += int(metrics["env/steps"])
+        metrics["env/total_steps"] = float(self._env_steps)
+        metrics["perf/env_steps_per_s"] = metrics["env/steps"] / metrics["time/step"]
+        return metrics
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        raise RuntimeError(
+            "runner.eval_interval: embodied PPO does not evaluate during training; evaluate "
+            "a checkpoint with python -m rlshell.evaluate"
+        )
+
+    def save(self, directory: Path, step: int) -> TrainerState:
+        self.actor.save_checkpoint(str(directory), step).wait()
+        return TrainerState(step=step, experiment_name=self.config.runner.experiment_name)
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+@frozen(eq=False)
+class SubmittedWindow:
+    """The calls of one window, in submission order, and the ones the driver reads."""
+
+    calls: list[GroupCall]
+    rollout_windows: list[GroupCall]
+    env_windows: GroupCall
+    rollout_metrics: GroupCall
+
+    def wait(self, call: GroupCall) -> list[Any]:
+        """``call.wait()``; a failure is reported as the first call of the chain that failed
+        (a call whose input failed fails with that error, naming the wrong worker)."""
+        try:
+            return call.wait()
+        except WorkerError as error:
+            raise _first_failure(self.calls, error) from None
+
+
+def _first_failure(calls: Sequence[GroupCall], error: WorkerError) -> WorkerError:
+    for call in calls:
+        if not call.done():
+            continue
+        try:
+            call.wait(timeout=0)
+        except WorkerError as failure:
+            error = failure
+            break
+    if isinstance(error, WorkerDiedError) and error.component == "env":
+        error.extend_message(
+            "\nIt was stepping envs (an env that crashes its process ends this way); "
+            "checkpoint.resume=auto continues from the last checkpoint."
+        )
+    return error
+
+
+class Pipeline:
+    """Submits windows of env ↔ rollout calls; each stage's observation travels as an ObjectRef.
+
+    The observation refs carry over from one window to the next, as the envs do.
+    """
+
+    def __init__(
+        self,
+        envs: WorkerGroup[EnvWorker],
+        rollout: WorkerGroup[PipelineRolloutWorker],
+        steps: int,
+        stages: int,
+    ) -> None:
+        self.envs = envs
+        self.rollout = rollout
+        self.steps = steps
+        self.stages = stages
+        self._calls: list[GroupCall] = []
+        self.obs: list[list[Any]] = []
+        for env_rank in range(envs.world_size):
+            observed = [envs.execute_on(env_rank).observe(stage) for stage in range(stages)]
+            self._calls += observed
+            self.obs.append([call.refs[0] for call in observed])
+
+    def _rollout_of(self, env_rank: int) -> int:
+        return env_rank % self.rollout.world_size
+
+    def submit(self) -> SubmittedWindow:
+        """Submit one window's calls without waiting for any."""
+        calls, self._calls = self._calls, []
+        env_ranks = range(self.envs.world_size)
+        for _ in range(self.steps):
+            for stage in range(self.stages):
+                for env_rank in env_ranks:
+                    rollout = self.rollout.execute_on(self._rollout_of(env_rank))
+                    actions = rollout.predict(env_rank, stage, self.obs[env_rank][stage])
+                    stepped = self.envs.execute_on(env_rank).step(stage, actions.refs[0])
+                    self.obs[env_rank][stage] = stepped.refs[0]
+                    calls += [actions, stepped]
+        rollout_windows = [
+            self.rollout.execute_on(self._rollout_of(env_rank)).finish(
+                env_rank, *self.obs[env_rank]
+            )
+            for env_rank in env_ranks
+        ]
+        env_windows = self.envs.finish()
+        rollout_metrics = self.rollout.pop_metrics()
+        calls += [*rollout_windows, env_windows, rollout_metrics]
+        return SubmittedWindow(calls, rollout_windows, env_windows, rollout_metrics)
+
+
+def _sync_weights(
+    actor: WorkerGroup[PipelineActor], rollout: WorkerGroup[PipelineRolloutWorker]
+) -> list[GroupCall]:
+    """Rank 0's full state dict straight to every rollout worker (Ray stores it once)."""
+    state = actor.policy_state()
+    return [state, rollout.set_weights(state.refs[0])]

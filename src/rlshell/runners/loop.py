@@ -1,0 +1,91 @@
+"""The run loop: one for every trainer.
+
+Run directory, resume, metric logger, evaluation and checkpoint cadence,
+the learning curve and the final export happen here, once; the trainer the
+run spec names (`rlshell.runners.spec`) does the steps:
+
+    python -m rlshell.train configs/grpo.py          # ReasoningTrainer
+    python -m rlshell.train configs/ppo_cartpole.py  # CollocatedPPOTrainer
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rlshell.checkpoint import (
+    clean_partials,
+    commit,
+    prune,
+    read_trainer_state,
+    resolve_resume,
+    staging_dir,
+    write_trainer_state,
+)
+from rlshell.cluster.placement import PlacementPlan
+from rlshell.cluster.ray_cluster import Cluster
+from rlshell.export import export_final_policy
+from rlshell.metrics import logger_for_run, plot_run
+from rlshell.runners.spec import RunSpec
+from rlshell.runners.trainer import Cadence, Trainer
+
+__all__ = ["run", "save_checkpoint", "timed"]
+
+
+def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> None:
+    """Train with ``spec.trainer`` until ``runner.max_steps``, resuming first when asked."""
+    config = spec.config
+    trainer_cls = spec.trainer
+    if trainer_cls is None:
+        raise ValueError(f"runner.runner_type: the {config.runner.runner_type} run has no trainer")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    clean_partials(run_dir)
+    resume_from = resolve_resume(config.checkpoint.resume, run_dir)
+    cadence = Cadence.of(config)
+    trainer = trainer_cls.launch(spec, cluster, plan, run_dir)
+    try:
+        start_step = 0
+        if resume_from is not None:
+            start_step = trainer.load(resume_from, read_trainer_state(resume_from))
+            print(f"resumed from {resume_from} (step {start_step})", flush=True)
+        with logger_for_run(config, run_dir, start_step) as logger:
+            if start_step == 0 and cadence.evaluates:
+                logger.log(0, trainer.evaluate(0))
+            saved: dict[str, float] = {}
+            for step in range(start_step + 1, cadence.max_steps + 1):
+                metrics = trainer.step(step)
+                if cadence.eval_due(step):
+                    metrics.update(trainer.evaluate(step))
+                # Logged before the checkpoint: a checkpoint of step N implies its metrics
+                # are on disk. The time a save took is reported with the step after it.
+                logger.log(step, {**metrics, **saved})
+                saved = {}
+                if cadence.checkpoint_due(step):
+                    with timed(saved, "time/checkpoint"):
+                        save_checkpoint(trainer, run_dir, step, config.checkpoint.keep_last)
+    finally:
+        trainer.close()
+    plot_run(run_dir, trainer_cls.curves)
+    exported = export_final_policy(config, run_dir)
+    if exported is not None:
+        print(f"exported the final policy to {exported}", flush=True)
+
+
+def save_checkpoint(trainer: Trainer, run_dir: Path, step: int, keep_last: int | None) -> Path:
+    """``trainer.save`` into a staging directory, its trainer state written last, then
+    renamed into place (`rlshell.checkpoint.commit`) and old checkpoints pruned."""
+    staging = staging_dir(run_dir, step)
+    write_trainer_state(staging, trainer.save(staging, step))
+    final = commit(staging, run_dir, step)
+    prune(run_dir, keep_last)
+    return final
+
+
+@contextmanager
+def timed(metrics: dict[str, float], key: str) -> Iterator[None]:
+    """``metrics[key]``: the seconds the block took."""
+    start = time.perf_counter()
+    yield
+    metrics[key] = time.perf_counter() - start

@@ -1,0 +1,182 @@
+"""Asynchronous SAC: while the learner trains on chunk k the collectors gather chunk k + 1.
+
+One step is one chunk: ``runner.rollout_steps`` steps of every env
+(``env.num_envs × rollout_steps`` transitions) from the collectors
+(`rlshell.workers.sac_workers.SACCollector`, the ``rollout,env`` placement),
+the learner's updates on it (`SACLearnerWorker`, the ``actor``, one process),
+and the new weights queued to the collectors behind the chunk they are
+collecting (Ray runs a worker's calls in order), so the policy that collects
+chunk k + 2 is the one trained on chunk k. Chunks before
+``algorithm.sac.learning_starts`` transitions use uniform random actions. A
+checkpoint holds the learner, its replay buffer and RNG states; the envs
+start new episodes on resume.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import ClassVar, Self
+
+from rlshell.checkpoint import TrainerState
+from rlshell.cluster.group import GroupCall, WorkerGroup
+from rlshell.cluster.placement import PlacementPlan
+from rlshell.cluster.ray_cluster import Cluster
+from rlshell.config import Config
+from rlshell.metrics import merge_rank_metrics
+from rlshell.runners.embodied_ppo import compile_unread, stages_unread
+from rlshell.runners.spec import ProcessLayout, RunSpec
+from rlshell.runners.trainer import launched_group
+from rlshell.workers.sac_workers import SACCollector, SACLearnerWorker
+
+__all__ = ["SACTrainer"]
+
+_EXAMPLE = '{"actor": "0", "rollout,env": "0"}'
+
+
+class SACTrainer:
+    """Env collectors and one learner, overlapped a chunk apart."""
+
+    curves: ClassVar[tuple[str, ...]] = ("env/episode_return", "env/success")
+    registered_names: ClassVar[tuple[str, ...]] = ("actor.model.model_type", "env.env_type")
+
+    def __init__(
+        self,
+        config: Config,
+        collectors: WorkerGroup[SACCollector],
+        learner: WorkerGroup[SACLearnerWorker],
+        stack: ExitStack,
+    ) -> None:
+        self.config = config
+        self.collectors = collectors
+        self.learner = learner
+        self._stack = stack
+        self.chunk = config.env.num_envs * config.runner.rollout_steps
+        self._pending: GroupCall | None = None  # the chunk being collected
+        self._env_steps = 0
+
+    @classmethod
+    def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
+        layout = ProcessLayout.of(config.cluster.component_placement)
+        problems = []
+        if layout.key_of("rollout") != layout.key_of("env"):
+            problems.append(
+                "cluster.component_placement: SAC's env workers step the policy themselves; "
+                f"place 'rollout' and 'env' under one key, e.g. {_EXAMPLE}"
+            )
+        if layout.key_of("actor") is not None and layout.shared("actor", "env"):
+            problems.append(
+                "cluster.component_placement: SAC runs its learner ('actor') in a process of its "
+                "own beside the env workers, so that stepping and training overlap; give it a "
+                f"key of its own, e.g. {_EXAMPLE}"
+            )
+        sac = config.algorithm.sac
+        if sac.learning_starts < sac.batch_size:
+            problems.append(
+                f"algorithm.sac.learning_starts: the first update samples batch_size="
+                f"{sac.batch_size} transitions, so at least that many must be collected first, "
+                f"got {sac.learning_starts}"
+            )
+        if sac.replay_size < sac.batch_size:
+            problems.append(
+                f"algorithm.sac.replay_size: {sac.replay_size} is smaller than batch_size "
+                f"{sac.batch_size}"
+            )
+        if plan is not None:
+            learners = len(plan.component("actor").workers)
+            collectors = len(plan.component("env").workers)
+            if learners != 1:
+                problems.append(
+                    "cluster.component_placement: SAC's learner ('actor') runs in one process, "
+                    f"got {learners}"
+                )
+            if config.env.num_envs % collectors:
+                problems.append(
+                    f"env.num_envs: {config.env.num_envs} envs do not split evenly over the "
+                    f"{collectors} env workers"
+                )
+        return problems
+
+    @classmethod
+    def unread(cls, config: Config) -> dict[str, str]:
+        return {**compile_unread("SAC does not read it"), **stages_unread(config, "SAC")}
+
+    @classmethod
+    def launch(cls, spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> Self:
+        config = spec.config
+        timeout = config.cluster.call_timeout_s
+        stack = ExitStack()
+        try:
+            started = time.perf_counter()
+            collectors = stack.enter_context(
+                launched_group(
+                    SACCollector.create_group(config), cluster, plan.component("env"), timeout
+                )
+            )
+            learner = stack.enter_context(
+                launched_group(
+                    SACLearnerWorker.create_group(config),
+                    cluster,
+                    plan.component("actor"),
+                    timeout,
+                )
+            )
+            shares = collectors.init_worker().wait()
+            learner.init_worker(shares[0].obs_dim, shares[0].action_dim).wait()
+        except BaseException:
+            stack.close()
+            raise
+        print(
+            f"workers up in {time.perf_counter() - started:.1f} s ({len(shares)} env workers × "
+            f"{shares[0].envs} {shares[0].env_id} envs, 1 learner)",
+            flush=True,
+        )
+        return cls(config, collectors, learner, stack)
+
+    def load(self, checkpoint: Path, state: TrainerState) -> int:
+        step = int(self.learner.load_checkpoint(str(checkpoint)).wait()[0])
+        self._env_steps = step * self.chunk
+        return step
+
+    def _random_chunk(self, step: int) -> bool:
+        """Whether chunk ``step`` (from 1) acts at random."""
+        return (step - 1) * self.chunk < self.config.algorithm.sac.learning_starts
+
+    def step(self, step: int) -> dict[str, float]:
+        config = self.config
+        started = time.perf_counter()
+        if self._pending is None:  # the first step of this process: weights, then a chunk
+            weights = self.learner.policy_weights().wait()[0]
+            self.collectors.set_weights(weights).wait()
+            self._pending = self.collectors.collect(
+                config.runner.rollout_steps, self._random_chunk(step)
+            )
+        collected = self._pending.wait()
+        if step < config.runner.max_steps:
+            self._pending = self.collectors.collect(
+                config.runner.rollout_steps, self._random_chunk(step + 1)
+            )
+        train_metrics, weights = self.learner.train([batch for batch, _ in collected]).wait()[0]
+        if weights is not None:
+            self.collectors.set_weights(weights)  # runs after the chunk being collected
+        metrics = merge_rank_metrics([m for _, m in collected])
+        metrics.update(train_metrics)
+        metrics["time/step"] = time.perf_counter() - started
+        self._env_steps += int(metrics["env/steps"])
+        metrics["env/total_steps"] = float(self._env_steps)
+        metrics["perf/env_steps_per_s"] = metrics["env/steps"] / metrics["time/step"]
+        return metrics
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        raise RuntimeError(
+            "runner.eval_interval: SAC does not evaluate during training; evaluate a "
+            "checkpoint with python -m rlshell.evaluate"
+        )
+
+    def save(self, directory: Path, step: int) -> TrainerState:
+        self.learner.save_checkpoint(str(directory), step).wait()
+        return TrainerState(step=step, experiment_name=self.config.runner.experiment_name)
+
+    def close(self) -> None:
+        self._stack.close()

@@ -1,0 +1,123 @@
+"""The run spec: what a config asks for, resolved once, read by everything after.
+
+`resolve_spec` turns a config into a `RunSpec`: which trainer runs it and the
+facts that trainer and its workers branch on (whether a critic is trained,
+which components share processes). Nothing downstream re-derives a mode from
+strings (``loss_type == "sac"``, ``adv_type != "gae"``, placement keys): it
+reads the spec. Which trainer runs what:
+
+    runner_type  algorithm              component_placement               trainer
+    reasoning    an rlcore estimator    rollout with or apart from actor  ReasoningTrainer
+    embodied     gae or group estimator "actor,rollout,env" one key       CollocatedPPOTrainer
+    embodied     gae                    actor, rollout, env: three keys   PipelinedPPOTrainer
+    embodied     loss_type sac          "actor" apart from "rollout,env"  SACTrainer
+    probe        (not read)             any                               none: the probe
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from attrs import frozen
+
+from rlshell.config import Config, PlacementEntry
+
+if TYPE_CHECKING:
+    from rlshell.runners.trainer import Trainer
+
+__all__ = ["ProcessLayout", "RunSpec", "resolve_spec", "trainer_classes"]
+
+
+@frozen
+class ProcessLayout:
+    """Which placement key places each component: components under one key share processes.
+
+    ``{"actor,rollout": "0-1", "reward": "0"}``: the actor's ranks also run the
+    rollout; the reward runs in processes of its own.
+    """
+
+    keys: Mapping[str, str]
+
+    @classmethod
+    def of(cls, placement: Mapping[str, str | PlacementEntry]) -> ProcessLayout:
+        return cls(
+            {name.strip(): key for key in placement for name in key.split(",") if name.strip()}
+        )
+
+    def shared(self, *names: str) -> bool:
+        """Whether every one of ``names`` is placed, all under the same key."""
+        keys = {self.keys.get(name) for name in names}
+        return None not in keys and len(keys) == 1
+
+    def apart(self, *names: str) -> bool:
+        """Whether every one of ``names`` is placed, each under a key of its own."""
+        keys = [self.keys.get(name) for name in names]
+        return None not in keys and len(set(keys)) == len(keys)
+
+    def key_of(self, name: str) -> str | None:
+        return self.keys.get(name)
+
+
+@frozen
+class RunSpec:
+    """A run, resolved from its config: the trainer and the facts it dispatches on.
+
+    ``trainer``: the `Trainer` class that runs it (None: the probe, which
+    checks a placement and trains nothing). ``critic``: a value function is
+    trained (embodied PPO with GAE). ``rollout_in_actor``: the rollout runs in
+    the actor's processes (one placement key names both).
+    """
+
+    config: Config
+    trainer: type[Trainer] | None
+    critic: bool
+    rollout_in_actor: bool
+    layout: ProcessLayout
+
+
+def trainer_classes() -> dict[str, type[Trainer]]:
+    """Every trainer of this installation, by class name."""
+    from rlshell.runners.embodied_pipeline import PipelinedPPOTrainer
+    from rlshell.runners.embodied_ppo import CollocatedPPOTrainer
+    from rlshell.runners.reasoning import ReasoningTrainer
+    from rlshell.runners.sac import SACTrainer
+
+    trainers: list[type[Trainer]] = [
+        ReasoningTrainer,
+        CollocatedPPOTrainer,
+        PipelinedPPOTrainer,
+        SACTrainer,
+    ]
+    return {trainer.__name__: trainer for trainer in trainers}
+
+
+def resolve_spec(config: Config) -> RunSpec:
+    """The `RunSpec` of ``config`` (the table in this module's docstring).
+
+    Whether the config is one the chosen trainer can run is the trainer's
+    `Trainer.problems`; this only picks it.
+    """
+    trainers = trainer_classes()
+    layout = ProcessLayout.of(config.cluster.component_placement)
+    runner = config.runner.runner_type
+    algorithm = config.algorithm
+    trainer: type[Trainer] | None
+    if runner == "reasoning":
+        trainer = trainers["ReasoningTrainer"]
+    elif runner == "embodied" and algorithm.loss_type == "sac":
+        trainer = trainers["SACTrainer"]
+    elif runner == "embodied" and layout.apart("actor", "rollout", "env"):
+        trainer = trainers["PipelinedPPOTrainer"]
+    elif runner == "embodied":
+        trainer = trainers["CollocatedPPOTrainer"]
+    else:
+        trainer = None
+    return RunSpec(
+        config=config,
+        trainer=trainer,
+        critic=trainer in (trainers["CollocatedPPOTrainer"], trainers["PipelinedPPOTrainer"])
+        and algorithm.adv_type == "gae",
+        rollout_in_actor=layout.shared("actor", "rollout"),
+        layout=layout,
+    )

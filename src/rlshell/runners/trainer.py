@@ -1,0 +1,142 @@
+"""The `Trainer` protocol: one kind of training run, as the run loop drives it.
+
+A trainer owns its worker groups and the choreography of one step between
+them; the loop (`rlshell.runners.loop.run`) owns everything around the steps,
+the same for every trainer:
+
+    trainer = Trainer.launch(spec, cluster, plan, run_dir)    # every group up
+    try:
+        start = trainer.load(checkpoint, state) if resuming else 0
+        if evaluating and start == 0: log(0, trainer.evaluate(0))
+        for step in range(start + 1, max_steps + 1):
+            metrics = trainer.step(step)
+            if cadence.eval_due(step): metrics |= trainer.evaluate(step)
+            log(step, metrics)
+            if cadence.checkpoint_due(step): commit(trainer.save(staging, step))
+    finally:
+        trainer.close()
+
+What a trainer accepts is its own business too: `Trainer.problems` returns
+every rule of its own that a config and plan break (sizes that must divide,
+components that must share processes), and `Trainer.unread` names the keys it
+never reads, each with the reason, so that validation refuses them when set
+(`rlshell.runners.validation`): a key accepted and ignored is a bug.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
+
+from attrs import frozen
+
+from rlshell.checkpoint import TrainerState
+from rlshell.cluster.group import WorkerGroup
+from rlshell.cluster.placement import ComponentPlan
+from rlshell.config import Config
+
+if TYPE_CHECKING:
+    from rlshell.cluster.placement import PlacementPlan
+    from rlshell.cluster.ray_cluster import Cluster
+    from rlshell.runners.spec import RunSpec
+
+__all__ = ["Cadence", "Trainer", "launched_group"]
+
+
+@frozen
+class Cadence:
+    """When the loop evaluates and saves: ``runner.eval_interval`` and ``checkpoint.interval``.
+
+    A checkpoint is due every ``checkpoint_interval`` steps and at the last
+    step (0: never); an evaluation every ``eval_interval`` steps and before
+    the first (0: never).
+    """
+
+    max_steps: int
+    checkpoint_interval: int
+    eval_interval: int
+
+    @classmethod
+    def of(cls, config: Config) -> Cadence:
+        return cls(
+            max_steps=config.runner.max_steps,
+            checkpoint_interval=config.checkpoint.interval,
+            eval_interval=config.runner.eval_interval,
+        )
+
+    def checkpoint_due(self, step: int) -> bool:
+        interval = self.checkpoint_interval
+        return bool(interval) and (step % interval == 0 or step == self.max_steps)
+
+    def eval_due(self, step: int) -> bool:
+        return bool(self.eval_interval) and step % self.eval_interval == 0
+
+    @property
+    def evaluates(self) -> bool:
+        return self.eval_interval > 0
+
+
+class Trainer(Protocol):
+    """One kind of run: its worker groups, one step, evaluation and checkpoints.
+
+    ``curves``: the metric keys `rlshell.metrics.plot_run` draws at the end.
+    ``registered_names``: the config keys whose values name registry entries
+    this trainer builds (``actor.model.model_type``, ``env.env_type``, ...);
+    validation looks each up.
+    """
+
+    curves: ClassVar[tuple[str, ...]]
+    registered_names: ClassVar[tuple[str, ...]]
+
+    @classmethod
+    def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
+        """What this trainer cannot run in ``config`` (and, when given, ``plan``); each line
+        starts with the key path it concerns. Called once, before anything starts."""
+        ...
+
+    @classmethod
+    def unread(cls, config: Config) -> dict[str, str]:
+        """Key paths (a section names every key under it) this trainer does not read with
+        ``config``, each with the reason; validation refuses any of them set."""
+        ...
+
+    @classmethod
+    def launch(cls, spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> Self:
+        """Start every worker group of the run; on failure, stop what was started."""
+        ...
+
+    def load(self, checkpoint: Path, state: TrainerState) -> int:
+        """Restore a checkpoint (``state`` is its ``trainer_state.json``); its step."""
+        ...
+
+    def step(self, step: int) -> dict[str, float]:
+        """Run step ``step`` (from 1); its metrics."""
+        ...
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """``eval/`` metrics of the current policy (only called when ``runner.eval_interval``
+        is set, which a trainer that cannot evaluate lists in `unread`)."""
+        ...
+
+    def save(self, directory: Path, step: int) -> TrainerState:
+        """Write the workers' state of step ``step`` into ``directory``; what the driver
+        needs beside it to continue (written last, as ``trainer_state.json``)."""
+        ...
+
+    def close(self) -> None:
+        """Stop every worker group (idempotent)."""
+        ...
+
+
+@contextmanager
+def launched_group(
+    group: WorkerGroup[Any], cluster: Cluster, placement: ComponentPlan, timeout: float | None
+) -> Iterator[Any]:
+    """``group`` launched on ``placement`` for the block, shut down after it."""
+    launched = group.launch(cluster, placement, call_timeout_s=timeout)
+    try:
+        yield launched
+    finally:
+        launched.shutdown()

@@ -1,0 +1,409 @@
+"""Every check a config passes before anything starts.
+
+`validate` returns every problem as a line that starts with the key path it
+concerns:
+
+- field constraints declared in `rlshell.config.schema` (``lr`` positive, ...);
+- names in the registries (models, envs, rewards, rlcore's estimators and
+  losses), with did-you-mean;
+- rules every trainer shares: a group size a group baseline can use, clip
+  ranges, a rollout TP that fits its engine, a cluster that can be planned and
+  a placement that fits it (`rlshell.cluster.placement`);
+- the trainer's own rules (`rlshell.runners.trainer.Trainer.problems`) and the
+  keys it does not read (`Trainer.unread`, with the keys no run reads in some
+  settings, `unread_keys`): a key set to anything but its default where it is
+  not read is refused with the reason;
+- run-only checks (``for_run=True``): files and checkpoints that must exist,
+  engines this installation has, GPUs that a backend needs, no simulated
+  cluster. ``--dry-run`` skips them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from rlcore.registry import ADVANTAGES, POLICY_LOSSES, Registry
+from rlshell.cluster.placement import ClusterSpec, ComponentRequest, PlacementError, PlacementPlan
+from rlshell.config import COMPONENTS, Config, PlacementEntry, field_problems, read_config
+from rlshell.engines.rollout import ROLLOUT_ENGINES
+from rlshell.engines.training import TRAINING_BACKENDS
+from rlshell.runners.spec import RunSpec, resolve_spec
+
+__all__ = [
+    "cluster_spec_for",
+    "load_config",
+    "placement_requests",
+    "plan_for",
+    "required_components",
+    "unread_keys",
+    "unread_problems",
+    "validate",
+]
+
+# Estimators whose baseline is the other samples of the same prompt.
+GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}
+GPU_ROLLOUT_BACKENDS = {"vllm", "sglang"}
+
+
+def load_config(
+    source: str | Path, overrides: Sequence[str] = (), *, for_run: bool = False
+) -> Config:
+    """Read, override, structure and validate a config; raise `ConfigError` listing every problem.
+
+    ``for_run=True`` (what the CLI passes for a real run) adds the checks that
+    only matter when the run really starts: files and checkpoints on disk,
+    GPUs on this machine, the runner being installed. ``--dry-run`` and
+    tools that only read a config leave it False.
+    """
+    return read_config(source, overrides, check=lambda config: validate(config, for_run=for_run))
+
+
+def validate(config: Config, *, for_run: bool = True) -> list[str]:
+    """Every problem with ``config``; empty when it is valid."""
+    spec = resolve_spec(config)
+    problems = list(field_problems(config))
+    problems += _registry_problems(spec)
+    problems += _algorithm_problems(config)
+    problems += _rollout_problems(config)
+    problems += _cluster_problems(config)
+    requests, request_problems = placement_requests(config)
+    problems += request_problems
+    plan: PlacementPlan | None = None
+    if not request_problems:
+        cluster = cluster_spec_for(config)
+        if cluster is not None:
+            plan, plan_problems = _plan(cluster, requests)
+            problems += plan_problems
+    problems += unread_problems(spec)
+    if spec.trainer is not None:
+        problems += spec.trainer.problems(config, plan)
+    if for_run:
+        problems += _run_only_problems(config)
+    return problems
+
+
+def unread_problems(spec: RunSpec) -> list[str]:
+    """A line for each key set (to other than its default) where the run does not read it."""
+    config = spec.config
+    unread = unread_keys(config)
+    if spec.trainer is not None:
+        unread.update(spec.trainer.unread(config))
+    problems = []
+    for key, reason in unread.items():
+        problems += [f"{leaf}: {reason}" for leaf in _set_leaves(config, key)]
+    return problems
+
+
+def unread_keys(config: Config) -> dict[str, str]:
+    """Keys no run reads in some settings of others, each with the reason."""
+    return {}
+
+
+_DEFAULT = Config()
+
+
+def _set_leaves(config: Config, key: str) -> list[str]:
+    """The key paths at or under ``key`` whose value in ``config`` is not the default."""
+    value: Any = config
+    default: Any = _DEFAULT
+    for part in key.split("."):
+        value, default = getattr(value, part), getattr(default, part)
+    if attrs.has(type(value)):
+        leaves = []
+        for item in attrs.fields(type(value)):
+            leaves += _set_leaves(config, f"{key}.{item.name}")
+        return leaves
+    return [key] if value != default else []
+
+
+def _registry_problems(spec: RunSpec) -> list[str]:
+    from rlshell.envs import ENVS
+    from rlshell.models import MODELS
+    from rlshell.rewards import REWARDS
+
+    config = spec.config
+    registries: dict[str, tuple[str | None, Registry[Any]]] = {
+        "actor.model.model_type": (config.actor.model.model_type, MODELS),
+        "algorithm.adv_type": (config.algorithm.adv_type, ADVANTAGES),
+        "algorithm.loss_type": (config.algorithm.loss_type, POLICY_LOSSES),
+        "reward.reward_type": (config.reward.reward_type, REWARDS),
+        "env.env_type": (config.env.env_type, ENVS),
+    }
+    runner = config.runner.runner_type
+    named = () if spec.trainer is None else spec.trainer.registered_names
+    problems = []
+    for key in named:
+        name, registry = registries[key]
+        if name is None:
+            problems.append(f"{key}: required for a {runner} run; registered: {registry.names()}")
+        elif name not in registry:
+            problems.append(f"{key}: {registry.unknown_message(name)}")
+    model = config.actor.model
+    if model.model_type in MODELS:
+        registered = MODELS.get(model.model_type).category
+        if runner in ("reasoning", "embodied") and registered != runner:
+            problems.append(
+                f"actor.model.model_type: '{model.model_type}' is a {registered} model; "
+                f"a {runner} run needs a {runner} model"
+            )
+        elif model.category != registered:
+            problems.append(
+                f"actor.model.category: '{model.model_type}' is registered as {registered}, "
+                f"got '{model.category}'"
+            )
+    return problems
+
+
+def _algorithm_problems(config: Config) -> list[str]:
+    algorithm = config.algorithm
+    problems = []
+    if algorithm.adv_type in GROUP_ESTIMATORS and algorithm.group_size < 2:
+        problems.append(
+            f"algorithm.group_size: {algorithm.adv_type} compares the samples of one prompt, "
+            f"so it needs at least 2 per prompt, got {algorithm.group_size}"
+        )
+    low, high = algorithm.clip_low, algorithm.clip_high
+    if low is not None and low >= 1:
+        problems.append(f"algorithm.clip_low: expected a number in (0, 1), got {low}")
+    # An unset clip_low takes the loss's default (0.2 for the PPO family).
+    effective_low = low if low is not None else 0.2
+    if high is not None and algorithm.loss_type == "ppo" and high < effective_low:
+        problems.append(f"algorithm.clip_high: expected ≥ clip_low ({effective_low}), got {high}")
+    elif high is not None and low is not None and high < low:
+        problems.append(f"algorithm.clip_high: expected ≥ clip_low ({low}), got {high}")
+    if algorithm.dual_clip is not None and algorithm.dual_clip <= 1:
+        problems.append(f"algorithm.dual_clip: expected a number > 1, got {algorithm.dual_clip}")
+    return problems
+
+
+def _rollout_problems(config: Config) -> list[str]:
+    rollout = config.rollout
+    if rollout.tensor_parallel_size > 1 and rollout.backend == "hf":
+        return [
+            f"rollout.tensor_parallel_size: the hf backend runs one device per process; "
+            f"tensor_parallel_size {rollout.tensor_parallel_size} needs backend vllm or sglang"
+        ]
+    return []
+
+
+def _cluster_problems(config: Config) -> list[str]:
+    cluster = config.cluster
+    if cluster.address is not None and cluster.num_cpus is not None:
+        return [
+            f"cluster.num_cpus: sizes an embedded Ray; the cluster at '{cluster.address}' was "
+            "sized by `ray start --num-cpus`"
+        ]
+    if cluster.address is None and cluster.simulate is None and cluster.num_nodes > 1:
+        return [
+            f"cluster.num_nodes: an embedded Ray has 1 node, got {cluster.num_nodes}; attach to "
+            "a cluster started with `ray start` (cluster.address=auto) or plan with "
+            "cluster.simulate"
+        ]
+    return []
+
+
+def required_components(config: Config) -> tuple[str, ...]:
+    """The components a run of this config starts."""
+    runner = config.runner.runner_type
+    needed: list[str] = []
+    if runner == "reasoning":
+        needed = ["actor", "rollout", "reward"]
+    elif runner == "embodied":
+        needed = ["actor", "rollout", "env"]
+    if config.algorithm.kl_coef > 0 and runner != "probe":
+        needed.append("reference")
+    return tuple(needed)
+
+
+def placement_requests(config: Config) -> tuple[list[ComponentRequest], list[str]]:
+    """One planner request per placed component, and the problems in ``component_placement``."""
+    key_root = "cluster.component_placement"
+    entries: dict[str, tuple[str, PlacementEntry]] = {}
+    problems = []
+    for key, value in config.cluster.component_placement.items():
+        entry = value if isinstance(value, PlacementEntry) else PlacementEntry(value)
+        for raw_name in key.split(","):
+            name = raw_name.strip()
+            if name not in COMPONENTS:
+                close = difflib.get_close_matches(name, COMPONENTS, n=1, cutoff=0.5)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                problems.append(
+                    f"{key_root}.{key}: unknown component '{name}'{hint}; "
+                    f"components: {', '.join(COMPONENTS)}"
+                )
+            elif name in entries:
+                problems.append(
+                    f"{key_root}.{key}: component '{name}' is already placed by "
+                    f"'{entries[name][0]}'"
+                )
+            else:
+                entries[name] = (key, entry)
+    required = required_components(config)
+    if "reference" in required and "reference" not in entries and "actor" in entries:
+        entries["reference"] = entries["actor"]  # the frozen reference shares the actor's devices
+    for name in required:
+        if name not in entries:
+            problems.append(
+                f"{key_root}: a {config.runner.runner_type} run needs a placement for '{name}'"
+            )
+    if not entries:
+        problems.append(f"{key_root}: place at least one component")
+    requests = [_request(config, name, entries[name][1]) for name in COMPONENTS if name in entries]
+    return requests, problems
+
+
+def _request(config: Config, name: str, entry: PlacementEntry) -> ComponentRequest:
+    sections: dict[str, Any] = {
+        "actor": config.actor,
+        "reference": config.actor,
+        "rollout": config.rollout,
+        "reward": config.reward,
+        "env": config.env,
+    }
+    own = config.actor.reference_cpus_per_worker if name == "reference" else None
+    cpus = entry.cpus_per_worker or own or float(sections[name].cpus_per_worker)
+    return ComponentRequest(
+        name=name,
+        placement=entry.placement,
+        node_group=entry.node_group,
+        cpus_per_worker=cpus,
+        uses_gpus=name in ("actor", "reference", "rollout")
+        or (name == "env" and config.env.uses_gpus),
+        tensor_parallel_size=config.rollout.tensor_parallel_size if name == "rollout" else 1,
+        shares_devices=_shares_devices(config, name),
+    )
+
+
+def _shares_devices(config: Config, name: str) -> bool:
+    # Time-sharing GPUs with another component means moving out of the way between phases.
+    if name == "actor":
+        return config.actor.enable_offload
+    if name == "rollout":
+        return config.rollout.enable_offload
+    return True
+
+
+def cluster_spec_for(config: Config) -> ClusterSpec | None:
+    """The cluster a plan is checked against before anything starts.
+
+    The simulated cluster when ``cluster.simulate`` is set; this machine for
+    an embedded Ray; None when attaching to a running cluster (its plan is
+    checked once connected, before any worker starts).
+    """
+    from rlshell.cluster.placement import cluster_spec, simulated_cluster
+    from rlshell.cluster.ray_cluster import local_cluster_spec
+
+    groups = config.cluster.node_groups or None
+    if config.cluster.simulate is not None:
+        return simulated_cluster(config.cluster.simulate, groups)
+    if config.cluster.address is not None:
+        return None
+    local = local_cluster_spec()
+    nodes = list(local.nodes)
+    if config.cluster.num_cpus is not None:
+        nodes = [attrs.evolve(nodes[0], cpus=float(config.cluster.num_cpus))]
+    return cluster_spec(nodes, groups)
+
+
+def plan_for(config: Config, spec: ClusterSpec) -> PlacementPlan:
+    """The placement plan of ``config`` on ``spec`` (raises `PlacementError`)."""
+    from rlshell.cluster.placement import plan_placement
+
+    requests, problems = placement_requests(config)
+    if problems:
+        raise PlacementError(problems)
+    return plan_placement(spec, requests)
+
+
+def _plan(
+    cluster: ClusterSpec, requests: list[ComponentRequest]
+) -> tuple[PlacementPlan | None, list[str]]:
+    """The plan of ``requests`` on ``cluster``, or the problems that keep it from being made."""
+    from rlshell.cluster.placement import plan_placement
+
+    try:
+        return plan_placement(cluster, requests), []
+    except PlacementError as error:
+        return None, [f"cluster.component_placement: {_in_config_terms(p)}" for p in error.problems]
+    except ValueError as error:  # a malformed simulate or node-group string
+        return None, [f"cluster: {error}"]
+
+
+def _in_config_terms(problem: str) -> str:
+    # The planner speaks of its request fields; a config user knows the offload switches.
+    return re.sub(
+        r"\b(actor|rollout) has shares_devices=False",
+        r"\1.enable_offload is false (collocated components offload between phases)",
+        problem,
+    )
+
+
+def _data_problems(config: Config) -> list[str]:
+    """Dataset files that are missing or lack a column: found before anything starts."""
+    data = config.data
+    if data.task != "file":
+        return []
+    from rlshell.data import read_examples
+
+    if data.train_path is None:
+        return ["data.train_path: data.task is 'file' but no training file is given"]
+    problems = []
+    for key, path in (("data.train_path", data.train_path), ("data.val_path", data.val_path)):
+        if path is None or not Path(path).exists():
+            continue  # a missing file is reported with the other paths
+        try:
+            read_examples(path, data.prompt_key, data.answer_key)
+        except (OSError, ValueError) as error:
+            problems.append(f"{key}: {error}")
+    return problems
+
+
+def _run_only_problems(config: Config) -> list[str]:
+    problems = _data_problems(config)
+    if config.rollout.backend not in ROLLOUT_ENGINES and config.runner.runner_type == "reasoning":
+        problems.append(
+            f"rollout.backend: this version samples with {', '.join(ROLLOUT_ENGINES)} only; its "
+            f"'{config.rollout.backend}' engine is not built yet (it comes behind the same "
+            "rollout-engine protocol, rlshell.engines.rollout): use rollout.backend=hf"
+        )
+    if config.actor.backend not in TRAINING_BACKENDS and config.runner.runner_type != "probe":
+        problems.append(
+            f"actor.backend: this version trains with {', '.join(TRAINING_BACKENDS)} only; its "
+            f"'{config.actor.backend}' backend is not built yet (it comes behind the same "
+            "training-backend protocol, rlshell.engines.training): use actor.backend=fsdp"
+        )
+    if config.cluster.simulate is not None:
+        problems.append(
+            f"cluster.simulate: '{config.cluster.simulate}' is a simulated cluster; "
+            "it can only be planned (--dry-run), not run"
+        )
+    files = {
+        "data.train_path": config.data.train_path,
+        "data.val_path": config.data.val_path,
+        "actor.model.path": config.actor.model.path,
+        "actor.model.tokenizer_path": config.actor.model.tokenizer_path,
+    }
+    for key, value in files.items():
+        if value is not None and not Path(value).exists():
+            problems.append(f"{key}: {value} does not exist")
+    resume = config.checkpoint.resume
+    if resume not in (None, "auto") and not Path(resume).is_dir():
+        problems.append(f"checkpoint.resume: no checkpoint directory at {resume}")
+    if config.cluster.address is None and config.cluster.simulate is None:
+        from rlshell.cluster.ray_cluster import local_cluster_spec
+
+        gpus = sum(node.gpus for node in local_cluster_spec().nodes)
+        needs = []
+        if config.rollout.backend in GPU_ROLLOUT_BACKENDS:
+            needs.append(f"rollout.backend: {config.rollout.backend} needs a GPU")
+        if config.actor.backend == "megatron":
+            needs.append("actor.backend: megatron needs a GPU")
+        if gpus == 0:
+            problems += [f"{need}, and this machine has none" for need in needs]
+    return problems
