@@ -23,8 +23,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from attrs import evolve
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from rlshell.config import Config, ConfigError

@@ -35,9 +35,15 @@ from rlshell.checkpoint import (
     staging_dir,
     write_trainer_state,
 )
-from rlshell.config import Config, EnvConfig, ModelConfig
-from rlshell.config import CONVERTER, read_config_source, write_config
-from rlshell.runners.validation import load_config
+from rlshell.config import (
+    CONVERTER,
+    Config,
+    EnvConfig,
+    ModelConfig,
+    read_config_source,
+    write_config,
+)
+from rlshell.engines.training.fsdp import FSDPModelManager
 from rlshell.export import (
     MODEL_CONFIG_FILE,
     POLICY_EXPORT_DIR,
@@ -50,9 +56,9 @@ from rlshell.export import (
     main,
 )
 from rlshell.extensions import ENV_VAR
-from rlshell.engines.training.fsdp import FSDPModelManager
 from rlshell.models import get_model
 from rlshell.models.base import BasePolicy
+from rlshell.runners.validation import load_config
 from tests.shell.conftest import single_rank_group
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -29,8 +29,8 @@ from rlshell.engines.training.fsdp import FSDPModelManager, build_lr_lambda, wra
 from rlshell.models import get_model
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.runners.reasoning import _interleave_order
-from rlshell.tokenizer import prepare_tokenizer, with_tokenizer_ids
 from rlshell.runners.validation import load_config
+from rlshell.tokenizer import prepare_tokenizer, with_tokenizer_ids
 from rlshell.workers.actor import compute_advantages, policy_forward
 
 GRPO = Path("configs/grpo.py")

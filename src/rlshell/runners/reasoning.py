@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import torch
-from attrs import evolve
 
 from rlshell.checkpoint import TrainerState
 from rlshell.cluster.group import WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
-from rlshell.config import Config, ConfigError
+from rlshell.config import Config
 from rlshell.data import PromptExample, PromptSampler, SamplerState, load_dataset
 from rlshell.metrics import tokens_per_second
 from rlshell.rollout import RolloutBatch, SamplingParams
