@@ -18,7 +18,7 @@ results, never filled with zeros, when not asked for or when there is no critic.
 With ``orthogonal_init`` (the default) weights are orthogonal with gain √2,
 the policy head's 0.01 and the value and Q heads' 1.0, biases zero (CleanRL,
 SB3). Layers are built in fp32, initialised, then cast to the model dtype; the
-distribution maths always runs in fp32.
+distribution maths (`rlcore.distributions`) always runs in fp32.
 """
 
 from __future__ import annotations
@@ -30,27 +30,24 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal, cast
 
 import torch
-import torch.nn.functional as F
 from attrs import frozen
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor, nn
 
 from rlcore import normalize as running_stats
+from rlcore.distributions import (
+    categorical_entropy,
+    categorical_log_prob,
+    categorical_sample,
+    gaussian_entropy,
+    gaussian_log_prob,
+    gaussian_sample,
+    tanh_gaussian_log_prob,
+)
 from rlshell.config import ModelConfig
 from rlshell.models.base import ActionInfo, BasePolicy, ForwardType
 
-__all__ = [
-    "ActionType",
-    "MLPPolicy",
-    "MLPPolicySpec",
-    "build_mlp_policy",
-    "categorical_entropy",
-    "categorical_log_prob",
-    "categorical_sample",
-    "gaussian_entropy",
-    "gaussian_log_prob",
-    "tanh_gaussian_log_prob",
-]
+__all__ = ["ActionType", "MLPPolicy", "MLPPolicySpec", "build_mlp_policy"]
 
 ActionType = Literal["discrete", "gaussian", "tanh_gaussian"]
 Activation = Literal["tanh", "relu"]
@@ -58,70 +55,6 @@ Activation = Literal["tanh", "relu"]
 LOG_STD_MIN = -5.0
 LOG_STD_MAX = 2.0
 OBS_CLIP = 10.0  # normalised states are clipped to ±10 (CleanRL's wrappers, SB3's VecNormalize)
-_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
-_LOG_2 = math.log(2.0)
-
-
-# ---------------------------------------------------------------------------
-# The distributions' maths, in fp32, summed over action dimensions.
-
-
-def categorical_log_prob(
-    logits: Float[Tensor, "batch actions"], actions: Int[Tensor, " batch"]
-) -> Float[Tensor, " batch"]:
-    """log π(a) = z_a − log Σ_v exp z_v."""
-    log_probs = F.log_softmax(logits, dim=-1)
-    return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-
-
-def categorical_sample(logits: Float[Tensor, "batch actions"]) -> Int[Tensor, " batch"]:
-    """a ~ π = softmax(z): argmax_v π_v / E_v with E_v ~ Exp(1) i.i.d. (the exponential race,
-    P(argmax = v) = π_v).
-
-    The draw ``torch.multinomial(π, 1)`` makes, with the same generator calls and so the
-    same actions, without its checks of the probabilities (28 µs against 9 µs for 8 rows
-    of 2 actions on one core). Non-finite logits give NaN log-probs, which PPO's update stops on.
-    """
-    probs = torch.softmax(logits, dim=-1)
-    return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
-
-
-def categorical_entropy(logits: Float[Tensor, "batch actions"]) -> Float[Tensor, " batch"]:
-    """H = −Σ_v π(v) log π(v)."""
-    log_probs = F.log_softmax(logits, dim=-1)
-    return -(log_probs.exp() * log_probs).sum(-1)
-
-
-def gaussian_log_prob(
-    x: Float[Tensor, "batch dim"],
-    mean: Float[Tensor, "batch dim"],
-    log_std: Float[Tensor, "*#batch dim"],
-) -> Float[Tensor, " batch"]:
-    """log N(x; μ, σ²) summed over dims: Σ_i −(x_i − μ_i)²/(2σ_i²) − log σ_i − ½ log 2π."""
-    z = (x - mean) * torch.exp(-log_std)
-    return (-0.5 * z.square() - log_std - _HALF_LOG_2PI).sum(-1)
-
-
-def gaussian_entropy(log_std: Float[Tensor, "*#batch dim"], batch: int) -> Float[Tensor, " batch"]:
-    """H[N(μ, σ²)] summed over dims: Σ_i ½ + ½ log 2π + log σ_i, one entry per row."""
-    per_row = (0.5 + _HALF_LOG_2PI + log_std).sum(-1)
-    return per_row.expand(batch) if per_row.dim() == 0 else per_row
-
-
-def tanh_gaussian_log_prob(
-    u: Float[Tensor, "batch dim"],
-    mean: Float[Tensor, "batch dim"],
-    log_std: Float[Tensor, "batch dim"],
-) -> Float[Tensor, " batch"]:
-    """log π(a) of a = tanh(u), u ~ N(μ, σ²) (Haarnoja et al. 2018, appendix C).
-
-    log π(a) = log N(u; μ, σ²) − Σ_i log(1 − tanh²(u_i)), with the stable form
-    log(1 − tanh² u) = 2 (log 2 − u − softplus(−2u)), finite for any u (the
-    naive form is −inf once tanh u rounds to ±1, |u| ≳ 9 in fp32). The constant
-    Jacobian of the affine map to [low, high] is left out.
-    """
-    log_det = 2.0 * (_LOG_2 - u - F.softplus(-2.0 * u))
-    return gaussian_log_prob(u, mean, log_std) - log_det.sum(-1)
 
 
 # ---------------------------------------------------------------------------
@@ -412,18 +345,18 @@ class MLPPolicy(BasePolicy):
             hidden = self.actor(self._cast(states)).float()
             kind = self.spec.action_type
             if kind == "discrete":
-                action = self._sample_discrete(hidden, deterministic)
+                action = hidden.argmax(-1) if deterministic else categorical_sample(hidden)
                 logprobs = categorical_log_prob(hidden, action)
                 env_action = action
             else:
                 mean, log_std = self._gaussian_params(hidden)
-                noise = torch.zeros_like(mean) if deterministic else torch.randn_like(mean)
-                action = mean + log_std.exp() * noise
+                # In eval the mode μ, a tensor of its own (μ may be a view of the head).
+                action = mean.clone() if deterministic else gaussian_sample(mean, log_std)
                 if kind == "gaussian":
                     logprobs = gaussian_log_prob(action, mean, log_std)
                     env_action = torch.clamp(action, self.action_low, self.action_high)
                 else:
-                    logprobs = tanh_gaussian_log_prob(action, mean, log_std.expand_as(mean))
+                    logprobs = tanh_gaussian_log_prob(action, mean, log_std)
                     env_action = self._to_env_range(torch.tanh(action))
             info: ActionInfo = {
                 "prev_logprobs": logprobs,
@@ -460,7 +393,10 @@ class MLPPolicy(BasePolicy):
                 u = action.float()
                 if kind == "gaussian":
                     logprobs = gaussian_log_prob(u, mean, log_std)
-                    entropy = gaussian_entropy(log_std, u.shape[0]) if compute_entropy else None
+                    # One σ for every row: its entropy, broadcast to the batch.
+                    entropy = (
+                        gaussian_entropy(log_std).expand(u.shape[0]) if compute_entropy else None
+                    )
                 else:
                     logprobs = tanh_gaussian_log_prob(u, mean, log_std)
                     entropy = -logprobs
@@ -484,7 +420,7 @@ class MLPPolicy(BasePolicy):
         """
         self._require_sac(ForwardType.SAC)
         mean, log_std = self._gaussian_params(self.actor(self._cast(states)).float())
-        u = mean + log_std.exp() * torch.randn_like(mean)
+        u = gaussian_sample(mean, log_std)
         return torch.tanh(u), tanh_gaussian_log_prob(u, mean, log_std)
 
     def sac_q_forward(
@@ -528,11 +464,6 @@ class MLPPolicy(BasePolicy):
         first = self.actor[0]
         assert isinstance(first, nn.Linear)
         return first.weight.dtype
-
-    def _sample_discrete(self, logits: Tensor, deterministic: bool) -> Tensor:
-        if deterministic:
-            return logits.argmax(-1)
-        return categorical_sample(logits)
 
     def _gaussian_params(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
         """(μ, log σ): gaussian's log σ is a parameter; tanh_gaussian's a clamped head."""
