@@ -285,6 +285,17 @@ def test_a_missing_input_names_the_key_the_class_and_what_is_there() -> None:
             r"model_kwargs\.init_log_std: not read",
         ),
         (
+            {"obs_dim": 3, "action_dim": 2, "action_type": "discrete", "action_hi": 1.0},
+            r"unknown key '.*\.action_hi' \(did you mean 'action_high'\?\); mlp_policy reads "
+            r"obs_dim, action_dim, action_type, hidden_sizes, activation, orthogonal_init, "
+            r"normalize_obs$",
+        ),
+        (
+            {"obs_dim": 3, "action_dim": 2, "action_type": "discrete", "action_high": 1.0},
+            r"action_high: not read with action_type 'discrete' \(only with 'gaussian', "
+            r"'tanh_gaussian'\)$",
+        ),
+        (
             {"obs_dim": 3, "action_dim": 2, "action_type": "discrete", "hidden_sizes": "64,x"},
             r"model_kwargs\.hidden_sizes: expected comma-separated positive ints",
         ),
@@ -317,6 +328,14 @@ def test_a_missing_input_names_the_key_the_class_and_what_is_there() -> None:
 def test_builder_errors_name_the_key(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         MLPPolicySpec.from_kwargs(kwargs)
+
+
+def test_booleans_may_be_given_as_true_or_false_strings() -> None:
+    kwargs = {"obs_dim": 3, "action_dim": 2, "action_type": "discrete"}
+    spec = MLPPolicySpec.from_kwargs(
+        {**kwargs, "orthogonal_init": "false", "normalize_obs": "True"}
+    )
+    assert (spec.orthogonal_init, spec.normalize_obs) == (False, True)
 
 
 def test_get_model_builds_an_mlp_policy_in_the_configured_dtype() -> None:

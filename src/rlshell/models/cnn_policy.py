@@ -118,14 +118,7 @@ class CNNPolicySpec:
                 f"(one per convolution), got {kwargs.get('conv_channels')!r}"
             )
         continuous = action_type == "gaussian"
-        low = read.float_list("action_low", -1.0, action_dim) if continuous else ()
-        high = read.float_list("action_high", 1.0, action_dim) if continuous else ()
-        for i, (lo, hi) in enumerate(zip(low, high, strict=True)):
-            if not lo < hi:
-                raise ValueError(
-                    f"{PREFIX}.action_low: dimension {i} has low {lo} >= high {hi}; "
-                    "each low must be below its high"
-                )
+        low, high = read.action_bounds(action_dim) if continuous else ((), ())
         return cls(
             action_dim=action_dim,
             action_type=action_type,

@@ -23,7 +23,6 @@ distribution maths (`rlcore.distributions`) always runs in fp32.
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import math
 from collections.abc import Callable, Mapping
@@ -46,6 +45,7 @@ from rlcore.distributions import (
 )
 from rlshell.config import ModelConfig
 from rlshell.models.base import ActionInfo, BasePolicy, ForwardType
+from rlshell.models.model_kwargs import KwargsReader, Scalar
 
 __all__ = ["ActionType", "MLPPolicy", "MLPPolicySpec", "build_mlp_policy"]
 
@@ -60,7 +60,6 @@ OBS_CLIP = 10.0  # normalised states are clipped to ±10 (CleanRL's wrappers, SB
 # ---------------------------------------------------------------------------
 # Configuration, read from model_kwargs.
 
-_PREFIX = "actor.model.model_kwargs"
 _COMMON_KEYS = (
     "obs_dim",
     "action_dim",
@@ -74,9 +73,6 @@ _KEYS_BY_TYPE: dict[ActionType, tuple[str, ...]] = {
     "gaussian": (*_COMMON_KEYS, "action_low", "action_high", "init_log_std", "normalize_obs"),
     "tanh_gaussian": (*_COMMON_KEYS, "action_low", "action_high"),
 }
-_ALL_KEYS = sorted({key for keys in _KEYS_BY_TYPE.values() for key in keys})
-
-Scalar = int | float | str | bool
 
 
 @frozen
@@ -100,147 +96,23 @@ class MLPPolicySpec:
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Scalar]) -> MLPPolicySpec:
         """Parse ``model_kwargs``; a bad or missing entry raises ValueError naming its key."""
-        action_type = cast(
-            ActionType, _choice(kwargs, "action_type", ("discrete", "gaussian", "tanh_gaussian"))
-        )
-        _reject_unknown(kwargs, action_type)
-        action_dim = _positive_int(kwargs, "action_dim")
-        continuous = action_type != "discrete"
-        low = _bounds(kwargs, "action_low", -1.0, action_dim) if continuous else ()
-        high = _bounds(kwargs, "action_high", 1.0, action_dim) if continuous else ()
-        for i, (lo, hi) in enumerate(zip(low, high, strict=True)):
-            if not lo < hi:
-                raise ValueError(
-                    f"{_PREFIX}.action_low: dimension {i} has low {lo} >= high {hi}; "
-                    "each low must be below its high"
-                )
-        hidden = _int_list(kwargs, "hidden_sizes", "64,64")
+        read = KwargsReader(kwargs, "mlp_policy")
+        action_type = read.variant("action_type", _KEYS_BY_TYPE)
+        action_dim = read.positive_int("action_dim")
+        low, high = read.action_bounds(action_dim) if action_type != "discrete" else ((), ())
+        hidden = read.int_list("hidden_sizes", "64,64")
         return cls(
-            obs_dim=_positive_int(kwargs, "obs_dim"),
+            obs_dim=read.positive_int("obs_dim"),
             action_dim=action_dim,
             action_type=action_type,
             hidden_sizes=hidden,
-            activation=cast(Activation, _choice(kwargs, "activation", ("tanh", "relu"), "tanh")),
+            activation=cast(Activation, read.choice("activation", ("tanh", "relu"), "tanh")),
             action_low=low,
             action_high=high,
-            init_log_std=_float(kwargs, "init_log_std", 0.0),
-            orthogonal_init=_bool(kwargs, "orthogonal_init", True),
-            normalize_obs=_bool(kwargs, "normalize_obs", False),
+            init_log_std=read.float_("init_log_std", 0.0),
+            orthogonal_init=read.bool_("orthogonal_init", True),
+            normalize_obs=read.bool_("normalize_obs", False),
         )
-
-
-def _reject_unknown(kwargs: Mapping[str, Scalar], action_type: ActionType) -> None:
-    allowed = _KEYS_BY_TYPE[action_type]
-    for key in kwargs:
-        if key in allowed:
-            continue
-        if key in _ALL_KEYS:
-            users = [t for t, keys in _KEYS_BY_TYPE.items() if key in keys]
-            raise ValueError(
-                f"{_PREFIX}.{key}: not read with action_type '{action_type}' "
-                f"(only with {', '.join(repr(t) for t in users)})"
-            )
-        close = difflib.get_close_matches(key, _ALL_KEYS, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ValueError(
-            f"unknown key '{_PREFIX}.{key}'{hint}; mlp_policy reads {', '.join(allowed)}"
-        )
-
-
-def _required(kwargs: Mapping[str, Scalar], key: str, what: str) -> Scalar:
-    if key not in kwargs:
-        raise ValueError(f"{_PREFIX}.{key}: missing; mlp_policy needs {what}")
-    return kwargs[key]
-
-
-def _positive_int(kwargs: Mapping[str, Scalar], key: str) -> int:
-    value = _required(kwargs, key, "a positive int")
-    parsed = _as_int(value)
-    if parsed is None or parsed <= 0:
-        raise ValueError(f"{_PREFIX}.{key}: expected a positive int, got {value!r}")
-    return parsed
-
-
-def _as_int(value: Scalar) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
-    return None
-
-
-def _as_float(value: Scalar) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    try:
-        return float(value)
-    except ValueError:
-        return None
-
-
-def _float(kwargs: Mapping[str, Scalar], key: str, default: float) -> float:
-    value = kwargs.get(key, default)
-    parsed = _as_float(value)
-    if parsed is None or not math.isfinite(parsed):
-        raise ValueError(f"{_PREFIX}.{key}: expected a finite float, got {value!r}")
-    return parsed
-
-
-def _bool(kwargs: Mapping[str, Scalar], key: str, default: bool) -> bool:
-    value = kwargs.get(key, default)
-    if not isinstance(value, bool):
-        raise ValueError(f"{_PREFIX}.{key}: expected true or false, got {value!r}")
-    return value
-
-
-def _choice(
-    kwargs: Mapping[str, Scalar], key: str, choices: tuple[str, ...], default: str | None = None
-) -> str:
-    shown = ", ".join(f"'{c}'" for c in choices)
-    value = kwargs.get(key, default)
-    if value is None:
-        raise ValueError(f"{_PREFIX}.{key}: missing; expected one of {shown}")
-    if value not in choices:
-        close = difflib.get_close_matches(str(value), choices, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ValueError(f"{_PREFIX}.{key}: got {value!r}{hint}; expected one of {shown}")
-    return str(value)
-
-
-def _int_list(kwargs: Mapping[str, Scalar], key: str, default: str) -> tuple[int, ...]:
-    value = kwargs.get(key, default)
-    parts = [p.strip() for p in str(value).split(",")] if not isinstance(value, bool) else []
-    parsed = [_as_int(p) for p in parts if p]
-    if not parsed or any(p is None or p <= 0 for p in parsed):
-        raise ValueError(
-            f"{_PREFIX}.{key}: expected comma-separated positive ints like '64,64', got {value!r}"
-        )
-    return tuple(cast(list[int], parsed))
-
-
-def _bounds(
-    kwargs: Mapping[str, Scalar], key: str, default: float, action_dim: int
-) -> tuple[float, ...]:
-    value = kwargs.get(key, default)
-    parts = str(value).split(",") if isinstance(value, str) else [value]
-    parsed = [_as_float(p.strip() if isinstance(p, str) else p) for p in parts]
-    if any(p is None or not math.isfinite(p) for p in parsed):
-        raise ValueError(
-            f"{_PREFIX}.{key}: expected a finite float or comma-separated floats, got {value!r}"
-        )
-    bounds = tuple(cast(list[float], parsed))
-    if len(bounds) == 1:
-        return bounds * action_dim
-    if len(bounds) != action_dim:
-        raise ValueError(
-            f"{_PREFIX}.{key}: {len(bounds)} bounds for action_dim {action_dim}; "
-            "give one bound for all dimensions or one per dimension"
-        )
-    return bounds
 
 
 # ---------------------------------------------------------------------------
