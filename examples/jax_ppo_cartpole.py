@@ -1,10 +1,10 @@
 """PPO on CartPole-v1 in JAX: a Flax actor-critic, optax, and rlcore.jax's GAE and losses.
 
 A custom trainer on the JAX twins of rlcore, in one process and one screen of
-loop. The maths (GAE, the clipped surrogate, the value loss, the entropy
-bonus, advantage whitening) comes from `rlcore.jax`; the network is a Flax
-NNX module, the optimizer optax, the env gymnasium's vector CartPole. Each
-iteration is
+loop. The maths (the categorical's log-probabilities and entropy, GAE, the
+clipped surrogate, the value loss, the entropy bonus, advantage whitening)
+comes from `rlcore.jax`; the network is a Flax NNX module, the optimizer
+optax, the env gymnasium's vector CartPole. Each iteration is
 
     8 envs × 32 steps with a jitted sampling step → one jitted update:
     values, GAE, then 20 epochs of PPO on the 256 samples (lax.scan)
@@ -51,6 +51,7 @@ import optax  # type: ignore[import-untyped, unused-ignore]
 from flax import nnx
 
 from rlcore.jax.advantages import gae
+from rlcore.jax.distributions import categorical_entropy, categorical_log_prob
 from rlcore.jax.losses import entropy_loss, ppo_policy_loss, value_loss
 from rlcore.jax.masked import masked_whiten
 
@@ -175,10 +176,9 @@ def make_update(
         params: Params, batch: dict[str, jax.Array]
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         logits, values = evaluate(params, batch["obs"])
-        log_probs = jax.nn.log_softmax(logits)
-        logprobs = jnp.take_along_axis(log_probs, batch["actions"][:, None], axis=-1)
-        entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
         # rlcore's losses read [batch, time]: each sample is a row of one step.
+        logprobs = categorical_log_prob(logits, batch["actions"])[:, None]
+        entropy = categorical_entropy(logits)
         mask = jnp.ones_like(logprobs, dtype=bool)
         advantages = masked_whiten(batch["advantages"][:, None], mask)
         policy = ppo_policy_loss(
@@ -206,9 +206,7 @@ def make_update(
         # The policy that sampled the rollout, evaluated once on all of it: π_old, V and V'.
         logits, values = evaluate(state.params, rollout.obs)
         _, next_values = evaluate(state.params, rollout.next_obs)
-        logprobs = jnp.take_along_axis(
-            jax.nn.log_softmax(logits), rollout.actions[..., None], axis=-1
-        )[..., 0]
+        logprobs = categorical_log_prob(logits, rollout.actions)
         # gae reads [*batch, time]: envs are the batch, so time-major arrays are transposed.
         estimate = gae(
             rollout.rewards.T,

@@ -371,6 +371,7 @@ DOCUMENTED_MODULES = [
     "rlcore.advantages",
     "rlcore.losses",
     "rlcore.logprobs",
+    "rlcore.distributions",
     "rlcore.rollout",
     "rlcore.normalize",
     "rlcore.testing",

@@ -108,7 +108,9 @@ def typecheck(fn: F) -> F:
 # Explaining a failed check: re-walk the arguments in order, binding dimension
 # names exactly as jaxtyping does, and report the first conflict found.
 
-_DIM_TOKEN = re.compile(r"^(?P<star>\*)?(?P<name>[A-Za-z_][A-Za-z0-9_]*|\d+|\.\.\.)$")
+_DIM_TOKEN = re.compile(
+    r"^(?P<star>\*)?(?P<broadcast>#)?(?P<name>[A-Za-z_][A-Za-z0-9_]*|\d+|\.\.\.)$"
+)
 
 
 def _explain(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -179,6 +181,8 @@ def _dims(annotation: Any) -> list[tuple[str, str]]:
             out.append(("other", token))
         elif match["name"] == "...":
             out.append(("anon_variadic", "..."))
+        elif match["broadcast"]:
+            out.append(("broadcast_variadic" if match["star"] else "broadcast", match["name"]))
         elif match["star"]:
             out.append(("variadic", match["name"]))
         elif match["name"].isdigit():
@@ -202,7 +206,7 @@ def _check_one(
     if any(kind == "other" for kind, _ in dims):
         return None
     shape = tuple(value.shape)
-    variadic = [i for i, (kind, _) in enumerate(dims) if kind in ("variadic", "anon_variadic")]
+    variadic = [i for i, (kind, _) in enumerate(dims) if kind in _VARIADIC]
     fixed_count = len(dims) - len(variadic)
     if (variadic and len(shape) < fixed_count) or (not variadic and len(shape) != len(dims)):
         need = f"at least {fixed_count}" if variadic else str(len(dims))
@@ -236,4 +240,26 @@ def _check_one(
                     f"but '{by}' bound it to {shown}"
                 )
             bindings[dim_name] = (size, name)
+        if kind in ("broadcast", "broadcast_variadic"):
+            # '#name' may be 1 where 'name' is bound, '*#name' any shape that broadcasts to
+            # it; neither binds a size of its own.
+            previous = bindings.get(dim_name)
+            if previous is not None and not _broadcasts(size, previous[0]):
+                seen, by = previous
+                shown = seen[0] if kind == "broadcast" else seen
+                got = size[0] if kind == "broadcast" else size
+                return (
+                    f"argument '{name}' has shape {shape}: dimension '{dim_name}' is {got}, "
+                    f"which does not broadcast to {shown}, bound by '{by}'"
+                )
     return None
+
+
+_VARIADIC = ("variadic", "anon_variadic", "broadcast_variadic")
+
+
+def _broadcasts(size: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether a ``size`` array broadcasts to ``target`` (right-aligned, each dim 1 or equal)."""
+    if len(size) > len(target):
+        return False
+    return all(s in (1, t) for s, t in zip(reversed(size), reversed(target), strict=False))

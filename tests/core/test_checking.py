@@ -12,10 +12,18 @@ import pytest
 import torch
 from jaxtyping import Float, TypeCheckError
 
-from rlcore import advantages, logprobs, losses, masked, normalize, rollout
+from rlcore import advantages, distributions, logprobs, losses, masked, normalize, rollout
 from rlcore._checking import typecheck
 
-MODULES: list[ModuleType] = [advantages, logprobs, losses, masked, normalize, rollout]
+MODULES: list[ModuleType] = [
+    advantages,
+    distributions,
+    logprobs,
+    losses,
+    masked,
+    normalize,
+    rollout,
+]
 
 
 def public_functions() -> list[tuple[str, object]]:

@@ -30,16 +30,27 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from torch import Tensor
 
-from rlcore import _scan, advantages, logprobs, losses, masked, normalize
+from rlcore import _scan, advantages, distributions, logprobs, losses, masked, normalize
 from rlcore.jax import _scan as jscan
 from rlcore.jax import advantages as jadvantages
+from rlcore.jax import distributions as jdistributions
 from rlcore.jax import logprobs as jlogprobs
 from rlcore.jax import losses as jlosses
 from rlcore.jax import masked as jmasked
 from rlcore.jax import normalize as jnormalize
 from rlcore.losses import KLKind
 from rlcore.masked import AggregationMode
-from rlcore.testing import TokenBatch, Trajectory, group_scores, token_batches, trajectories
+from rlcore.testing import (
+    CategoricalBatch,
+    GaussianBatch,
+    TokenBatch,
+    Trajectory,
+    categorical_batches,
+    gaussian_batches,
+    group_scores,
+    token_batches,
+    trajectories,
+)
 
 F32, F64 = torch.float32, torch.float64
 TOLERANCE = {F32: 1e-5, F64: 1e-10}
@@ -52,6 +63,7 @@ TOKEN_SHAPES = [(4, 8)]
 TRAJECTORY_SHAPES = [(3, 16)]
 GROUP_SHAPES = [(4, 6)]
 LOGIT_SHAPES = [(2, 5, 11)]  # batch, time, vocab: 10 rows, so chunks of 3 leave a remainder
+ACTION_SHAPES = [(5, 6)]  # batch, actions (or action dimensions)
 
 
 def token_cases(**options: Any) -> st.SearchStrategy[TokenBatch]:
@@ -827,6 +839,140 @@ def test_hidden_stats(
                 return (jcotangent * stats.logprobs - stats.entropy).sum()
 
             gradients_agree(reference, twin, [h, w], "token_stats_from_hidden")
+
+
+# ---------------------------------------------------------------------------
+# distributions
+
+
+def categorical_cases() -> st.SearchStrategy[CategoricalBatch]:
+    return st.sampled_from(ACTION_SHAPES).flatmap(
+        lambda s: categorical_batches(
+            min_batch=s[0], max_batch=s[0], min_actions=s[1], max_actions=s[1]
+        )
+    )
+
+
+def gaussian_cases() -> st.SearchStrategy[GaussianBatch]:
+    return st.sampled_from(ACTION_SHAPES).flatmap(
+        lambda s: gaussian_batches(min_batch=s[0], max_batch=s[0], min_dim=s[1], max_dim=s[1])
+    )
+
+
+@PRECISIONS
+@FIXED_SHAPE
+@given(batch=categorical_cases(), gradients=st.booleans())
+def test_categorical(dtype: torch.dtype, batch: CategoricalBatch, gradients: bool) -> None:
+    with precision(dtype):
+        logits, actions = cast(batch.logits, dtype), batch.actions
+        jl, ja = to_jax(logits), to_jax(actions)
+        agree(
+            jdistributions.categorical_log_prob(jl, ja),
+            distributions.categorical_log_prob(logits, actions),
+            dtype,
+            "categorical_log_prob",
+        )
+        agree(
+            jdistributions.categorical_entropy(jl),
+            distributions.categorical_entropy(logits),
+            dtype,
+            "categorical_entropy",
+        )
+        if dtype == F64 and gradients:
+            w = weights(actions.shape, dtype)
+            jw = to_jax(w)
+
+            def reference(z: Tensor) -> Tensor:
+                log_prob = distributions.categorical_log_prob(z, actions)
+                return (w * log_prob + w.flip(-1) * distributions.categorical_entropy(z)).sum()
+
+            def twin(z: jax.Array) -> jax.Array:
+                log_prob = jdistributions.categorical_log_prob(z, ja)
+                entropy = jdistributions.categorical_entropy(z)
+                return (jw * log_prob + jnp.flip(jw, -1) * entropy).sum()
+
+            gradients_agree(reference, twin, [logits], "categorical")
+
+
+@PRECISIONS
+@FIXED_SHAPE
+@given(batch=gaussian_cases(), gradients=st.booleans())
+def test_gaussian_and_tanh_gaussian(
+    dtype: torch.dtype, batch: GaussianBatch, gradients: bool
+) -> None:
+    with precision(dtype):
+        x, mean, log_std = (cast(t, dtype) for t in (batch.x, batch.mean, batch.log_std))
+        jx, jmean, jlog_std = to_jax(x), to_jax(mean), to_jax(log_std)
+        agree(
+            jdistributions.gaussian_log_prob(jx, jmean, jlog_std),
+            distributions.gaussian_log_prob(x, mean, log_std),
+            dtype,
+            "gaussian_log_prob",
+        )
+        agree(
+            jdistributions.gaussian_entropy(jlog_std),
+            distributions.gaussian_entropy(log_std),
+            dtype,
+            "gaussian_entropy",
+        )
+        agree(
+            jdistributions.tanh_gaussian_log_prob(jx, jmean, jlog_std),
+            distributions.tanh_gaussian_log_prob(x, mean, log_std),
+            dtype,
+            "tanh_gaussian_log_prob",
+        )
+        if dtype == F64 and gradients:
+            w = weights(x.shape[:1], dtype)
+            jw = to_jax(w)
+
+            def reference(u: Tensor, m: Tensor, s: Tensor) -> Tensor:
+                gaussian = distributions.gaussian_log_prob(u, m, s)
+                squashed = distributions.tanh_gaussian_log_prob(u, m, s)
+                entropy = distributions.gaussian_entropy(s).sum()
+                return (w * gaussian + w.flip(-1) * squashed).sum() + entropy
+
+            def twin(u: jax.Array, m: jax.Array, s: jax.Array) -> jax.Array:
+                gaussian = jdistributions.gaussian_log_prob(u, m, s)
+                squashed = jdistributions.tanh_gaussian_log_prob(u, m, s)
+                entropy = jdistributions.gaussian_entropy(s).sum()
+                return (jw * gaussian + jnp.flip(jw, -1) * squashed).sum() + entropy
+
+            gradients_agree(reference, twin, [x, mean, log_std], "gaussian")
+
+
+@FIXED_SHAPE
+@given(batch=categorical_cases(), seed=st.integers(0, 2**16))
+def test_the_categorical_samplers_draw_the_same_frequencies(
+    batch: CategoricalBatch, seed: int
+) -> None:
+    """Not the same draws (the generators differ): each within 5 standard errors of π."""
+    draws = 2_000
+    logits = batch.logits.to(F32).unsqueeze(0).expand(draws, *batch.logits.shape)
+    probs = torch.softmax(batch.logits, dim=-1).numpy()
+    bound = 5 * np.sqrt(probs * (1 - probs) / draws) + 1.0 / draws
+    for samples in (
+        distributions.categorical_sample(logits, torch.Generator().manual_seed(seed)).numpy(),
+        np.asarray(jdistributions.categorical_sample(to_jax(logits), jax.random.key(seed))),
+    ):
+        counts = np.stack(
+            [np.bincount(samples[:, row], minlength=probs.shape[-1]) for row in range(len(probs))]
+        )
+        assert np.all(np.abs(counts / draws - probs) <= bound), (counts / draws, probs)
+
+
+@FIXED_SHAPE
+@given(batch=gaussian_cases(), seed=st.integers(0, 2**16))
+def test_the_gaussian_samplers_draw_the_same_moments(batch: GaussianBatch, seed: int) -> None:
+    draws = 2_000
+    mean = batch.mean.unsqueeze(0).expand(draws, *batch.mean.shape)
+    sigma = batch.log_std.exp().expand_as(batch.mean).numpy()
+    for samples in (
+        distributions.gaussian_sample(mean, batch.log_std, torch.Generator().manual_seed(seed)),
+        jdistributions.gaussian_sample(to_jax(mean), to_jax(batch.log_std), jax.random.key(seed)),
+    ):
+        standardised = (np.asarray(samples) - batch.mean.numpy()) / sigma
+        np.testing.assert_allclose(standardised.mean(0), 0.0, atol=5 / np.sqrt(draws))
+        np.testing.assert_allclose(standardised.std(0), 1.0, atol=5 / np.sqrt(2 * draws))
 
 
 # ---------------------------------------------------------------------------

@@ -17,12 +17,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 from jaxtyping import TypeCheckError
 
 import rlcore.jax
 import rlcore.types
-from rlcore import advantages, logprobs, losses, masked, normalize
+from rlcore import advantages, distributions, logprobs, losses, masked, normalize
 from rlcore.jax import advantages as jadvantages
+from rlcore.jax import distributions as jdistributions
 from rlcore.jax import logprobs as jlogprobs
 from rlcore.jax import losses as jlosses
 from rlcore.jax import masked as jmasked
@@ -34,6 +36,7 @@ TWINS: list[tuple[ModuleType, ModuleType]] = [
     (advantages, jadvantages),
     (losses, jlosses),
     (logprobs, jlogprobs),
+    (distributions, jdistributions),
     (normalize, jnormalize),
 ]
 
@@ -54,6 +57,8 @@ EXCLUDED = {
 # Functions whose twin's signature differs on purpose.
 SIGNATURE_EXCEPTIONS = {
     "normalize.init": "dtype and device are JAX's (dtype None: float64 where x64 is enabled)",
+    "distributions.categorical_sample": "a required JAX key for torch's optional generator",
+    "distributions.gaussian_sample": "a required JAX key for torch's optional generator",
 }
 
 
@@ -175,6 +180,8 @@ def test_static_argnames_are_the_python_hyperparameters() -> None:
     assert static(jmasked.aggregate) == ("mode", "horizon")  # normalizer is traced
     assert static(jlogprobs.token_logprobs) == ("temperature", "chunk_size")
     assert static(jnormalize.update) == ()
+    assert static(jdistributions.categorical_sample) == ()  # the key is traced
+    assert static(jdistributions.gaussian_log_prob) == ()
 
 
 # ---------------------------------------------------------------------------
@@ -201,6 +208,7 @@ def _cases() -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
     truncated = bools(B, T, p=0.2) & ~terminated
     lp, olp, adv = f(B, T, low=-3.0, high=0.0), f(B, T, low=-3.5, high=0.5), f(B, T)
     tokens = jnp.asarray(rng.integers(0, V, (B, T)))
+    actions = jnp.asarray(rng.integers(0, H, (B,)))
     return {
         "masked.masked_sum": ((f(B, T), mask, -1), {}),
         "masked.masked_mean": ((f(B, T), mask), {"axis": (0, 1)}),
@@ -239,6 +247,13 @@ def _cases() -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
         "logprobs.token_logprobs_from_hidden": ((f(B, T, H), f(V, H), tokens, 1.0, 4), {}),
         "logprobs.entropy_from_hidden": ((f(B, T, H), f(V, H)), {"chunk_size": 5}),
         "logprobs.token_stats_from_hidden": ((f(B, T, H), f(V, H), tokens, 0.5, 7), {}),
+        "distributions.categorical_log_prob": ((f(B, H), actions), {}),
+        "distributions.categorical_entropy": ((f(B, T, H),), {}),
+        "distributions.categorical_sample": ((f(B, H), jax.random.key(0)), {}),
+        "distributions.gaussian_log_prob": ((f(B, 2), f(B, 2), f(2)), {}),
+        "distributions.gaussian_entropy": ((f(B, 2),), {}),
+        "distributions.gaussian_sample": ((f(B, 2), f(B, 2)), {"key": jax.random.PRNGKey(1)}),
+        "distributions.tanh_gaussian_log_prob": ((f(B, 2, low=-30, high=30), f(B, 2), f(B, 2)), {}),
         "normalize.init": (((H,),), {}),
         "normalize.merge": ((state(), state()), {}),
         "normalize.update": ((state(), f(5, H)), {}),
@@ -326,6 +341,10 @@ m = jnp.ones((2, 3), dtype=bool)
             r"ids must lie in \[0, 4\)",
         ),
         (lambda: jmasked.masked_sum(z, jnp.full((2, 3), 2.0)), "must hold only 0 and 1"),
+        (
+            lambda: jdistributions.categorical_log_prob(z, jnp.asarray([0, 3])),
+            r"actions: indices must lie in \[0, 3\)",
+        ),
         (lambda: jnormalize.update(jnormalize.init((3,)), jnp.zeros((2, 4))), "feature dimensions"),
     ],
 )
@@ -383,6 +402,40 @@ def test_a_float_mask_is_converted_and_under_jit_any_nonzero_counts_as_valid() -
     assert float(jmasked.masked_sum(values, as_float)) == 0.0 + 2.0 + 5.0
     traced = jax.jit(jmasked.masked_sum)(values, as_float * 2)
     assert float(traced) == 7.0
+
+
+def test_an_out_of_range_action_under_jit_gives_nan_and_torch_raises() -> None:
+    logits = jnp.zeros((3, 4))
+    out = jax.jit(jdistributions.categorical_log_prob)(logits, jnp.asarray([1, 4, -1]))
+    np.testing.assert_allclose(np.asarray(out), [-np.log(4.0), np.nan, np.nan], rtol=1e-6)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        distributions.categorical_log_prob(torch.zeros(3, 4), torch.tensor([1, 4, 0]))
+
+
+def test_the_samplers_draw_with_the_key_they_are_given() -> None:
+    rng = np.random.default_rng(5)
+    logits = jnp.asarray(rng.normal(size=(B, H)), jnp.float32)
+    mean = jnp.asarray(rng.normal(size=(B, 2)), jnp.float32)
+    log_std = jnp.asarray(rng.normal(size=(2,)), jnp.float32)
+    key, other = jax.random.key(3), jax.random.key(4)
+    exponential = jax.random.exponential(key, (B, H))
+    race = jnp.argmax(jax.nn.softmax(logits) / exponential, axis=-1)
+    np.testing.assert_array_equal(jdistributions.categorical_sample(logits, key), race)
+    draws = jnp.stack(
+        [jdistributions.categorical_sample(logits, k) for k in jax.random.split(other, 8)]
+    )
+    assert len({tuple(np.asarray(row)) for row in draws}) > 1  # a new key, new draws
+    noise = jax.random.normal(key, (B, 2))
+    np.testing.assert_allclose(
+        jdistributions.gaussian_sample(mean, log_std, key),
+        mean + jnp.exp(log_std) * noise,
+        rtol=1e-6,
+    )
+    d_mean, d_log_std = jax.grad(
+        lambda m, s: jdistributions.gaussian_sample(m, s, key).sum(), argnums=(0, 1)
+    )(mean, log_std)
+    np.testing.assert_allclose(d_mean, np.ones((B, 2)))
+    np.testing.assert_allclose(d_log_std, (jnp.exp(log_std) * noise).sum(0), rtol=1e-6)
 
 
 def test_an_out_of_range_token_under_jit_gives_nan() -> None:

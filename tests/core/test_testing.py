@@ -11,10 +11,14 @@ from rlcore.losses import PolicyLossBatch, PolicyLossConfig, ppo_policy_loss
 from rlcore.masked import masked_sum
 from rlcore.rollout import broadcast_to_tokens
 from rlcore.testing import (
+    CategoricalBatch,
+    GaussianBatch,
     TokenBatch,
     Trajectory,
+    categorical_batches,
     check_advantage_estimator,
     check_policy_loss,
+    gaussian_batches,
     group_scores,
     token_batches,
     trajectories,
@@ -45,6 +49,34 @@ def test_trajectories_have_consistent_next_values_inside_episodes(trajectory: Tr
 def test_group_scores_have_the_requested_group_size(scores: torch.Tensor) -> None:
     assert scores.ndim == 2
     assert scores.shape[1] >= 3
+
+
+@given(batch=categorical_batches(min_batch=2, max_batch=3, min_actions=4, max_actions=4))
+def test_categorical_batches_hold_finite_logits_and_actions_in_range(
+    batch: CategoricalBatch,
+) -> None:
+    assert batch.logits.shape[0] in (2, 3)
+    assert batch.logits.shape[1] == 4
+    assert batch.logits.dtype == torch.float64
+    assert torch.isfinite(batch.logits).all()
+    assert batch.actions.dtype == torch.int64
+    assert batch.actions.shape == batch.logits.shape[:1]
+    assert torch.all((batch.actions >= 0) & (batch.actions < 4))
+
+
+@given(
+    shared=gaussian_batches(shared_log_std=True, max_abs_x=3.0, dtype=torch.float32),
+    per_row=gaussian_batches(shared_log_std=False),
+)
+def test_gaussian_batches_share_log_std_when_asked(
+    shared: GaussianBatch, per_row: GaussianBatch
+) -> None:
+    assert shared.log_std.shape == shared.mean.shape[-1:]
+    assert shared.x.dtype == torch.float32
+    assert per_row.log_std.shape == per_row.mean.shape == per_row.x.shape
+    for batch in (shared, per_row):
+        assert torch.all((batch.log_std >= -5) & (batch.log_std <= 2))
+        assert torch.all(batch.mean.abs() <= 5)
 
 
 def leaky_loss(batch: PolicyLossBatch, config: PolicyLossConfig) -> LossOutput:

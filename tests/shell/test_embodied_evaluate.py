@@ -27,6 +27,7 @@ import torch
 from attrs import evolve
 from torch import nn
 
+from rlcore import typecheck_enabled
 from rlshell.checkpoint import TrainerState, checkpoint_dir, write_trainer_state
 from rlshell.config import (
     ActorConfig,
@@ -42,8 +43,10 @@ from rlshell.evaluate import main
 from rlshell.evaluation.embodied import (
     EmbodiedEvaluation,
     Episode,
+    _make_stepper,
     eval_seed,
     load_embodied_policy,
+    run_episodes,
 )
 from rlshell.evaluation.intervals import (
     student_t_interval,
@@ -51,6 +54,8 @@ from rlshell.evaluation.intervals import (
     wilson_interval,
 )
 from rlshell.models import MODELS, get_model, register_model
+from rlshell.models.base import BasePolicy
+from tests.shell.rlcore_checks import rlcore_checks_run
 from tests.shell.test_run import ROOT, cli_env, train
 
 # --- the interval maths ------------------------------------------------------------------------
@@ -255,6 +260,25 @@ def test_success_at_the_end_and_at_any_step_with_wilson_intervals(
         # The probe cannot render: the evaluation stands, with a warning instead of a GIF.
         assert report["gifs"] is None
         assert f"warning: no GIF: env {probe_env} does not render rgb_array frames" in err
+
+
+@pytest.mark.skipif(not typecheck_enabled(), reason="RLCORE_TYPECHECK=0: nothing is checked")
+def test_episodes_check_rlcores_shapes_on_their_first_step_only() -> None:
+    config = _policy_config("CartPole-v1", obs_dim=4)
+    policy = get_model(config.actor.model)
+    assert isinstance(policy, BasePolicy)
+    checked: list[bool] = []
+    predict = policy.predict_action_batch
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        checked.append(rlcore_checks_run())
+        return predict(*args, **kwargs)
+
+    policy.predict_action_batch = recording  # type: ignore[method-assign]
+    run_episodes(policy, _make_stepper(config, 2, seed=0), episodes=2, seed=0)
+    assert len(checked) > 2
+    assert checked[0]
+    assert not any(checked[1:])
 
 
 def test_a_sac_checkpoint_is_evaluated_through_its_layout_entry(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 from attrs import evolve
 
+from rlcore import typecheck_enabled
 from rlshell.cluster.errors import WorkerError
 from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import Config, ConfigError
@@ -25,11 +26,13 @@ from rlshell.workers.embodied_pipeline import (
     EnvWorker,
     PipelineRolloutWorker,
     RolloutWindow,
+    StageObs,
     stage_seed,
     window_buffer,
 )
 from rlshell.workers.embodied_update import collect_rollout
 from tests.shell.conftest import PlanFactory
+from tests.shell.rlcore_checks import rlcore_checks_run
 from tests.shell.test_run import cli_env, train
 
 CARTPOLE = "configs/ppo_cartpole.py"
@@ -38,6 +41,26 @@ HYBRID = '{"actor": "0:0-1", "rollout": "0:0", "env": "0:0-1"}'
 
 def cartpole(*overrides: str, for_run: bool = False) -> Config:
     return load_config(CARTPOLE, list(overrides), for_run=for_run)
+
+
+@pytest.mark.skipif(not typecheck_enabled(), reason="RLCORE_TYPECHECK=0: nothing is checked")
+def test_a_rollout_worker_checks_rlcores_shapes_on_its_first_step_only() -> None:
+    """Its policy's rlcore calls cost more than their maths on a few envs: checked once."""
+    worker = PipelineRolloutWorker(cartpole())
+    worker.init_worker()
+    assert worker.policy is not None
+    checked: list[bool] = []
+    predict = worker.policy.predict_action_batch
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        checked.append(rlcore_checks_run())
+        return predict(*args, **kwargs)
+
+    worker.policy.predict_action_batch = recording  # type: ignore[method-assign]
+    obs = {"states": torch.zeros(2, 4)}
+    for _ in range(3):
+        worker.predict(0, 0, StageObs(obs, torch.zeros(0, dtype=torch.long), obs))
+    assert checked == [True, False, False]
 
 
 # ---------------------------------------------------------------- the window's samples

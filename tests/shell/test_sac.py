@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
+from rlcore import typecheck_enabled
 from rlcore.losses import sac_critic_target
 from rlshell.config import EnvConfig, ModelConfig
 from rlshell.envs.stepper import EnvStepper, StepResult
 from rlshell.models import BasePolicy, ForwardType, get_model
 from rlshell.rollout.replay import ReplayBatch, ReplayBuffer
 from rlshell.workers.sac_update import SACLearner, SACSettings, collect_sac_steps, polyak_update
+from tests.shell.rlcore_checks import rlcore_checks_run
 
 
 @pytest.fixture(autouse=True)
@@ -249,6 +252,26 @@ def test_collected_truncated_steps_keep_the_final_observation_and_bootstrap() ->
     final = results[2].next_obs["states"]
     target = learner.critic_target(results[2].rewards, final, results[2].terminated)
     assert not torch.allclose(target, results[2].rewards)
+
+
+@pytest.mark.skipif(not typecheck_enabled(), reason="RLCORE_TYPECHECK=0: nothing is checked")
+def test_collect_checks_rlcores_shapes_on_its_first_policy_step_only() -> None:
+    """The policy's rlcore calls cost more than its maths on a few envs: checked once a call."""
+    policy, stepper = _policy(0), _pendulum(num_envs=2, max_episode_steps=5)
+    checked: list[bool] = []
+    predict = policy.predict_action_batch
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        checked.append(rlcore_checks_run())
+        return predict(*args, **kwargs)
+
+    policy.predict_action_batch = recording  # type: ignore[method-assign]
+    replay = ReplayBuffer(capacity=100, obs_dim=3, action_dim=1)
+    generator = torch.Generator().manual_seed(0)
+    obs = collect_sac_steps(policy, stepper, replay, stepper.reset(0), 4, generator, False)
+    collect_sac_steps(policy, stepper, replay, obs, 2, generator, False)
+    assert checked == [True, False, False, False, True, False]
+    assert rlcore_checks_run()
 
 
 def test_learner_state_dict_resumes_exactly() -> None:

@@ -13,31 +13,25 @@ folded in at each ``"train"`` rollout step. They move on after a rollout, so
 ``forward_inputs`` cache ``z`` itself beside the raw action u: the update
 recomputes log π(u | z) on exactly what the rollout saw. The env receives
 clip(u, low, high); the log-probabilities are those of the unclipped u.
-With several ranks each rank keeps statistics of its own envs.
+With several ranks each rank keeps statistics of its own envs. The Gaussian's
+sampling, log-density and entropy are `rlcore.distributions`' functions.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from rlcore import normalize
+from rlcore.distributions import gaussian_entropy, gaussian_log_prob, gaussian_sample
 from rlshell.config import ModelConfig
 from rlshell.models.base import ActionInfo, BasePolicy
 
-__all__ = ["LinearGaussianPolicy", "build_linear_gaussian_policy", "gaussian_log_prob"]
+__all__ = ["LinearGaussianPolicy", "build_linear_gaussian_policy"]
 
 CLIP = 5.0
-_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
-
-
-def gaussian_log_prob(u: Tensor, mean: Tensor, log_std: Tensor) -> Tensor:
-    """log N(u; μ, σ²) summed over action dims: Σᵢ −(uᵢ − μᵢ)²/(2σᵢ²) − log σᵢ − ½ log 2π."""
-    z = (u - mean) * torch.exp(-log_std)
-    return (-0.5 * z.square() - log_std - _HALF_LOG_2PI).sum(-1)
 
 
 class LinearGaussianPolicy(BasePolicy):
@@ -107,8 +101,7 @@ class LinearGaussianPolicy(BasePolicy):
                 self.observe(states)
             z = self.normalized(states)
             mean, log_std = self._gaussian(z)
-            noise = torch.zeros_like(mean) if mode == "eval" else torch.randn_like(mean)
-            action = mean + log_std.exp() * noise
+            action = gaussian_sample(mean, log_std) if mode == "train" else mean
             info: ActionInfo = {
                 "prev_logprobs": gaussian_log_prob(action, mean, log_std),
                 "forward_inputs": {"normalized_states": z, "action": action},
@@ -133,8 +126,7 @@ class LinearGaussianPolicy(BasePolicy):
                 action = self.require_input(forward_inputs, "action")
                 out["logprobs"] = gaussian_log_prob(action.float(), mean, log_std)
             if compute_entropy:
-                # H[N(μ, σ²)] = Σᵢ ½ + ½ log 2π + log σᵢ, the same for every row.
-                out["entropy"] = (0.5 + _HALF_LOG_2PI + log_std).sum(-1)
+                out["entropy"] = gaussian_entropy(log_std)  # the same for every row
         if compute_values:
             out["values"] = self._value(z)
         return out

@@ -1,8 +1,9 @@
 """JAX twins of rlcore's torch maths, jit-compatible.
 
 `rlcore.jax.masked`, `rlcore.jax.advantages`, `rlcore.jax.losses`,
-`rlcore.jax.logprobs` and `rlcore.jax.normalize` have the names, arguments,
-defaults and semantics of their torch namesakes over `jax.Array` s, and a
+`rlcore.jax.logprobs`, `rlcore.jax.distributions` and `rlcore.jax.normalize`
+have the names, arguments, defaults and semantics of their torch namesakes
+over `jax.Array` s (the samplers take a JAX key for torch's generator), and a
 differential test suite (tests/core/test_jax_*.py) checks that both agree on
 hypothesis-generated inputs, values and gradients. Results are pytree records
 (`Advantages`, `LossOutput`, `TokenStats`, `RunningStats`).
@@ -15,7 +16,7 @@ Python-scalar hyperparameters (``gamma``, ``clip_low``, ``agg``, ``kind``,
 `import rlcore` never imports this package (nor jax).
 """
 
-from rlcore.jax import advantages, logprobs, losses, masked, normalize, types
+from rlcore.jax import advantages, distributions, logprobs, losses, masked, normalize, types
 from rlcore.jax._jit import jit, static_argnames
 from rlcore.jax.logprobs import TokenStats
 from rlcore.jax.normalize import RunningStats
@@ -27,6 +28,7 @@ __all__ = [
     "RunningStats",
     "TokenStats",
     "advantages",
+    "distributions",
     "jit",
     "logprobs",
     "losses",

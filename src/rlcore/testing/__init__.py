@@ -6,8 +6,12 @@ rlcore` never imports this subpackage.
 
 from rlcore.testing.properties import check_advantage_estimator, check_policy_loss
 from rlcore.testing.strategies import (
+    CategoricalBatch,
+    GaussianBatch,
     TokenBatch,
     Trajectory,
+    categorical_batches,
+    gaussian_batches,
     group_scores,
     masks,
     token_batches,
@@ -15,10 +19,14 @@ from rlcore.testing.strategies import (
 )
 
 __all__ = [
+    "CategoricalBatch",
+    "GaussianBatch",
     "TokenBatch",
     "Trajectory",
+    "categorical_batches",
     "check_advantage_estimator",
     "check_policy_loss",
+    "gaussian_batches",
     "group_scores",
     "masks",
     "token_batches",

@@ -3,8 +3,9 @@
 Each strategy draws small tensors whose structure exercises the edge cases
 that break RL maths in practice: masks with holes and fully masked rows,
 episodes that terminate or are truncated anywhere (also at the first and last
-step), groups whose scores are all equal, and float64 values spanning several
-orders of magnitude.
+step), groups whose scores are all equal, float64 values spanning several
+orders of magnitude, uniform and sharply peaked action logits, and
+pre-squash actions far out where tanh rounds to ±1.
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 __all__ = [
+    "CategoricalBatch",
+    "GaussianBatch",
     "TokenBatch",
     "Trajectory",
+    "categorical_batches",
+    "gaussian_batches",
     "group_scores",
     "masks",
     "token_batches",
@@ -192,3 +197,81 @@ def group_scores(
         "continuous": _FINITE,
     }[kind]
     return draw(_values((groups, size), dtype, elements))
+
+
+@attrs.frozen(eq=False)
+class CategoricalBatch:
+    """Logits ``[batch, actions]`` of a categorical policy and one action per row."""
+
+    logits: Float[Tensor, "batch actions"]
+    actions: Int[Tensor, " batch"]
+
+
+@st.composite
+def categorical_batches(
+    draw: st.DrawFn,
+    max_batch: int = 6,
+    max_actions: int = 8,
+    dtype: torch.dtype = torch.float64,
+    min_batch: int = 1,
+    min_actions: int = 1,
+) -> CategoricalBatch:
+    """Logits on every scale, from uniform rows to one action with all the mass.
+
+    Each row is ``offset + scale · w`` with w ∈ [−1, 1]: the scale is 0
+    (every action equally likely), 10⁻³, 1, 10 or 40 (π within about e⁻⁸⁰
+    of one-hot), the offset up to ±50 (the softmax must subtract the maximum).
+    Actions are int64 in ``[0, actions)``. The shape lies in
+    ``[min_batch, max_batch] × [min_actions, max_actions]``.
+    """
+    batch = draw(st.integers(min_batch, max_batch))
+    count = draw(st.integers(min_actions, max_actions))
+    scale = draw(st.sampled_from([0.0, 1e-3, 1.0, 10.0, 40.0]))
+    offset = draw(st.floats(-50.0, 50.0))
+    logits = offset + scale * draw(_values((batch, count), dtype, st.floats(-1.0, 1.0)))
+    actions = draw(hnp.arrays(np.int64, (batch,), elements=st.integers(0, count - 1)))
+    return CategoricalBatch(logits, torch.from_numpy(actions))
+
+
+@attrs.frozen(eq=False)
+class GaussianBatch:
+    """A diagonal Gaussian per row, ``mean`` and ``log_std``, and a point ``x`` to score.
+
+    ``log_std`` is ``[batch, dim]``, or ``[dim]`` when it is shared by every row
+    (a state-independent σ); ``x`` and ``mean`` are ``[batch, dim]``.
+    """
+
+    x: Float[Tensor, "batch dim"]
+    mean: Float[Tensor, "batch dim"]
+    log_std: Float[Tensor, "*#batch dim"]
+
+
+@st.composite
+def gaussian_batches(
+    draw: st.DrawFn,
+    max_batch: int = 6,
+    max_dim: int = 4,
+    dtype: torch.dtype = torch.float64,
+    shared_log_std: bool | None = None,
+    max_abs_x: float = 25.0,
+    min_batch: int = 1,
+    min_dim: int = 1,
+) -> GaussianBatch:
+    """Means in [−5, 5], log σ in [−5, 2] (SAC's clamp range), points near and far.
+
+    ``x`` is either μ + σ k with k ∈ [−4, 4] (where samples fall) or anywhere
+    in ``[−max_abs_x, max_abs_x]`` (read as a pre-squash u, up to ±25 tanh
+    rounds to ±1 even in float64). ``shared_log_std`` makes log σ ``[dim]``;
+    None draws either. The shape lies in
+    ``[min_batch, max_batch] × [min_dim, max_dim]``.
+    """
+    batch = draw(st.integers(min_batch, max_batch))
+    dim = draw(st.integers(min_dim, max_dim))
+    shared = draw(st.booleans()) if shared_log_std is None else shared_log_std
+    mean = draw(_values((batch, dim), dtype, st.floats(-5.0, 5.0)))
+    log_std = draw(_values((dim,) if shared else (batch, dim), dtype, st.floats(-5.0, 2.0)))
+    if draw(st.booleans()):
+        x = mean + log_std.exp() * draw(_values((batch, dim), dtype, st.floats(-4.0, 4.0)))
+    else:
+        x = draw(_values((batch, dim), dtype, st.floats(-max_abs_x, max_abs_x)))
+    return GaussianBatch(x, mean, log_std)

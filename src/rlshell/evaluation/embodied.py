@@ -23,6 +23,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from attrs import evolve, frozen
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException as DCPCheckpointException
 
+from rlcore import unchecked
 from rlshell.checkpoint import CheckpointError, list_checkpoints, read_trainer_state
 from rlshell.config import Config
 from rlshell.envs.stepper import EnvStepper
@@ -246,7 +248,9 @@ def run_episodes(
                     f"env {stepper.env_id}: episodes still running after {steps} steps; "
                     "set env.max_episode_steps to cut them"
                 )
-            actions, _ = policy.predict_action_batch(obs, mode="eval", compute_values=False)
+            # rlcore's checks on the first step; the others repeat its shapes (rlcore.unchecked).
+            with unchecked() if steps else nullcontext():
+                actions, _ = policy.predict_action_batch(obs, mode="eval", compute_values=False)
             obs = stepper.step(actions).obs
             steps += 1
     kept = [e for e in stepper.episodes if e.ordinal < quotas[e.env_index]]

@@ -17,7 +17,8 @@ critic share the trunk, as CleanRL's Atari PPO does. Two action types, as
 ``gaussian`` (a state-independent log-std; the env receives the raw sample u
 clipped to [low, high], the update recomputes log π(u); eval acts on the
 clipped mean). Weights are orthogonal (gain √2, the policy head 0.01, the
-value head 1), biases zero; the distribution maths runs in fp32.
+value head 1), biases zero; the distribution maths (`rlcore.distributions`)
+runs in fp32.
 """
 
 from __future__ import annotations
@@ -30,15 +31,16 @@ from attrs import frozen
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from rlshell.config import ModelConfig
-from rlshell.models.base import ActionInfo, BasePolicy
-from rlshell.models.mlp_policy import (
+from rlcore.distributions import (
     categorical_entropy,
     categorical_log_prob,
     categorical_sample,
     gaussian_entropy,
     gaussian_log_prob,
+    gaussian_sample,
 )
+from rlshell.config import ModelConfig
+from rlshell.models.base import ActionInfo, BasePolicy
 from rlshell.models.model_kwargs import PREFIX, KwargsReader, Scalar
 
 __all__ = ["CNNPolicy", "CNNPolicySpec", "ImageEncoder", "build_cnn_policy"]
@@ -116,14 +118,7 @@ class CNNPolicySpec:
                 f"(one per convolution), got {kwargs.get('conv_channels')!r}"
             )
         continuous = action_type == "gaussian"
-        low = read.float_list("action_low", -1.0, action_dim) if continuous else ()
-        high = read.float_list("action_high", 1.0, action_dim) if continuous else ()
-        for i, (lo, hi) in enumerate(zip(low, high, strict=True)):
-            if not lo < hi:
-                raise ValueError(
-                    f"{PREFIX}.action_low: dimension {i} has low {lo} >= high {hi}; "
-                    "each low must be below its high"
-                )
+        low, high = read.action_bounds(action_dim) if continuous else ((), ())
         return cls(
             action_dim=action_dim,
             action_type=action_type,
@@ -238,8 +233,7 @@ class CNNPolicy(BasePolicy):
                 env_action = action
             else:
                 log_std = self.log_std.float()
-                noise = torch.zeros_like(head) if mode == "eval" else torch.randn_like(head)
-                action = head + log_std.exp() * noise
+                action = head.clone() if mode == "eval" else gaussian_sample(head, log_std)
                 logprobs = gaussian_log_prob(action, head, log_std)
                 env_action = torch.clamp(action, self.action_low, self.action_high)
             info: ActionInfo = {
@@ -269,7 +263,7 @@ class CNNPolicy(BasePolicy):
             else:
                 log_std = self.log_std.float()
                 logprobs = gaussian_log_prob(action.float(), head, log_std)
-                entropy = gaussian_entropy(log_std, head.shape[0])
+                entropy = gaussian_entropy(log_std).expand(head.shape[0])  # one σ, every row
             if compute_logprobs:
                 out["logprobs"] = logprobs
             if compute_entropy:

@@ -18,39 +18,36 @@ results, never filled with zeros, when not asked for or when there is no critic.
 With ``orthogonal_init`` (the default) weights are orthogonal with gain √2,
 the policy head's 0.01 and the value and Q heads' 1.0, biases zero (CleanRL,
 SB3). Layers are built in fp32, initialised, then cast to the model dtype; the
-distribution maths always runs in fp32.
+distribution maths (`rlcore.distributions`) always runs in fp32.
 """
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, cast
 
 import torch
-import torch.nn.functional as F
 from attrs import frozen
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor, nn
 
 from rlcore import normalize as running_stats
+from rlcore.distributions import (
+    categorical_entropy,
+    categorical_log_prob,
+    categorical_sample,
+    gaussian_entropy,
+    gaussian_log_prob,
+    gaussian_sample,
+    tanh_gaussian_log_prob,
+)
 from rlshell.config import ModelConfig
 from rlshell.models.base import ActionInfo, BasePolicy, ForwardType
+from rlshell.models.model_kwargs import KwargsReader, Scalar
 
-__all__ = [
-    "ActionType",
-    "MLPPolicy",
-    "MLPPolicySpec",
-    "build_mlp_policy",
-    "categorical_entropy",
-    "categorical_log_prob",
-    "categorical_sample",
-    "gaussian_entropy",
-    "gaussian_log_prob",
-    "tanh_gaussian_log_prob",
-]
+__all__ = ["ActionType", "MLPPolicy", "MLPPolicySpec", "build_mlp_policy"]
 
 ActionType = Literal["discrete", "gaussian", "tanh_gaussian"]
 Activation = Literal["tanh", "relu"]
@@ -58,76 +55,11 @@ Activation = Literal["tanh", "relu"]
 LOG_STD_MIN = -5.0
 LOG_STD_MAX = 2.0
 OBS_CLIP = 10.0  # normalised states are clipped to ±10 (CleanRL's wrappers, SB3's VecNormalize)
-_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
-_LOG_2 = math.log(2.0)
-
-
-# ---------------------------------------------------------------------------
-# The distributions' maths, in fp32, summed over action dimensions.
-
-
-def categorical_log_prob(
-    logits: Float[Tensor, "batch actions"], actions: Int[Tensor, " batch"]
-) -> Float[Tensor, " batch"]:
-    """log π(a) = z_a − log Σ_v exp z_v."""
-    log_probs = F.log_softmax(logits, dim=-1)
-    return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-
-
-def categorical_sample(logits: Float[Tensor, "batch actions"]) -> Int[Tensor, " batch"]:
-    """a ~ π = softmax(z): argmax_v π_v / E_v with E_v ~ Exp(1) i.i.d. (the exponential race,
-    P(argmax = v) = π_v).
-
-    The draw ``torch.multinomial(π, 1)`` makes, with the same generator calls and so the
-    same actions, without its checks of the probabilities (28 µs against 9 µs for 8 rows
-    of 2 actions on one core). Non-finite logits give NaN log-probs, which PPO's update stops on.
-    """
-    probs = torch.softmax(logits, dim=-1)
-    return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
-
-
-def categorical_entropy(logits: Float[Tensor, "batch actions"]) -> Float[Tensor, " batch"]:
-    """H = −Σ_v π(v) log π(v)."""
-    log_probs = F.log_softmax(logits, dim=-1)
-    return -(log_probs.exp() * log_probs).sum(-1)
-
-
-def gaussian_log_prob(
-    x: Float[Tensor, "batch dim"],
-    mean: Float[Tensor, "batch dim"],
-    log_std: Float[Tensor, "*#batch dim"],
-) -> Float[Tensor, " batch"]:
-    """log N(x; μ, σ²) summed over dims: Σ_i −(x_i − μ_i)²/(2σ_i²) − log σ_i − ½ log 2π."""
-    z = (x - mean) * torch.exp(-log_std)
-    return (-0.5 * z.square() - log_std - _HALF_LOG_2PI).sum(-1)
-
-
-def gaussian_entropy(log_std: Float[Tensor, "*#batch dim"], batch: int) -> Float[Tensor, " batch"]:
-    """H[N(μ, σ²)] summed over dims: Σ_i ½ + ½ log 2π + log σ_i, one entry per row."""
-    per_row = (0.5 + _HALF_LOG_2PI + log_std).sum(-1)
-    return per_row.expand(batch) if per_row.dim() == 0 else per_row
-
-
-def tanh_gaussian_log_prob(
-    u: Float[Tensor, "batch dim"],
-    mean: Float[Tensor, "batch dim"],
-    log_std: Float[Tensor, "batch dim"],
-) -> Float[Tensor, " batch"]:
-    """log π(a) of a = tanh(u), u ~ N(μ, σ²) (Haarnoja et al. 2018, appendix C).
-
-    log π(a) = log N(u; μ, σ²) − Σ_i log(1 − tanh²(u_i)), with the stable form
-    log(1 − tanh² u) = 2 (log 2 − u − softplus(−2u)), finite for any u (the
-    naive form is −inf once tanh u rounds to ±1, |u| ≳ 9 in fp32). The constant
-    Jacobian of the affine map to [low, high] is left out.
-    """
-    log_det = 2.0 * (_LOG_2 - u - F.softplus(-2.0 * u))
-    return gaussian_log_prob(u, mean, log_std) - log_det.sum(-1)
 
 
 # ---------------------------------------------------------------------------
 # Configuration, read from model_kwargs.
 
-_PREFIX = "actor.model.model_kwargs"
 _COMMON_KEYS = (
     "obs_dim",
     "action_dim",
@@ -141,9 +73,6 @@ _KEYS_BY_TYPE: dict[ActionType, tuple[str, ...]] = {
     "gaussian": (*_COMMON_KEYS, "action_low", "action_high", "init_log_std", "normalize_obs"),
     "tanh_gaussian": (*_COMMON_KEYS, "action_low", "action_high"),
 }
-_ALL_KEYS = sorted({key for keys in _KEYS_BY_TYPE.values() for key in keys})
-
-Scalar = int | float | str | bool
 
 
 @frozen
@@ -167,147 +96,23 @@ class MLPPolicySpec:
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Scalar]) -> MLPPolicySpec:
         """Parse ``model_kwargs``; a bad or missing entry raises ValueError naming its key."""
-        action_type = cast(
-            ActionType, _choice(kwargs, "action_type", ("discrete", "gaussian", "tanh_gaussian"))
-        )
-        _reject_unknown(kwargs, action_type)
-        action_dim = _positive_int(kwargs, "action_dim")
-        continuous = action_type != "discrete"
-        low = _bounds(kwargs, "action_low", -1.0, action_dim) if continuous else ()
-        high = _bounds(kwargs, "action_high", 1.0, action_dim) if continuous else ()
-        for i, (lo, hi) in enumerate(zip(low, high, strict=True)):
-            if not lo < hi:
-                raise ValueError(
-                    f"{_PREFIX}.action_low: dimension {i} has low {lo} >= high {hi}; "
-                    "each low must be below its high"
-                )
-        hidden = _int_list(kwargs, "hidden_sizes", "64,64")
+        read = KwargsReader(kwargs, "mlp_policy")
+        action_type = read.variant("action_type", _KEYS_BY_TYPE)
+        action_dim = read.positive_int("action_dim")
+        low, high = read.action_bounds(action_dim) if action_type != "discrete" else ((), ())
+        hidden = read.int_list("hidden_sizes", "64,64")
         return cls(
-            obs_dim=_positive_int(kwargs, "obs_dim"),
+            obs_dim=read.positive_int("obs_dim"),
             action_dim=action_dim,
             action_type=action_type,
             hidden_sizes=hidden,
-            activation=cast(Activation, _choice(kwargs, "activation", ("tanh", "relu"), "tanh")),
+            activation=cast(Activation, read.choice("activation", ("tanh", "relu"), "tanh")),
             action_low=low,
             action_high=high,
-            init_log_std=_float(kwargs, "init_log_std", 0.0),
-            orthogonal_init=_bool(kwargs, "orthogonal_init", True),
-            normalize_obs=_bool(kwargs, "normalize_obs", False),
+            init_log_std=read.float_("init_log_std", 0.0),
+            orthogonal_init=read.bool_("orthogonal_init", True),
+            normalize_obs=read.bool_("normalize_obs", False),
         )
-
-
-def _reject_unknown(kwargs: Mapping[str, Scalar], action_type: ActionType) -> None:
-    allowed = _KEYS_BY_TYPE[action_type]
-    for key in kwargs:
-        if key in allowed:
-            continue
-        if key in _ALL_KEYS:
-            users = [t for t, keys in _KEYS_BY_TYPE.items() if key in keys]
-            raise ValueError(
-                f"{_PREFIX}.{key}: not read with action_type '{action_type}' "
-                f"(only with {', '.join(repr(t) for t in users)})"
-            )
-        close = difflib.get_close_matches(key, _ALL_KEYS, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ValueError(
-            f"unknown key '{_PREFIX}.{key}'{hint}; mlp_policy reads {', '.join(allowed)}"
-        )
-
-
-def _required(kwargs: Mapping[str, Scalar], key: str, what: str) -> Scalar:
-    if key not in kwargs:
-        raise ValueError(f"{_PREFIX}.{key}: missing; mlp_policy needs {what}")
-    return kwargs[key]
-
-
-def _positive_int(kwargs: Mapping[str, Scalar], key: str) -> int:
-    value = _required(kwargs, key, "a positive int")
-    parsed = _as_int(value)
-    if parsed is None or parsed <= 0:
-        raise ValueError(f"{_PREFIX}.{key}: expected a positive int, got {value!r}")
-    return parsed
-
-
-def _as_int(value: Scalar) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
-    return None
-
-
-def _as_float(value: Scalar) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    try:
-        return float(value)
-    except ValueError:
-        return None
-
-
-def _float(kwargs: Mapping[str, Scalar], key: str, default: float) -> float:
-    value = kwargs.get(key, default)
-    parsed = _as_float(value)
-    if parsed is None or not math.isfinite(parsed):
-        raise ValueError(f"{_PREFIX}.{key}: expected a finite float, got {value!r}")
-    return parsed
-
-
-def _bool(kwargs: Mapping[str, Scalar], key: str, default: bool) -> bool:
-    value = kwargs.get(key, default)
-    if not isinstance(value, bool):
-        raise ValueError(f"{_PREFIX}.{key}: expected true or false, got {value!r}")
-    return value
-
-
-def _choice(
-    kwargs: Mapping[str, Scalar], key: str, choices: tuple[str, ...], default: str | None = None
-) -> str:
-    shown = ", ".join(f"'{c}'" for c in choices)
-    value = kwargs.get(key, default)
-    if value is None:
-        raise ValueError(f"{_PREFIX}.{key}: missing; expected one of {shown}")
-    if value not in choices:
-        close = difflib.get_close_matches(str(value), choices, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ValueError(f"{_PREFIX}.{key}: got {value!r}{hint}; expected one of {shown}")
-    return str(value)
-
-
-def _int_list(kwargs: Mapping[str, Scalar], key: str, default: str) -> tuple[int, ...]:
-    value = kwargs.get(key, default)
-    parts = [p.strip() for p in str(value).split(",")] if not isinstance(value, bool) else []
-    parsed = [_as_int(p) for p in parts if p]
-    if not parsed or any(p is None or p <= 0 for p in parsed):
-        raise ValueError(
-            f"{_PREFIX}.{key}: expected comma-separated positive ints like '64,64', got {value!r}"
-        )
-    return tuple(cast(list[int], parsed))
-
-
-def _bounds(
-    kwargs: Mapping[str, Scalar], key: str, default: float, action_dim: int
-) -> tuple[float, ...]:
-    value = kwargs.get(key, default)
-    parts = str(value).split(",") if isinstance(value, str) else [value]
-    parsed = [_as_float(p.strip() if isinstance(p, str) else p) for p in parts]
-    if any(p is None or not math.isfinite(p) for p in parsed):
-        raise ValueError(
-            f"{_PREFIX}.{key}: expected a finite float or comma-separated floats, got {value!r}"
-        )
-    bounds = tuple(cast(list[float], parsed))
-    if len(bounds) == 1:
-        return bounds * action_dim
-    if len(bounds) != action_dim:
-        raise ValueError(
-            f"{_PREFIX}.{key}: {len(bounds)} bounds for action_dim {action_dim}; "
-            "give one bound for all dimensions or one per dimension"
-        )
-    return bounds
 
 
 # ---------------------------------------------------------------------------
@@ -412,18 +217,18 @@ class MLPPolicy(BasePolicy):
             hidden = self.actor(self._cast(states)).float()
             kind = self.spec.action_type
             if kind == "discrete":
-                action = self._sample_discrete(hidden, deterministic)
+                action = hidden.argmax(-1) if deterministic else categorical_sample(hidden)
                 logprobs = categorical_log_prob(hidden, action)
                 env_action = action
             else:
                 mean, log_std = self._gaussian_params(hidden)
-                noise = torch.zeros_like(mean) if deterministic else torch.randn_like(mean)
-                action = mean + log_std.exp() * noise
+                # In eval the mode μ, a tensor of its own (μ may be a view of the head).
+                action = mean.clone() if deterministic else gaussian_sample(mean, log_std)
                 if kind == "gaussian":
                     logprobs = gaussian_log_prob(action, mean, log_std)
                     env_action = torch.clamp(action, self.action_low, self.action_high)
                 else:
-                    logprobs = tanh_gaussian_log_prob(action, mean, log_std.expand_as(mean))
+                    logprobs = tanh_gaussian_log_prob(action, mean, log_std)
                     env_action = self._to_env_range(torch.tanh(action))
             info: ActionInfo = {
                 "prev_logprobs": logprobs,
@@ -460,7 +265,10 @@ class MLPPolicy(BasePolicy):
                 u = action.float()
                 if kind == "gaussian":
                     logprobs = gaussian_log_prob(u, mean, log_std)
-                    entropy = gaussian_entropy(log_std, u.shape[0]) if compute_entropy else None
+                    # One σ for every row: its entropy, broadcast to the batch.
+                    entropy = (
+                        gaussian_entropy(log_std).expand(u.shape[0]) if compute_entropy else None
+                    )
                 else:
                     logprobs = tanh_gaussian_log_prob(u, mean, log_std)
                     entropy = -logprobs
@@ -484,7 +292,7 @@ class MLPPolicy(BasePolicy):
         """
         self._require_sac(ForwardType.SAC)
         mean, log_std = self._gaussian_params(self.actor(self._cast(states)).float())
-        u = mean + log_std.exp() * torch.randn_like(mean)
+        u = gaussian_sample(mean, log_std)
         return torch.tanh(u), tanh_gaussian_log_prob(u, mean, log_std)
 
     def sac_q_forward(
@@ -528,11 +336,6 @@ class MLPPolicy(BasePolicy):
         first = self.actor[0]
         assert isinstance(first, nn.Linear)
         return first.weight.dtype
-
-    def _sample_discrete(self, logits: Tensor, deterministic: bool) -> Tensor:
-        if deterministic:
-            return logits.argmax(-1)
-        return categorical_sample(logits)
 
     def _gaussian_params(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
         """(μ, log σ): gaussian's log σ is a parameter; tanh_gaussian's a clamped head."""

@@ -5,7 +5,8 @@ round-trips through the CLI and JSON); lists are comma-separated strings. A
 `KwargsReader` turns its entries into typed values and every bad entry into a
 ValueError such as ``actor.model.model_kwargs.image_size: expected a positive
 int, got 'big'``; `KwargsReader.reject_unknown` names a misspelt key and its
-closest valid spelling.
+closest valid spelling, and `KwargsReader.variant` reads a choice that decides
+which other keys a model reads (``action_type``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Collection, Mapping, Sequence
+from typing import TypeVar
 
 from attrs import frozen
 
@@ -20,6 +22,7 @@ __all__ = ["PREFIX", "KwargsReader", "Scalar"]
 
 PREFIX = "actor.model.model_kwargs"
 Scalar = int | float | str | bool
+V = TypeVar("V", bound=str)
 
 
 @frozen
@@ -40,6 +43,33 @@ class KwargsReader:
                 f"unknown key '{PREFIX}.{key}'{hint}; {self.model_type} reads "
                 f"{', '.join(sorted(allowed))}"
             )
+
+    def variant(self, key: str, keys_by_variant: Mapping[V, Sequence[str]]) -> V:
+        """``key``'s value, one of ``keys_by_variant`` (read as `choice` reads it), once every
+        entry is one that value reads.
+
+        A key that only other values read gets ``not read with {key} '{value}' (only with
+        ...)``; any other is unknown, with the closest key of any variant.
+        """
+        chosen = self.choice(key, tuple(keys_by_variant))
+        value = next(variant for variant in keys_by_variant if variant == chosen)
+        allowed = keys_by_variant[value]
+        every = sorted({name for names in keys_by_variant.values() for name in names})
+        for name in self.kwargs:
+            if name in allowed:
+                continue
+            if name in every:
+                users = [v for v, names in keys_by_variant.items() if name in names]
+                raise ValueError(
+                    f"{PREFIX}.{name}: not read with {key} '{value}' "
+                    f"(only with {', '.join(repr(v) for v in users)})"
+                )
+            close = difflib.get_close_matches(name, every, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ValueError(
+                f"unknown key '{PREFIX}.{name}'{hint}; {self.model_type} reads {', '.join(allowed)}"
+            )
+        return value
 
     def positive_int(self, key: str, default: int | None = None) -> int:
         value = self._get(key, default, "a positive int")
@@ -96,19 +126,32 @@ class KwargsReader:
         return str(value)
 
     def int_list(self, key: str, default: str) -> tuple[int, ...]:
-        """Comma-separated positive ints, e.g. ``"32,64,64"``."""
+        """Comma-separated positive ints, e.g. ``"32,64,64"`` (errors show ``default`` as the
+        example)."""
         value = self.kwargs.get(key, default)
         parts = [p.strip() for p in str(value).split(",")] if not isinstance(value, bool) else []
         parsed = [_as_int(p) for p in parts if p]
         if not parsed or any(p is None or p <= 0 for p in parsed):
             raise ValueError(
-                f"{PREFIX}.{key}: expected comma-separated positive ints like '32,64', "
+                f"{PREFIX}.{key}: expected comma-separated positive ints like '{default}', "
                 f"got {value!r}"
             )
         return tuple(p for p in parsed if p is not None)
 
-    def float_list(self, key: str, default: float, length: int) -> tuple[float, ...]:
-        """One finite float for all ``length`` entries, or ``length`` comma-separated ones."""
+    def action_bounds(self, action_dim: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """``(action_low, action_high)``: each one finite float for every dimension or
+        ``action_dim`` comma-separated ones (defaults −1 and 1), every low below its high."""
+        low = self._bounds("action_low", -1.0, action_dim)
+        high = self._bounds("action_high", 1.0, action_dim)
+        for i, (lo, hi) in enumerate(zip(low, high, strict=True)):
+            if not lo < hi:
+                raise ValueError(
+                    f"{PREFIX}.action_low: dimension {i} has low {lo} >= high {hi}; "
+                    "each low must be below its high"
+                )
+        return low, high
+
+    def _bounds(self, key: str, default: float, action_dim: int) -> tuple[float, ...]:
         value = self.kwargs.get(key, default)
         parts = str(value).split(",") if isinstance(value, str) else [value]
         parsed = [_as_float(p.strip() if isinstance(p, str) else p) for p in parts]
@@ -118,11 +161,11 @@ class KwargsReader:
                 f"{PREFIX}.{key}: expected a finite float or comma-separated floats, got {value!r}"
             )
         if len(floats) == 1:
-            return tuple(floats) * length
-        if len(floats) != length:
+            return tuple(floats) * action_dim
+        if len(floats) != action_dim:
             raise ValueError(
-                f"{PREFIX}.{key}: {len(floats)} values for {length} entries; "
-                "give one value for all or one per entry"
+                f"{PREFIX}.{key}: {len(floats)} bounds for action_dim {action_dim}; "
+                "give one bound for all dimensions or one per dimension"
             )
         return tuple(floats)
 

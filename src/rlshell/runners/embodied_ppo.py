@@ -131,16 +131,17 @@ class CollocatedPPOTrainer:
     def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
         layout = ProcessLayout.of(config.cluster.component_placement)
         keys = [layout.key_of(name) for name in _TRIO]
-        problems = []
         if None not in keys and len(set(keys)) == 2:  # a missing one is a missing placement
             grouped = next(key for key in keys if keys.count(key) == 2)
             alone = next(name for name, key in zip(_TRIO, keys, strict=True) if key != grouped)
-            problems.append(
+            # Nothing else is worth checking against a layout no trainer runs.
+            return [
                 f"cluster.component_placement: the embodied PPO runner places env, rollout "
                 f"and actor either all under one key (collocated, e.g. {COLLOCATED_EXAMPLE}) "
                 f"or each under its own (hybrid, pipelined, e.g. {HYBRID_EXAMPLE}); "
                 f"'{grouped}' groups two of them apart from '{alone}'"
-            )
+            ]
+        problems = []
         if plan is not None:
             ranks = len(plan.component("actor").workers)
             problems += actor_share_problems(config, ranks)

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Literal
 
 import torch
@@ -54,6 +55,7 @@ from attrs import evolve, frozen
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
+from rlcore import unchecked
 from rlshell.cluster.worker import Worker
 from rlshell.config import Config
 from rlshell.envs.stepper import EnvObs, EnvStepper
@@ -250,6 +252,7 @@ class PipelineRolloutWorker(Worker):
         self.device = torch.device("cpu")
         self._records: dict[tuple[int, int], _StageRecord] = {}
         self._busy = 0.0
+        self._checked = False  # whether a predict ran with rlcore's shape checks
 
     def init_worker(self) -> str:
         """Build the policy copy (the actor's initial weights until `set_weights`); what acts,
@@ -277,7 +280,8 @@ class PipelineRolloutWorker(Worker):
         policy = self._policy()
         record = self._records.setdefault((env_rank, stage), _StageRecord())
         cpu = torch.device("cpu")
-        with torch.no_grad():
+        # rlcore's checks on the first step; the others repeat its shapes (rlcore.unchecked).
+        with torch.no_grad(), unchecked() if self._checked else nullcontext():
             self._close_last_step(policy, record, observation)
             actions, info = policy.predict_action_batch(
                 _on(observation.obs, self.device), mode=self.mode, compute_values=True
@@ -287,6 +291,7 @@ class PipelineRolloutWorker(Worker):
             record.forward_inputs.append(_on(info["forward_inputs"], cpu))
             record.logprobs.append(info["prev_logprobs"].to(cpu))
             record.values.append(info["prev_values"].to(cpu))
+        self._checked = True
         self._busy += time.perf_counter() - started
         return actions.to(cpu)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ from attrs import field, frozen
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
+from rlcore import unchecked
 from rlcore.losses import (
     sac_actor_loss,
     sac_critic_loss,
@@ -326,13 +328,17 @@ def collect_sac_steps(
     """
     low, high = _box_bounds(stepper)
     name = f"{policy_name(policy)}.predict_action_batch"
-    for _ in range(steps):
+    for step in range(steps):
         if random_actions:
             unit = torch.rand(stepper.action_shape, generator=generator)
             env_actions = low + unit * (high - low)
             squashed = 2.0 * unit - 1.0
         else:
-            env_actions, info = policy.predict_action_batch(obs, mode="train", compute_values=False)
+            # rlcore's checks on the first step; the others repeat its shapes (rlcore.unchecked).
+            with unchecked() if step else nullcontext():
+                env_actions, info = policy.predict_action_batch(
+                    obs, mode="train", compute_values=False
+                )
             squashed = torch.tanh(info["forward_inputs"]["action"].float())
         result = stepper.step(env_actions, policy=name)
         replay.add(

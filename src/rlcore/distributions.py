@@ -1,0 +1,168 @@
+"""Action distributions of embodied policies: categorical, diagonal Gaussian, tanh-Gaussian.
+
+Log-probabilities, entropies and samples of the three action distributions
+an embodied policy head parameterises, each summed over the action
+dimensions so that one row (one env step) gets one number:
+
+- categorical over ``actions`` choices with logits z:  π(a) = softmax(z)ₐ;
+- diagonal Gaussian N(μ, diag σ²) with σ = exp(log σ), over ``dim`` dimensions;
+- tanh-Gaussian: a = tanh(u), u ~ N(μ, diag σ²), the squashed Gaussian of SAC.
+
+Shapes are batch first, the action axis last: logits ``[*batch, actions]``,
+Gaussian parameters ``[*batch, dim]``; a state-independent log σ (PPO's
+usual parameter) may be given as ``[dim]`` and broadcasts over the batch.
+Results are computed in at least float32 (half-precision inputs are upcast).
+Samplers draw from torch's default generator unless given ``generator``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from rlcore._checking import typecheck
+
+__all__ = [
+    "categorical_entropy",
+    "categorical_log_prob",
+    "categorical_sample",
+    "gaussian_entropy",
+    "gaussian_log_prob",
+    "gaussian_sample",
+    "tanh_gaussian_log_prob",
+]
+
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+_LOG_2 = math.log(2.0)
+
+
+def _at_least_float32(x: Tensor) -> Tensor:
+    # A log-softmax or a square in bf16 loses ~3 digits; float32 and float64 pass unchanged.
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+# ---------------------------------------------------------------------------
+# Categorical
+
+
+@typecheck
+def categorical_log_prob(
+    logits: Float[Tensor, "*batch actions"], actions: Int[Tensor, "*batch"]
+) -> Float[Tensor, "*batch"]:
+    """log π(a) of a categorical with logits z:  log π(a) = zₐ − log Σᵥ exp zᵥ.
+
+    Adding a constant to every logit of a row leaves π unchanged. ``actions``
+    index the last axis of ``logits``; an index outside it raises.
+    """
+    log_probs = F.log_softmax(_at_least_float32(logits), dim=-1)
+    return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+
+@typecheck
+def categorical_entropy(logits: Float[Tensor, "*batch actions"]) -> Float[Tensor, "*batch"]:
+    """H[π] = −Σᵥ π(v) log π(v),  0 ≤ H ≤ log |actions| (the maximum at uniform logits)."""
+    log_probs = F.log_softmax(_at_least_float32(logits), dim=-1)
+    return -(log_probs.exp() * log_probs).sum(-1)
+
+
+@typecheck
+def categorical_sample(
+    logits: Float[Tensor, "*batch actions"], generator: torch.Generator | None = None
+) -> Int[Tensor, "*batch"]:
+    """a ~ π = softmax(z) by the exponential race:  a = argmaxᵥ πᵥ / Eᵥ,  Eᵥ ~ Exp(1) i.i.d.
+
+    Eᵥ/πᵥ ~ Exp(πᵥ), and the first of independent exponential clocks to ring
+    is clock v with probability πᵥ / Σπ, so P(a = v) = πᵥ. (Taking logs,
+    −log Eᵥ is a standard Gumbel: this is the Gumbel-max trick, Gumbel 1954;
+    Maddison, Tarlow & Minka 2014, arXiv:1411.0030.)
+
+    The draw ``torch.multinomial(π, 1)`` makes, with the same generator calls
+    and so the same actions, without its checks of the probabilities (28 µs
+    against 9 µs for 8 rows of 2 actions on one core). Actions are int64.
+    Non-finite logits give a meaningless action and a NaN log-probability.
+    """
+    probs = torch.softmax(_at_least_float32(logits), dim=-1)
+    return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(-1)
+
+
+# ---------------------------------------------------------------------------
+# Diagonal Gaussian
+
+
+def _gaussian_log_prob(x: Tensor, mean: Tensor, log_std: Tensor) -> Tensor:
+    x, mean, log_std = (_at_least_float32(t) for t in (x, mean, log_std))
+    z = (x - mean) * torch.exp(-log_std)
+    return (-0.5 * z.square() - log_std - _HALF_LOG_2PI).sum(-1)
+
+
+@typecheck
+def gaussian_log_prob(
+    x: Float[Tensor, "*batch dim"],
+    mean: Float[Tensor, "*batch dim"],
+    log_std: Float[Tensor, "*#batch dim"],
+) -> Float[Tensor, "*batch"]:
+    """log N(x; μ, diag σ²) summed over the action dimensions (σᵢ = exp log σᵢ):
+
+    log N(x; μ, σ²) = Σᵢ −(xᵢ − μᵢ)² / (2σᵢ²) − log σᵢ − ½ log 2π
+
+    The Gaussian policy of Williams (1992), PPO's continuous head. ``log_std``
+    broadcasts: ``[dim]`` for a state-independent σ.
+    """
+    return _gaussian_log_prob(x, mean, log_std)
+
+
+@typecheck
+def gaussian_entropy(log_std: Float[Tensor, "*batch dim"]) -> Float[Tensor, "*batch"]:
+    """H[N(μ, diag σ²)] = Σᵢ ½ + ½ log 2π + log σᵢ = Σᵢ ½ log(2πe σᵢ²), whatever μ.
+
+    (Cover & Thomas, Elements of Information Theory, §8.4.) Negative once σ
+    is small enough: a differential entropy. A state-independent ``[dim]``
+    log σ gives one value (a 0-d tensor) for every row.
+    """
+    return (0.5 + _HALF_LOG_2PI + _at_least_float32(log_std)).sum(-1)
+
+
+@typecheck
+def gaussian_sample(
+    mean: Float[Tensor, "*batch dim"],
+    log_std: Float[Tensor, "*#batch dim"],
+    generator: torch.Generator | None = None,
+) -> Float[Tensor, "*batch dim"]:
+    """u = μ + σ ⊙ ε, ε ~ N(0, I): a reparameterised sample of N(μ, diag σ²).
+
+    Differentiable in μ and log σ (∂u/∂μ = 1, ∂u/∂log σ = σ ε; Kingma &
+    Welling 2014, arXiv:1312.6114), as SAC's actor loss needs. ε is drawn as
+    ``torch.randn_like(mean)`` (in ``mean``'s dtype), the draw the policies
+    made before this function existed: a seeded run samples the same u.
+    """
+    return mean + log_std.exp() * torch.randn_like(mean, generator=generator)
+
+
+# ---------------------------------------------------------------------------
+# tanh-Gaussian
+
+
+@typecheck
+def tanh_gaussian_log_prob(
+    u: Float[Tensor, "*batch dim"],
+    mean: Float[Tensor, "*batch dim"],
+    log_std: Float[Tensor, "*#batch dim"],
+) -> Float[Tensor, "*batch"]:
+    """log π(a) of a = tanh(u), u ~ N(μ, diag σ²) (Haarnoja et al. 2018, arXiv:1801.01290, app. C).
+
+    By the change of variables, with the pre-squash u as the argument:
+
+    log π(a) = log N(u; μ, σ²) − Σᵢ log(1 − tanh² uᵢ)
+    log(1 − tanh² u) = 2 (log 2 − u − softplus(−2u))
+
+    The second line is exact and finite for every u; the naive form is −inf
+    once tanh u rounds to ±1 (|u| ≳ 9 in float32, 19 in float64). A further
+    affine map of a onto [low, high] adds a constant, left out.
+    """
+    u32 = _at_least_float32(u)
+    log_det = 2.0 * (_LOG_2 - u32 - F.softplus(-2.0 * u32))
+    return _gaussian_log_prob(u32, mean, log_std) - log_det.sum(-1)
