@@ -39,13 +39,13 @@ from typing import Any, ClassVar, Self
 
 from attrs import frozen
 
-from rlshell.checkpoint import TrainerState
 from rlshell.cluster.errors import WorkerDiedError, WorkerError
 from rlshell.cluster.group import GroupCall, WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import Config
 from rlshell.metrics import merge_rank_metrics
+from rlshell.runners.embodied import EmbodiedTrainer
 from rlshell.runners.embodied_ppo import COLLOCATED_EXAMPLE, actor_share_problems, compile_unread
 from rlshell.runners.spec import RunSpec
 from rlshell.runners.trainer import launched_group
@@ -54,10 +54,9 @@ from rlshell.workers.embodied_pipeline import EnvWorker, PipelineActor, Pipeline
 __all__ = ["Pipeline", "PipelinedPPOTrainer", "SubmittedWindow"]
 
 
-class PipelinedPPOTrainer:
+class PipelinedPPOTrainer(EmbodiedTrainer):
     """Env, rollout and actor groups of their own; a window's calls chained, then the update."""
 
-    curves: ClassVar[tuple[str, ...]] = ("env/episode_return", "env/success")
     registered_names: ClassVar[tuple[str, ...]] = (
         "actor.model.model_type",
         "algorithm.adv_type",
@@ -72,13 +71,11 @@ class PipelinedPPOTrainer:
         actor: WorkerGroup[PipelineActor],
         stack: ExitStack,
     ) -> None:
-        self.config = config
+        super().__init__(config, actor, stack)
         self.envs = envs
         self.rollout = rollout
         self.actor = actor
-        self._stack = stack
         self.pipeline: Pipeline | None = None  # made at the first step, after any resume
-        self._env_steps = 0
 
     @classmethod
     def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
@@ -167,11 +164,6 @@ class PipelinedPPOTrainer:
         )
         return cls(config, envs, rollout, actor, stack)
 
-    def load(self, checkpoint: Path, state: TrainerState) -> int:
-        step = int(self.actor.load_checkpoint(str(checkpoint)).wait()[0])
-        self._env_steps = step * self.config.env.num_envs * self.config.runner.rollout_steps
-        return step
-
     def step(self, step: int) -> dict[str, float]:
         config = self.config
         if self.pipeline is None:  # the first step of this process: the actor's weights first
@@ -199,24 +191,7 @@ class PipelinedPPOTrainer:
         metrics.update(merge_rank_metrics(train_metrics))
         metrics["time/rollout"] = rollout_done - step_started
         metrics["time/update"] = time.perf_counter() - rollout_done
-        metrics["time/step"] = time.perf_counter() - step_started
-        self._env_steps += int(metrics["env/steps"])
-        metrics["env/total_steps"] = float(self._env_steps)
-        metrics["perf/env_steps_per_s"] = metrics["env/steps"] / metrics["time/step"]
-        return metrics
-
-    def evaluate(self, step: int) -> dict[str, float]:
-        raise RuntimeError(
-            "runner.eval_interval: embodied PPO does not evaluate during training; evaluate "
-            "a checkpoint with python -m rlshell.evaluate"
-        )
-
-    def save(self, directory: Path, step: int) -> TrainerState:
-        self.actor.save_checkpoint(str(directory), step).wait()
-        return TrainerState(step=step, experiment_name=self.config.runner.experiment_name)
-
-    def close(self) -> None:
-        self._stack.close()
+        return self.counted(metrics, step_started)
 
 
 @frozen(eq=False)

@@ -25,13 +25,13 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from rlshell.checkpoint import TrainerState
 from rlshell.cluster.errors import WorkerDiedError
 from rlshell.cluster.group import WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import Config
 from rlshell.metrics import merge_rank_metrics
+from rlshell.runners.embodied import EmbodiedTrainer
 from rlshell.runners.spec import ProcessLayout, RunSpec
 from rlshell.runners.trainer import Cadence, launched_group
 from rlshell.workers.embodied_actor import EmbodiedWorker
@@ -110,10 +110,9 @@ def train_steps(
             pending = group.train_step()
 
 
-class CollocatedPPOTrainer:
+class CollocatedPPOTrainer(EmbodiedTrainer):
     """Embodied PPO whose actor ranks step their own envs (`EmbodiedWorker`)."""
 
-    curves: ClassVar[tuple[str, ...]] = ("env/episode_return", "env/success")
     registered_names: ClassVar[tuple[str, ...]] = (
         "actor.model.model_type",
         "algorithm.adv_type",
@@ -121,11 +120,9 @@ class CollocatedPPOTrainer:
     )
 
     def __init__(self, config: Config, group: WorkerGroup[EmbodiedWorker], stack: ExitStack):
-        self.config = config
+        super().__init__(config, group, stack)
         self.group = group
-        self._stack = stack
         self._results: Iterator[dict[str, float]] | None = None
-        self._env_steps = 0
 
     @classmethod
     def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
@@ -202,11 +199,6 @@ class CollocatedPPOTrainer:
         )
         return cls(config, group, stack)
 
-    def load(self, checkpoint: Path, state: TrainerState) -> int:
-        step = int(self.group.load_checkpoint(str(checkpoint)).wait()[0])
-        self._env_steps = step * self.config.env.num_envs * self.config.runner.rollout_steps
-        return step
-
     def step(self, step: int) -> dict[str, float]:
         started = time.perf_counter()
         if self._results is None:
@@ -219,24 +211,7 @@ class CollocatedPPOTrainer:
         except WorkerDiedError as error:
             _note_env_crash(error, self.config)
             raise
-        metrics["time/step"] = time.perf_counter() - started
-        self._env_steps += int(metrics["env/steps"])
-        metrics["env/total_steps"] = float(self._env_steps)
-        metrics["perf/env_steps_per_s"] = metrics["env/steps"] / metrics["time/step"]
-        return metrics
-
-    def evaluate(self, step: int) -> dict[str, float]:
-        raise RuntimeError(
-            "runner.eval_interval: embodied PPO does not evaluate during training; evaluate "
-            "a checkpoint with python -m rlshell.evaluate"
-        )
-
-    def save(self, directory: Path, step: int) -> TrainerState:
-        self.group.save_checkpoint(str(directory), step).wait()
-        return TrainerState(step=step, experiment_name=self.config.runner.experiment_name)
-
-    def close(self) -> None:
-        self._stack.close()
+        return self.counted(metrics, started)
 
 
 def _note_env_crash(error: WorkerDiedError, config: Config) -> None:

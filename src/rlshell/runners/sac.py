@@ -19,12 +19,12 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import ClassVar, Self
 
-from rlshell.checkpoint import TrainerState
 from rlshell.cluster.group import GroupCall, WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import Config
 from rlshell.metrics import merge_rank_metrics
+from rlshell.runners.embodied import EmbodiedTrainer
 from rlshell.runners.embodied_ppo import compile_unread, stages_unread
 from rlshell.runners.spec import ProcessLayout, RunSpec
 from rlshell.runners.trainer import launched_group
@@ -35,10 +35,9 @@ __all__ = ["SACTrainer"]
 _EXAMPLE = '{"actor": "0", "rollout,env": "0"}'
 
 
-class SACTrainer:
+class SACTrainer(EmbodiedTrainer):
     """Env collectors and one learner, overlapped a chunk apart."""
 
-    curves: ClassVar[tuple[str, ...]] = ("env/episode_return", "env/success")
     registered_names: ClassVar[tuple[str, ...]] = ("actor.model.model_type", "env.env_type")
 
     def __init__(
@@ -48,13 +47,11 @@ class SACTrainer:
         learner: WorkerGroup[SACLearnerWorker],
         stack: ExitStack,
     ) -> None:
-        self.config = config
+        super().__init__(config, learner, stack)
         self.collectors = collectors
         self.learner = learner
-        self._stack = stack
         self.chunk = config.env.num_envs * config.runner.rollout_steps
         self._pending: GroupCall | None = None  # the chunk being collected
-        self._env_steps = 0
 
     @classmethod
     def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
@@ -134,11 +131,6 @@ class SACTrainer:
         )
         return cls(config, collectors, learner, stack)
 
-    def load(self, checkpoint: Path, state: TrainerState) -> int:
-        step = int(self.learner.load_checkpoint(str(checkpoint)).wait()[0])
-        self._env_steps = step * self.chunk
-        return step
-
     def _random_chunk(self, step: int) -> bool:
         """Whether chunk ``step`` (from 1) acts at random."""
         return (step - 1) * self.chunk < self.config.algorithm.sac.learning_starts
@@ -162,21 +154,4 @@ class SACTrainer:
             self.collectors.set_weights(weights)  # runs after the chunk being collected
         metrics = merge_rank_metrics([m for _, m in collected])
         metrics.update(train_metrics)
-        metrics["time/step"] = time.perf_counter() - started
-        self._env_steps += int(metrics["env/steps"])
-        metrics["env/total_steps"] = float(self._env_steps)
-        metrics["perf/env_steps_per_s"] = metrics["env/steps"] / metrics["time/step"]
-        return metrics
-
-    def evaluate(self, step: int) -> dict[str, float]:
-        raise RuntimeError(
-            "runner.eval_interval: SAC does not evaluate during training; evaluate a "
-            "checkpoint with python -m rlshell.evaluate"
-        )
-
-    def save(self, directory: Path, step: int) -> TrainerState:
-        self.learner.save_checkpoint(str(directory), step).wait()
-        return TrainerState(step=step, experiment_name=self.config.runner.experiment_name)
-
-    def close(self) -> None:
-        self._stack.close()
+        return self.counted(metrics, started)

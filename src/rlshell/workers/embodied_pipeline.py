@@ -1,30 +1,14 @@
 """Embodied PPO's workers in the hybrid placement: env and rollout workers of their own.
 
 With env, rollout and actor under three keys, e.g.
-``{"actor": "0:0-1", "rollout": "0:0", "env": "0:0"}``, the embodied runner
-starts three groups: `EnvWorker`s step the envs, `PipelineRolloutWorker`s hold a copy
-of the policy and choose the actions, and the `PipelineActor` ranks (FSDP2, as
-in the collocated placement) train on what they collected; the driver that
-chains their calls is `rlshell.runners.embodied_pipeline`. Each env worker
-splits its ``env.num_envs / env workers`` envs into
-``rollout.pipeline_stage_num`` stages, one vector env each, and the driver
-submits a window's whole chain of calls at once, each call's result handed to
-the next as a Ray ObjectRef (`rlshell.cluster.worker.GroupCall.refs`), never waited for:
-
-    for t in range(runner.rollout_steps):
-        for s in range(stages):
-            actions[s] = rollout.predict(env, s, obs[s])
-            obs[s] = env.step(s, actions[s])
-
-A worker runs its calls in the order they were submitted, each once its
-inputs exist, so while the rollout worker computes stage s + 1's actions the
-env worker steps stage s. Env worker e is served by rollout worker
-e mod (rollout workers). At the window's end:
-
-    rollout.finish(e, obs[0], …)  → RolloutWindow: forward_inputs, log-probs, values, bootstraps
-    env.finish()                  → EnvWindow: rewards, terminated, truncated, env/ metrics
-    actor.train_on(windows…)      → GAE (rlcore, `TrajectoryBuffer.finish`), PPO's update
-    rollout.set_weights(actor.policy_state())
+``{"actor": "0:0-1", "rollout": "0:0", "env": "0:0"}``, three groups run:
+`EnvWorker`s step the envs, each its ``env.num_envs / env workers`` envs in
+``rollout.pipeline_stage_num`` stages; `PipelineRolloutWorker`s hold a copy of
+the policy and choose the actions; the `PipelineActor` ranks (FSDP2, as in the
+collocated placement) train on what they collected. The chain of calls that
+overlaps them, a window at a time, is `rlshell.runners.embodied_pipeline`'s.
+At a window's end a rollout worker hands back a `RolloutWindow`, an env worker
+an `EnvWindow`, and `window_buffer` joins them for GAE.
 
 A truncated step bootstraps from V(final observation): the env worker hands
 the final observations of its truncated rows to the rollout worker with the
@@ -37,10 +21,6 @@ window gives the samples a collocated rollout of the same envs and actions
 gives. A policy's buffers that move on during rollout (``mlp_policy``'s
 ``normalize_obs`` statistics) come back to the actor from rollout worker 0's
 copy with each window, so checkpoints carry them.
-
-Timing: ``time/rollout_busy`` and ``time/env_busy`` are the seconds the
-busiest rollout and env worker computed in the window; set against
-``time/rollout`` they show the overlap.
 """
 
 from __future__ import annotations
