@@ -2,8 +2,10 @@
 
 One step, as `ReasoningTrainer.step` reads: prompts → rollout → reward →
 reference log-probs (when KL is on) → advantages and actor update (rlcore) →
-weight sync → metrics, each timed under ``time/``. The run loop around it
-(`rlshell.runners.loop`) evaluates, logs and saves.
+weight sync → metrics, each timed under ``time/``. Where the plan has the
+actor and the rollout time-share GPUs they take turns on them, each moving
+its state to host memory while the other computes (`rlshell.runners.offload`).
+The run loop around it (`rlshell.runners.loop`) evaluates, logs and saves.
 
     python -m rlshell.train configs/grpo.py
 """
@@ -30,6 +32,7 @@ from rlshell.metrics import tokens_per_second
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.runners.embodied_ppo import compile_unread, stages_unread
 from rlshell.runners.loop import timed
+from rlshell.runners.offload import OffloadPlan, offload_problems, plan_offload
 from rlshell.runners.spec import ProcessLayout, RunSpec
 from rlshell.tokenizer import ensure_tokenizer, load_tokenizer
 from rlshell.workers.actor import ActorWorker
@@ -114,10 +117,19 @@ class ReasoningTrainer:
     )
     exports: ClassVar[bool] = True
 
-    def __init__(self, config: Config, tokenizer_dir: Path, rollout_in_actor: bool) -> None:
+    def __init__(
+        self,
+        config: Config,
+        tokenizer_dir: Path,
+        rollout_in_actor: bool,
+        offload: OffloadPlan | None = None,
+    ) -> None:
         self.config = config
         self.tokenizer_dir = tokenizer_dir
         self.hybrid = rollout_in_actor
+        self.offload = offload or OffloadPlan()
+        self._phase: str | None = None  # "rollout" or "update": who has the shared GPUs now
+        self._offload_seconds = 0.0
         self.actor: WorkerGroup[ActorWorker] | None = None
         self.rollout: WorkerGroup[Any] | None = None
         self.reward: WorkerGroup[RewardWorker] | None = None
@@ -151,6 +163,8 @@ class ReasoningTrainer:
                 )
         if config.rollout.weight_sync == "shared":
             problems += _shared_weight_problems(config)
+        if plan is not None:
+            problems += offload_problems(config, plan)
         return problems
 
     @classmethod
@@ -167,8 +181,12 @@ class ReasoningTrainer:
         config = spec.config
         tokenizer_dir = prepare_tokenizer(config, run_dir)
         trainer = cls(
-            with_tokenizer_ids(config, tokenizer_dir), tokenizer_dir, spec.rollout_in_actor
+            with_tokenizer_ids(config, tokenizer_dir),
+            tokenizer_dir,
+            spec.rollout_in_actor,
+            plan_offload(config, plan),
         )
+
         try:
             trainer._launch(cluster, plan)
         except BaseException:
@@ -215,7 +233,8 @@ class ReasoningTrainer:
         where = "collocated with the actor" if self.hybrid else "in its own workers"
         print(
             f"workers up in {time.perf_counter() - started:.1f} s "
-            f"(rollout {where}, weight sync '{config.rollout.weight_sync}')",
+            f"(rollout {where}, weight sync '{config.rollout.weight_sync}'"
+            f"{_describe(self.offload)})",
             flush=True,
         )
 
@@ -249,6 +268,7 @@ class ReasoningTrainer:
             with timed(metrics, "time/reference"):
                 ref_logprobs = self._reference_logprobs(batch)
         with timed(metrics, "time/update"):
+            self._update_phase()
             train = self._actor().run_training(batch, scores, ref_logprobs).wait()[0]
         with timed(metrics, "time/sync"):
             sync = self.sync_weights(full=False)
@@ -258,6 +278,8 @@ class ReasoningTrainer:
         metrics.update(sync)
         metrics.update(_rollout_metrics(batch, scores, params.n))
         metrics["time/step"] = step_time
+        if self.offload.any:
+            metrics["time/offload"], self._offload_seconds = self._offload_seconds, 0.0
         metrics["perf/tokens_per_s"] = tokens_per_second(batch.num_tokens, step_time)
         metrics["perf/completion_tokens_per_s"] = tokens_per_second(
             int(batch.response_mask.sum()), step_time
@@ -266,6 +288,7 @@ class ReasoningTrainer:
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, step: int) -> RolloutBatch:
         """Prompts split evenly over the rollout ranks; one batch back, in prompt order."""
+        self._rollout_phase()
         group = self._rollout_group()
         ranks = group.world_size
         shares = [list(prompts[rank::ranks]) for rank in range(ranks)]
@@ -297,6 +320,32 @@ class ReasoningTrainer:
             "eval/response_length": float(batch.response_lengths.float().mean()),
             "time/eval": time.perf_counter() - started,
         }
+
+    # -- offload: the actor and the rollout take turns on GPUs they share
+
+    def _rollout_phase(self) -> None:
+        """Make room for the rollout: the actor's state to host memory, the rollout's back."""
+        if self._phase == "rollout" or not self.offload.any:
+            return
+        started = time.perf_counter()
+        if self.offload.actor_optimizer:
+            self._actor().offload(self.offload.actor_params).wait()
+        if self.offload.rollout and self._phase == "update":
+            self._rollout_group().reload().wait()
+        self._phase = "rollout"
+        self._offload_seconds += time.perf_counter() - started
+
+    def _update_phase(self) -> None:
+        """Make room for the update: the rollout's model to host memory, the actor's state back."""
+        if self._phase == "update" or not self.offload.any:
+            return
+        started = time.perf_counter()
+        if self.offload.rollout:
+            self._rollout_group().offload().wait()
+        if self.offload.actor_optimizer and self._phase == "rollout":
+            self._actor().reload(self.offload.actor_params).wait()
+        self._phase = "update"
+        self._offload_seconds += time.perf_counter() - started
 
     def _ensure_synced(self) -> None:
         """A full sync after launch or load, before the rollout generates."""
@@ -336,6 +385,7 @@ class ReasoningTrainer:
     # -- checkpoints
 
     def save(self, directory: Path, step: int) -> TrainerState:
+        self._update_phase()  # the actor's state where it trains
         self._actor().save_checkpoint(str(directory), step).wait()
         shutil.copytree(self.tokenizer_dir, directory / "tokenizer")
         sampler = self._sampler().state()
@@ -347,6 +397,7 @@ class ReasoningTrainer:
         )
 
     def load(self, checkpoint: Path, state: TrainerState) -> int:
+        self._update_phase()
         step = int(self._actor().load_checkpoint(str(checkpoint)).wait()[0])
         self._sampler().load_state(SamplerState(state.sampler_epoch, state.sampler_position))
         self._synced = False
@@ -381,6 +432,15 @@ class ReasoningTrainer:
         for group in groups:
             if group is not None:
                 group.shutdown()
+
+
+def _describe(offload: OffloadPlan) -> str:
+    moved = []
+    if offload.actor_optimizer:
+        moved.append("actor optimizer" + (" and parameters" if offload.actor_params else ""))
+    if offload.rollout:
+        moved.append("rollout model")
+    return f"; offloading the {' and the '.join(moved)} between phases" if moved else ""
 
 
 def _interleave_order(counts: Sequence[int], n: int) -> list[int]:

@@ -281,11 +281,12 @@ def _request(config: Config, name: str, entry: PlacementEntry) -> ComponentReque
 
 
 def _shares_devices(config: Config, name: str) -> bool:
-    # Time-sharing GPUs with another component means moving out of the way between phases.
+    # Time-sharing GPUs with another component means moving out of the way between phases:
+    # null (where the plan shares) and true allow it, false refuses it.
     if name == "actor":
-        return config.actor.enable_offload
+        return config.actor.enable_offload is not False
     if name == "rollout":
-        return config.rollout.enable_offload
+        return config.rollout.enable_offload is not False
     return True
 
 

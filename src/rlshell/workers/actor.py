@@ -249,6 +249,33 @@ class ActorWorker(Worker):
             raise RuntimeError("init_worker() has not run")
         return self.manager.module
 
+    # -- offload (the trainer calls these where `rlshell.runners.offload` says so)
+
+    def offload(self, params: bool) -> float:
+        """Move the optimizer state and, with ``params``, the parameters and gradients to host
+        memory, making room on a GPU the rollout shares; the seconds it took."""
+        manager = self._manager()
+        started = time.perf_counter()
+        manager.offload_optimizer()
+        if params:
+            manager.offload_param_and_grad(offload_grad=True)
+        return time.perf_counter() - started
+
+    def reload(self, params: bool) -> float:
+        """Undo `offload` before the update (``params`` as given to it); the seconds it took."""
+        manager = self._manager()
+        started = time.perf_counter()
+        device = worker_device()
+        if params:
+            manager.load_param_and_grad(device, load_grad=True)
+        manager.load_optimizer(device)
+        return time.perf_counter() - started
+
+    def _manager(self) -> TrainingBackend:
+        if self.manager is None:
+            raise RuntimeError("init_worker() has not run")
+        return self.manager
+
     # -- rollout (collocated)
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> RolloutBatch:
