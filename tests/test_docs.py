@@ -94,8 +94,8 @@ COVERED_ELSEWHERE = {
         "with both for 2 steps"
     ),
     ".venv/bin/python -m rlshell.train configs/ppo_cartpole.py algorithm.adv_type=grpo "
-    "algorithm.group_size=4 runner.rollout_steps=500 runner.max_steps=40 "
-    "runner.experiment_name=grpo_cartpole": (
+    "algorithm.group_size=4 algorithm.gamma=1 algorithm.lam=1 algorithm.vf_coef=0.5 "
+    "runner.rollout_steps=500 runner.max_steps=40 runner.experiment_name=grpo_cartpole": (
         "tests/shell/test_embodied_grpo.py::test_the_runner_trains_embodied_grpo_from_the_cli "
         "runs it for 3 steps"
     ),

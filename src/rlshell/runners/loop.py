@@ -68,7 +68,7 @@ def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> 
     finally:
         trainer.close()
     plot_run(run_dir, trainer_cls.curves)
-    if trainer_cls.exports and config.checkpoint.export_hf and config.checkpoint.interval:
+    if trainer_cls.exports and config.checkpoint.interval and config.checkpoint.export_hf:
         _export_last(run_dir)
 
 

@@ -30,10 +30,16 @@ from rlshell.config import Config, ConfigError
 from rlshell.data import PromptExample, PromptSampler, SamplerState, load_dataset
 from rlshell.metrics import tokens_per_second
 from rlshell.rollout import RolloutBatch, SamplingParams
-from rlshell.runners.embodied_ppo import compile_unread, stages_unread
 from rlshell.runners.loop import timed
 from rlshell.runners.offload import OffloadPlan, offload_problems, plan_offload
 from rlshell.runners.spec import ProcessLayout, RunSpec
+from rlshell.runners.unread import (
+    compile_unread,
+    hyperparameters_unread,
+    reference_unread,
+    sac_unread,
+    stages_unread,
+)
 from rlshell.tokenizer import ensure_tokenizer, load_tokenizer
 from rlshell.workers.actor import ActorWorker
 from rlshell.workers.reward import RewardWorker
@@ -146,14 +152,6 @@ class ReasoningTrainer:
     def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
         algorithm = config.algorithm
         problems = []
-        for key in ("update_epochs", "num_minibatches"):
-            if getattr(algorithm, key) != 1:
-                problems.append(
-                    f"algorithm.{key}: the reasoning runner makes one optimizer step per batch; "
-                    f"{getattr(algorithm, key)} needs the embodied runner's PPO update"
-                )
-        if algorithm.value_clip is not None:
-            problems.append("algorithm.value_clip: the reasoning runner has no critic to clip")
         for key, unsupported in UNSUPPORTED.items():
             name = algorithm.adv_type if key.endswith("adv_type") else algorithm.loss_type
             if name in unsupported:
@@ -169,10 +167,49 @@ class ReasoningTrainer:
 
     @classmethod
     def unread(cls, config: Config) -> dict[str, str]:
-        return {
-            **compile_unread("the reasoning runner does not read it"),
-            **stages_unread(config, "the reasoning runner"),
+        who = "the reasoning runner"
+        one_step = (
+            f"{who} makes one optimizer step per batch; it needs the embodied runner's PPO update"
+        )
+        no_critic = f"{who} trains no critic"
+        unread = {
+            **compile_unread(f"{who} does not read it"),
+            **stages_unread(config, who),
+            **sac_unread(who),
+            "env": f"{who} samples prompts (data.*); env.* configures the embodied runner's "
+            "environments",
+            "runner.rollout_steps": "env steps per env in an embodied step; a reasoning step is "
+            "runner.prompts_per_step prompts × algorithm.group_size samples",
+            "algorithm.update_epochs": one_step,
+            "algorithm.num_minibatches": one_step,
+            "algorithm.value_clip": f"{no_critic}: there is no value loss to clip",
+            "algorithm.vf_coef": f"{no_critic}: there is no value loss to weight",
+            "algorithm.norm_adv": "standardises embodied PPO's minibatch advantages; "
+            f"{who}'s advantages are algorithm.adv_type's",
+            "algorithm.norm_reward": "scales embodied PPO's env rewards by a running return "
+            f"std; {who}'s rewards are reward.reward_type's scores",
+            **hyperparameters_unread(config),
         }
+        if config.algorithm.kl_coef == 0:
+            unread.update(reference_unread(f"with algorithm.kl_coef 0 {who}"))
+        data = config.data
+        if data.task == "arithmetic":
+            generated = (
+                "data.task is 'arithmetic', which generates its prompts; set data.task='file' "
+                "to read files"
+            )
+            for key in ("train_path", "val_path", "prompt_key", "answer_key"):
+                unread[f"data.{key}"] = generated
+        else:
+            files = f"describes the generated arithmetic task; data.task is '{data.task}'"
+            for key in ("num_terms", "max_operand", "num_val", "num_train", "seed"):
+                unread[f"data.{key}"] = files
+        if config.rollout.weight_sync == "shared":
+            unread["rollout.bucket_size_mb"] = (
+                "rollout.weight_sync 'shared' sends no weights: the engine generates with the "
+                "actor's own module"
+            )
+        return unread
 
     # -- launching
 
@@ -186,7 +223,6 @@ class ReasoningTrainer:
             spec.rollout_in_actor,
             plan_offload(config, plan),
         )
-
         try:
             trainer._launch(cluster, plan)
         except BaseException:

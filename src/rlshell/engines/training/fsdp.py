@@ -283,7 +283,8 @@ class FSDPModelManager:
         model = self.module
         units = [module for module in model.modules() if isinstance(module, FSDPModule)]
         root = model if isinstance(model, FSDPModule) else None
-        reshard = self.cfg.fsdp_config.reshard_after_forward
+        # Read only where there are units (an unsharded model has none).
+        reshard = bool(units) and self.cfg.fsdp_config.reshard_after_forward
         try:
             with torch.no_grad():
                 for unit in units:
