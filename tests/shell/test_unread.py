@@ -135,7 +135,7 @@ def test_embodied_ppo_refuses_a_loss_it_does_not_train_with() -> None:
 
 def test_embodied_grpo_refuses_the_critic_and_gae_settings() -> None:
     problems = refusals(CARTPOLE, "algorithm.adv_type=grpo", "algorithm.group_size=4")
-    assert keys_of(problems) == ["algorithm.vf_coef", "algorithm.lam", "algorithm.gamma"]
+    assert keys_of(problems) == ["algorithm.gamma", "algorithm.lam", "algorithm.vf_coef"]
     # With the return scaler on, γ is read (it discounts the scaler's returns).
     problems = refusals(
         CARTPOLE,
@@ -143,7 +143,7 @@ def test_embodied_grpo_refuses_the_critic_and_gae_settings() -> None:
         "algorithm.group_size=4",
         "algorithm.norm_reward=true",
     )
-    assert keys_of(problems) == ["algorithm.vf_coef", "algorithm.lam"]
+    assert keys_of(problems) == ["algorithm.lam", "algorithm.vf_coef"]
 
 
 def test_sac_refuses_ppos_and_the_optimizer_settings_it_does_not_use() -> None:
@@ -155,10 +155,10 @@ def test_sac_refuses_ppos_and_the_optimizer_settings_it_does_not_use() -> None:
         "actor.fsdp_config.mixed_precision=bf16",
         "actor.backend=megatron",
     )
-    assert keys_of(problems) == [
-        "actor.backend",
-        "actor.fsdp_config.mixed_precision",
+    assert keys_of(problems) == [  # in the schema's order
         "actor.optim.clip_grad",
+        "actor.fsdp_config.mixed_precision",
+        "actor.backend",
         "algorithm.entropy_coef",
     ]
 

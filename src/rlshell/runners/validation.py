@@ -30,7 +30,14 @@ import attrs
 
 from rlcore.registry import ADVANTAGES, POLICY_LOSSES, Registry
 from rlshell.cluster.placement import ClusterSpec, ComponentRequest, PlacementError, PlacementPlan
-from rlshell.config import COMPONENTS, Config, PlacementEntry, field_problems, read_config
+from rlshell.config import (
+    COMPONENTS,
+    Config,
+    PlacementEntry,
+    all_key_paths,
+    field_problems,
+    read_config,
+)
 from rlshell.engines.rollout import ROLLOUT_ENGINES
 from rlshell.engines.training import TRAINING_BACKENDS
 from rlshell.runners.spec import RunSpec, resolve_spec
@@ -95,10 +102,9 @@ def unread_problems(spec: RunSpec, plan: PlacementPlan | None = None) -> list[st
     ``plan`` (when known) adds the keys the placement leaves unread.
     """
     config = spec.config
+    unread = unread_leaves(spec, plan)
     return [
-        f"{leaf}: {reason}"
-        for leaf, reason in unread_leaves(spec, plan).items()
-        if _is_set(config, leaf)
+        f"{leaf}: {unread[leaf]}" for leaf in _KEY_ORDER if leaf in unread and _is_set(config, leaf)
     ]
 
 
@@ -164,6 +170,7 @@ def _unsharded_actor(config: Config, plan: PlacementPlan) -> bool:
 
 
 _DEFAULT = Config()
+_KEY_ORDER = tuple(all_key_paths())  # problems about unread keys are listed in schema order
 
 
 def _leaves(key: str) -> list[str]:
