@@ -30,7 +30,6 @@ config = Config(
     algorithm=AlgorithmConfig(
         adv_type="gae",
         loss_type="ppo",
-        group_size=1,
         gamma=0.98,
         lam=0.8,
         clip_low=0.2,

@@ -42,7 +42,6 @@ config = Config(
     algorithm=AlgorithmConfig(
         adv_type="gae",
         loss_type="ppo",
-        group_size=1,
         gamma=0.99,
         lam=0.95,
         clip_low=0.2,

@@ -49,7 +49,6 @@ config = Config(
     algorithm=AlgorithmConfig(
         adv_type="gae",
         loss_type="ppo",
-        group_size=1,
         gamma=0.8,
         lam=0.9,
         clip_low=0.2,

@@ -51,6 +51,9 @@ RUN_HERE = {
     'algorithm.group_size=4 rollout.temperature=0.7 logger.backends=\'["console","jsonl"]\'',
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run && .venv/bin/python -m "
     "rlshell.train --config runs/grpo/config.json --dry-run runner.experiment_name=grpo_again",
+    "RLSHELL_TRACE_CONFIG_READS=runs/cartpole_reads .venv/bin/python -m rlshell.train "
+    "configs/ppo_cartpole.py runner.max_steps=2 runner.experiment_name=cartpole_traced > "
+    "/dev/null && cut -f1 runs/cartpole_reads/*.keys | sort -u | grep '^algorithm\\.'",
     # docs/placement.md
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run cluster.simulate=4x8 "
     "rollout.backend=vllm rollout.tensor_parallel_size=4 cluster.component_placement="
@@ -94,8 +97,8 @@ COVERED_ELSEWHERE = {
         "with both for 2 steps"
     ),
     ".venv/bin/python -m rlshell.train configs/ppo_cartpole.py algorithm.adv_type=grpo "
-    "algorithm.group_size=4 runner.rollout_steps=500 runner.max_steps=40 "
-    "runner.experiment_name=grpo_cartpole": (
+    "algorithm.group_size=4 algorithm.gamma=1 algorithm.lam=1 algorithm.vf_coef=0.5 "
+    "runner.rollout_steps=500 runner.max_steps=40 runner.experiment_name=grpo_cartpole": (
         "tests/shell/test_embodied_grpo.py::test_the_runner_trains_embodied_grpo_from_the_cli "
         "runs it for 3 steps"
     ),

@@ -317,7 +317,8 @@ class AdvantageBatch:
 
 @attrs.frozen
 class AdvantageConfig:
-    """Hyperparameters an estimator may use; each ignores those it does not need."""
+    """Hyperparameters an estimator may use; each ignores those it does not need, and says
+    which it reads when registered (`rlcore.registry.Registry.reads`)."""
 
     gamma: float = 1.0
     lam: float = 1.0
@@ -375,10 +376,11 @@ def _opd_estimator(batch: AdvantageBatch, config: AdvantageConfig) -> Advantages
     return Advantages(advantages=advantages, returns=advantages)
 
 
-ADVANTAGES.register("gae", _gae_estimator)
-ADVANTAGES.register("grpo", _grpo_estimator)
-ADVANTAGES.register("dr_grpo", _dr_grpo_estimator)
-ADVANTAGES.register("rloo", _rloo_estimator)
-ADVANTAGES.register("reinforce_pp", _reinforce_pp_estimator)
-ADVANTAGES.register("reinforce_pp_baseline", _reinforce_pp_baseline_estimator)
-ADVANTAGES.register("opd", _opd_estimator)
+# ``reads``: the AdvantageConfig fields each uses (callers refuse the others).
+ADVANTAGES.register("gae", _gae_estimator, reads=("gamma", "lam", "whiten"))
+ADVANTAGES.register("grpo", _grpo_estimator, reads=("eps",))
+ADVANTAGES.register("dr_grpo", _dr_grpo_estimator, reads=())
+ADVANTAGES.register("rloo", _rloo_estimator, reads=())
+ADVANTAGES.register("reinforce_pp", _reinforce_pp_estimator, reads=("gamma",))
+ADVANTAGES.register("reinforce_pp_baseline", _reinforce_pp_baseline_estimator, reads=("gamma",))
+ADVANTAGES.register("opd", _opd_estimator, reads=())

@@ -466,7 +466,8 @@ class PolicyLossBatch:
 
 @attrs.frozen
 class PolicyLossConfig:
-    """Hyperparameters a policy loss may use; each ignores those it does not need.
+    """Hyperparameters a policy loss may use; each ignores those it does not need, and says
+    which it reads when registered (`rlcore.registry.Registry.reads`).
 
     Unset clip bounds take each loss's own defaults: 0.2 for the PPO family,
     (3e-4, 4e-4) for GSPO, whose ratio is a per-token geometric mean.
@@ -556,7 +557,12 @@ def _vanilla(batch: PolicyLossBatch, config: PolicyLossConfig) -> LossOutput:
     )
 
 
-POLICY_LOSSES.register("ppo", _ppo)
-POLICY_LOSSES.register("gspo", _gspo)
-POLICY_LOSSES.register("decoupled_ppo", _decoupled_ppo)
-POLICY_LOSSES.register("vanilla", _vanilla)
+# ``reads``: the PolicyLossConfig fields each uses (callers refuse the others).
+POLICY_LOSSES.register("ppo", _ppo, reads=("clip_low", "clip_high", "dual_clip", "agg"))
+POLICY_LOSSES.register("gspo", _gspo, reads=("clip_low", "clip_high", "agg"))
+POLICY_LOSSES.register(
+    "decoupled_ppo",
+    _decoupled_ppo,
+    reads=("clip_low", "clip_high", "dual_clip", "behavior_weight_cap", "agg"),
+)
+POLICY_LOSSES.register("vanilla", _vanilla, reads=("agg",))

@@ -10,12 +10,21 @@ on purpose) and answers an unknown name with the closest registered ones:
 `ADVANTAGES` holds ``(AdvantageBatch, AdvantageConfig) -> Advantages``
 callables and `POLICY_LOSSES` ``(PolicyLossBatch, PolicyLossConfig) ->
 LossOutput`` callables; the built-ins are registered when `rlcore` is imported.
+
+An entry may say which hyperparameters (fields of its config record) it
+reads, so that a caller can refuse the others instead of passing them to an
+entry that ignores them:
+
+    ADVANTAGES.register("grpo", _grpo_estimator, reads=("eps",))
+    ADVANTAGES.ignores("grpo")   # frozenset({'gamma', 'lam', 'whiten'})
+
+An entry registered without ``reads`` is taken to read every hyperparameter.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Generic, TypeVar, overload
 
 if TYPE_CHECKING:
@@ -28,38 +37,90 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """A mapping from names to ``T`` with explicit replacement and helpful misses."""
+    """A mapping from names to ``T`` with explicit replacement and helpful misses.
 
-    def __init__(self, kind: str) -> None:
+    ``hyperparameters``: the names of the fields of the config record every
+    entry is called with (`rlcore.advantages.AdvantageConfig` for
+    `ADVANTAGES`); an entry's ``reads`` must be among them.
+    """
+
+    def __init__(self, kind: str, hyperparameters: Iterable[str] = ()) -> None:
         self.kind = kind
+        self.hyperparameters = frozenset(hyperparameters)
         self._entries: dict[str, T] = {}
+        self._reads: dict[str, frozenset[str] | None] = {}
 
     @overload
-    def register(self, name: str, entry: T, force: bool = False) -> T: ...
+    def register(
+        self, name: str, entry: T, force: bool = False, *, reads: Iterable[str] | None = None
+    ) -> T: ...
 
     @overload
-    def register(self, name: str, entry: None = None, force: bool = False) -> Callable[[T], T]: ...
+    def register(
+        self,
+        name: str,
+        entry: None = None,
+        force: bool = False,
+        *,
+        reads: Iterable[str] | None = None,
+    ) -> Callable[[T], T]: ...
 
     def register(
-        self, name: str, entry: T | None = None, force: bool = False
+        self,
+        name: str,
+        entry: T | None = None,
+        force: bool = False,
+        *,
+        reads: Iterable[str] | None = None,
     ) -> T | Callable[[T], T]:
-        """Register ``entry`` under ``name``; without ``entry``, return a decorator."""
+        """Register ``entry`` under ``name``; without ``entry``, return a decorator.
+
+        ``reads``: the hyperparameters the entry uses (None: any of them).
+        """
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"{self.kind} names must be non-empty strings, got {name!r}")
         if entry is None:
 
             def decorator(item: T) -> T:
-                return self.register(name, item, force=force)
+                return self.register(name, item, force=force, reads=reads)
 
             return decorator
+        declared = None if reads is None else self._checked_reads(name, reads)
         # Registering an equal entry again (an extension loaded twice) is not a replacement.
-        if name in self._entries and not force and self._entries[name] != entry:
+        if (
+            name in self._entries
+            and not force
+            and (self._entries[name] != entry or self._reads[name] != declared)
+        ):
             raise KeyError(
                 f"{self.kind} '{name}' is already registered "
                 f"({_describe(self._entries[name])}); pass force=True to replace it"
             )
         self._entries[name] = entry
+        self._reads[name] = declared
         return entry
+
+    def _checked_reads(self, name: str, reads: Iterable[str]) -> frozenset[str]:
+        if isinstance(reads, str):
+            raise TypeError(f"{self.kind} '{name}': reads is a collection of names, got {reads!r}")
+        declared = frozenset(reads)
+        unknown = sorted(declared - self.hyperparameters)
+        if unknown:
+            known = ", ".join(sorted(self.hyperparameters)) or "none"
+            raise ValueError(
+                f"{self.kind} '{name}' reads unknown hyperparameters {unknown}; known: {known}"
+            )
+        return declared
+
+    def reads(self, name: str) -> frozenset[str] | None:
+        """The hyperparameters the entry ``name`` uses; None when it did not say (any of them)."""
+        self.get(name)
+        return self._reads[name]
+
+    def ignores(self, name: str) -> frozenset[str]:
+        """The hyperparameters the entry ``name`` never uses (none when it did not say)."""
+        reads = self.reads(name)
+        return frozenset() if reads is None else self.hyperparameters - reads
 
     def get(self, name: str) -> T:
         """The entry registered under ``name``, or a KeyError suggesting close names."""
@@ -82,6 +143,7 @@ class Registry(Generic[T]):
         """Remove and return an entry (for tests and hot-reloading extensions)."""
         entry = self.get(name)
         del self._entries[name]
+        del self._reads[name]
         return entry
 
     def __contains__(self, name: object) -> bool:
@@ -103,5 +165,12 @@ def _describe(entry: object) -> str:
     return f"{module}.{name}" if module else str(name)
 
 
-ADVANTAGES: Registry[AdvantageEstimator] = Registry("advantage estimator")
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+# The fields of `rlcore.advantages.AdvantageConfig` and `rlcore.losses.PolicyLossConfig`
+# (defined there, after this module is imported; tests/core/test_registry.py checks).
+ADVANTAGES: Registry[AdvantageEstimator] = Registry(
+    "advantage estimator", hyperparameters=("gamma", "lam", "eps", "whiten")
+)
+POLICY_LOSSES: Registry[PolicyLoss] = Registry(
+    "policy loss",
+    hyperparameters=("clip_low", "clip_high", "dual_clip", "behavior_weight_cap", "agg"),
+)

@@ -219,7 +219,7 @@ def export_final_policy(config: Config, run_dir: Path) -> Path | None:
     for any other; None (nothing written) when ``export_hf`` is off or the
     run saves no checkpoints.
     """
-    if not (config.checkpoint.export_hf and config.checkpoint.interval):
+    if not (config.checkpoint.interval and config.checkpoint.export_hf):
         return None
     checkpoints = list_checkpoints(run_dir)
     if not checkpoints:

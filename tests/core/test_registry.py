@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rlcore.advantages import AdvantageBatch, AdvantageConfig
+from rlcore.losses import PolicyLossBatch, PolicyLossConfig
 from rlcore.registry import ADVANTAGES, POLICY_LOSSES, Registry
 
 
@@ -67,3 +71,101 @@ def test_every_registered_name_is_retrievable_and_listed_sorted(names: list[str]
         registry.register(name, i)
     assert registry.names() == sorted(names)
     assert [registry.get(n) for n in names] == list(range(len(names)))
+
+
+# --- which hyperparameters an entry reads ---------------------------------------------------
+
+
+def test_the_registries_know_the_fields_of_their_config_records() -> None:
+    assert ADVANTAGES.hyperparameters == {f.name for f in attrs.fields(AdvantageConfig)}
+    assert POLICY_LOSSES.hyperparameters == {f.name for f in attrs.fields(PolicyLossConfig)}
+
+
+def test_an_entry_says_what_it_reads_and_one_that_does_not_say_reads_everything() -> None:
+    registry: Registry[int] = Registry("number", hyperparameters=("a", "b"))
+    registry.register("plain", 1)
+    registry.register("picky", 2, reads=("a",))
+    assert registry.reads("plain") is None
+    assert registry.ignores("plain") == frozenset()
+    assert registry.reads("picky") == {"a"}
+    assert registry.ignores("picky") == {"b"}
+    with pytest.raises(ValueError, match=r"number 'bad' reads unknown hyperparameters \['c'\]"):
+        registry.register("bad", 3, reads=("a", "c"))
+    with pytest.raises(TypeError, match="collection of names"):
+        registry.register("bad", 3, reads="a")
+    with pytest.raises(KeyError, match="already registered"):
+        registry.register("picky", 2, reads=("a", "b"))  # the same entry, other reads
+    registry.register("picky", 2, reads=("a",))  # the same again is harmless
+    with pytest.raises(KeyError, match="unknown number 'none'"):
+        registry.reads("none")
+
+
+def test_builtins_ignore_what_their_maths_does_not_use() -> None:
+    assert ADVANTAGES.ignores("grpo") == {"gamma", "lam", "whiten"}
+    assert ADVANTAGES.ignores("gae") == {"eps"}
+    assert ADVANTAGES.reads("reinforce_pp") == {"gamma"}
+    assert POLICY_LOSSES.ignores("vanilla") == {
+        "clip_low",
+        "clip_high",
+        "dual_clip",
+        "behavior_weight_cap",
+    }
+    assert POLICY_LOSSES.ignores("gspo") == {"dual_clip", "behavior_weight_cap"}
+
+
+_IGNORED_VALUES = {
+    "gamma": 0.5,
+    "lam": 0.25,
+    "eps": 0.1,
+    "whiten": False,
+    "clip_low": 0.05,
+    "clip_high": 0.5,
+    "dual_clip": 1.5,
+    "behavior_weight_cap": 0.9,
+    "agg": "seq-mean-token-sum",
+}
+
+
+@given(seed=st.integers(0, 2**16))
+def test_changing_what_an_estimator_ignores_changes_nothing(seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    rows, time = 6, 5
+    mask = torch.rand(rows, time, generator=generator) > 0.3
+    mask[:, 0] = True
+    batch = AdvantageBatch(
+        token_rewards=torch.randn(rows, time, generator=generator) * mask,
+        mask=mask,
+        group_size=3,
+        values=torch.randn(rows, time, generator=generator),
+        logprobs=-torch.rand(rows, time, generator=generator),
+        teacher_logprobs=-torch.rand(rows, time, generator=generator),
+    )
+    for name in ADVANTAGES.names():
+        ignored = ADVANTAGES.ignores(name)
+        changed = AdvantageConfig(**{k: v for k, v in _IGNORED_VALUES.items() if k in ignored})
+        base = ADVANTAGES.get(name)(batch, AdvantageConfig())
+        other = ADVANTAGES.get(name)(batch, changed)
+        assert torch.equal(base.advantages, other.advantages), name
+        assert torch.equal(base.returns, other.returns), name
+
+
+@given(seed=st.integers(0, 2**16))
+def test_changing_what_a_policy_loss_ignores_changes_nothing(seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    rows, time = 4, 6
+    mask = torch.rand(rows, time, generator=generator) > 0.3
+    mask[:, 0] = True
+    old = -torch.rand(rows, time, generator=generator)
+    batch = PolicyLossBatch(
+        logprobs=old + 0.3 * torch.randn(rows, time, generator=generator),
+        old_logprobs=old,
+        advantages=torch.randn(rows, time, generator=generator),
+        mask=mask,
+        proximal_logprobs=old + 0.1 * torch.randn(rows, time, generator=generator),
+    )
+    for name in POLICY_LOSSES.names():
+        ignored = POLICY_LOSSES.ignores(name)
+        changed = PolicyLossConfig(**{k: v for k, v in _IGNORED_VALUES.items() if k in ignored})
+        base = POLICY_LOSSES.get(name)(batch, PolicyLossConfig())
+        other = POLICY_LOSSES.get(name)(batch, changed)
+        assert torch.equal(base.loss, other.loss), name

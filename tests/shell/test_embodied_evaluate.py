@@ -202,7 +202,7 @@ def _policy_config(env_id: str, obs_dim: int, action_type: str = "discrete") -> 
             )
         ),
         env=EnvConfig(env_type="gymnasium", env_id=env_id, num_envs=3),
-        algorithm=AlgorithmConfig(adv_type="gae", group_size=1),
+        algorithm=AlgorithmConfig(adv_type="gae"),
         runner=RunnerConfig(runner_type="embodied", experiment_name="probe"),
     )
 

@@ -106,6 +106,10 @@ def test_the_runner_trains_embodied_grpo_from_the_cli(tmp_path: Path) -> None:
         "configs/ppo_cartpole.py",
         "algorithm.adv_type=grpo",
         "algorithm.group_size=4",
+        # What docs/embodied.md's command sets back: GRPO reads no γ, λ or value weight.
+        "algorithm.gamma=1",
+        "algorithm.lam=1",
+        "algorithm.vf_coef=0.5",
         "runner.rollout_steps=200",
         "runner.max_steps=3",
         "algorithm.update_epochs=2",

@@ -10,7 +10,13 @@ overrides and structures the result with cattrs. Both are re-exported here:
 The rules between fields, the registries and the placement are checked one
 layer up, by `rlshell.runners.validation` (``load_config`` reads and
 validates in one call).
+
+With ``RLSHELL_TRACE_CONFIG_READS=<dir>`` set, importing this package also
+installs `rlshell.config.tracing`, which records the key paths each process
+reads (docs/config.md, "Which keys did my run read?").
 """
+
+import os as _os
 
 from rlshell.config.loading import (
     CONVERTER,
@@ -49,11 +55,14 @@ from rlshell.config.schema import (
     checked,
     field_problems,
 )
+from rlshell.config.tracing import TRACE_ENV_VAR
+from rlshell.config.tracing import install as install_read_tracer
 
 __all__ = [
     "CHECK_KEY",
     "COMPONENTS",
     "CONVERTER",
+    "TRACE_ENV_VAR",
     "WORKER_MALLOC_ENV",
     "ActorConfig",
     "AlgorithmConfig",
@@ -80,8 +89,12 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "field_problems",
+    "install_read_tracer",
     "parse_override_value",
     "read_config",
     "read_config_source",
     "write_config",
 ]
+
+if _os.environ.get(TRACE_ENV_VAR):
+    install_read_tracer(_os.environ[TRACE_ENV_VAR])

@@ -208,6 +208,12 @@ class FSDPConfig:
 class ActorConfig:
     """The trained policy: model, optimizer, FSDP and the micro-batch budget.
 
+    ``enable_offload``: null (auto) moves the optimizer state and, unless
+    ``rollout.weight_sync`` is ``shared``, the parameters to host memory while
+    the rollout generates, wherever the plan has the actor time-share a GPU
+    with the rollout, and does nothing elsewhere; true asks for that and is
+    refused where there is no such GPU; false never offloads and refuses a
+    plan whose actor shares a GPU (`rlshell.runners.offload`).
     ``compile``: the collocated embodied PPO runner's update runs each
     minibatch's whole step (forward, rlcore's losses, backward, gradient-norm
     clip, AdamW) as one inductor-compiled graph
@@ -225,7 +231,7 @@ class ActorConfig:
     logprob_chunk_size: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     # Rows repeating a prompt (a group's samples) run it once in the update's forward.
     share_prompt_forward: bool = True
-    enable_offload: bool = True
+    enable_offload: bool | None = None
     cpus_per_worker: float = field(default=0.5, metadata=POSITIVE)
     # The frozen reference (KL term) runs beside the actor and only computes
     # log-probs between the actor's phases, so it reserves little CPU.
@@ -246,6 +252,12 @@ class RolloutConfig:
     ``shared`` keeps no copy at all: the hf engine generates with the actor's
     own FSDP module, its units gathered once per rollout (the rollout must
     share the actor's placement and precision).
+    ``gpu_memory_utilization``: the share of a GPU a vllm or sglang engine
+    reserves (refused with the hf engine, which reads no such setting).
+    ``enable_offload``: a rollout in processes of its own that time-shares
+    the actor's GPUs moves its model to host memory during the update; null
+    (auto) does that wherever the plan shares, true asks for it (refused where
+    nothing shares), false never does and refuses a plan that shares.
     ``pipeline_stage_num``: embodied PPO in the hybrid placement (env, rollout
     and actor under keys of their own) splits each env worker's envs into this
     many stages, so that the rollout computes one stage's actions while the
@@ -265,7 +277,7 @@ class RolloutConfig:
     top_k: int = field(default=0, metadata=NON_NEGATIVE_INT)
     max_new_tokens: int = field(default=16, metadata=POSITIVE_INT)
     gpu_memory_utilization: float = field(default=0.5, metadata=UNIT_OPEN_CLOSED)
-    enable_offload: bool = True
+    enable_offload: bool | None = None
     weight_sync: Literal["bucket", "patch", "shared"] = "bucket"
     bucket_size_mb: float = field(default=64.0, metadata=POSITIVE)
     cpus_per_worker: float = field(default=0.25, metadata=POSITIVE)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from rlcore.registry import Registry
@@ -40,12 +40,26 @@ __all__ = [
 
 EnvBuilder = Callable[[EnvConfig, int], "VectorEnv"]
 
-ENVS: Registry[EnvBuilder] = Registry("env type")
+# The EnvConfig fields a builder may read (the runner reads num_envs and the rest itself).
+ENVS: Registry[EnvBuilder] = Registry(
+    "env type", hyperparameters=("env_id", "max_episode_steps", "control_mode")
+)
 
 
-def register_env(env_type: str, builder: EnvBuilder, force: bool = False) -> EnvBuilder:
-    """Register ``builder`` under ``env_type``; ``force=True`` replaces an existing entry."""
-    return ENVS.register(env_type, builder, force=force)
+def register_env(
+    env_type: str,
+    builder: EnvBuilder,
+    force: bool = False,
+    *,
+    reads: Iterable[str] | None = None,
+) -> EnvBuilder:
+    """Register ``builder`` under ``env_type``; ``force=True`` replaces an existing entry.
+
+    ``reads``: which of ``env.env_id``, ``env.max_episode_steps`` and
+    ``env.control_mode`` the builder reads (None: all of them); validation
+    refuses the others set for this env type.
+    """
+    return ENVS.register(env_type, builder, force=force, reads=reads)
 
 
 def get_env_cls(env_type: str) -> EnvBuilder:
@@ -113,8 +127,8 @@ def _maniskill_env(cfg: EnvConfig, seed: int) -> VectorEnv:
     return make_maniskill_env(cfg, seed)
 
 
-register_env("gymnasium", _gymnasium_env)
-register_env("maniskill", _maniskill_env)
+register_env("gymnasium", _gymnasium_env, reads=("env_id", "max_episode_steps"))
+register_env("maniskill", _maniskill_env, reads=("env_id", "max_episode_steps", "control_mode"))
 
 
 def _pixel_env(cfg: EnvConfig, seed: int) -> VectorEnv:
@@ -123,4 +137,4 @@ def _pixel_env(cfg: EnvConfig, seed: int) -> VectorEnv:
     return make_pixel_env(cfg, seed)
 
 
-register_env("gymnasium_pixels", _pixel_env)
+register_env("gymnasium_pixels", _pixel_env, reads=("env_id", "max_episode_steps", "control_mode"))

@@ -46,9 +46,15 @@ from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import Config
 from rlshell.metrics import merge_rank_metrics
 from rlshell.runners.embodied import EmbodiedTrainer
-from rlshell.runners.embodied_ppo import COLLOCATED_EXAMPLE, actor_share_problems, compile_unread
+from rlshell.runners.embodied_ppo import (
+    COLLOCATED_EXAMPLE,
+    actor_share_problems,
+    ppo_problems,
+    ppo_unread,
+)
 from rlshell.runners.spec import RunSpec
 from rlshell.runners.trainer import launched_group
+from rlshell.runners.unread import compile_unread
 from rlshell.workers.embodied_pipeline import EnvWorker, PipelineActor, PipelineRolloutWorker
 
 __all__ = ["Pipeline", "PipelinedPPOTrainer", "SubmittedWindow"]
@@ -81,7 +87,7 @@ class PipelinedPPOTrainer(EmbodiedTrainer):
     def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
         """The hybrid placement's sizes: envs split evenly over env workers, stages and actor
         ranks, no more rollout workers than env workers, and GAE."""
-        problems = []
+        problems = ppo_problems(config, "the pipelined embodied PPO runner")
         if config.algorithm.adv_type != "gae":
             problems.append(
                 f"algorithm.adv_type: the hybrid placement trains PPO with GAE; "
@@ -115,10 +121,13 @@ class PipelinedPPOTrainer(EmbodiedTrainer):
 
     @classmethod
     def unread(cls, config: Config) -> dict[str, str]:
-        return compile_unread(
-            "only the collocated placement (env, rollout and actor in the same processes, "
-            f"e.g. {COLLOCATED_EXAMPLE}) reads it; the hybrid placement runs eager"
-        )
+        return {
+            **ppo_unread(config, "the pipelined embodied PPO runner"),
+            **compile_unread(
+                "only the collocated placement (env, rollout and actor in the same processes, "
+                f"e.g. {COLLOCATED_EXAMPLE}) reads it; the hybrid placement runs eager"
+            ),
+        }
 
     @classmethod
     def launch(cls, spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> Self:

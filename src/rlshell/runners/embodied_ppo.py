@@ -32,8 +32,10 @@ from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import Config
 from rlshell.metrics import merge_rank_metrics
 from rlshell.runners.embodied import EmbodiedTrainer
-from rlshell.runners.spec import ProcessLayout, RunSpec
+from rlshell.runners.offload import not_offloading_problems
+from rlshell.runners.spec import ProcessLayout, RunSpec, resolve_spec
 from rlshell.runners.trainer import Cadence, launched_group
+from rlshell.runners.unread import embodied_unread, ppo_update_unread, sac_unread
 from rlshell.workers.embodied_actor import EmbodiedWorker
 
 __all__ = [
@@ -41,14 +43,34 @@ __all__ = [
     "HYBRID_EXAMPLE",
     "CollocatedPPOTrainer",
     "actor_share_problems",
-    "compile_unread",
-    "stages_unread",
     "train_steps",
 ]
 
 COLLOCATED_EXAMPLE = '{"actor,rollout,env": "0:0-1"}'
 HYBRID_EXAMPLE = '{"actor": "0:0-1", "rollout": "0:0", "env": "0:0"}'
 _TRIO = ("actor", "rollout", "env")
+
+
+def ppo_problems(config: Config, who: str) -> list[str]:
+    """What both embodied PPO trainers refuse: a policy loss other than PPO's, offloading."""
+    problems = not_offloading_problems(config, who)
+    if config.algorithm.loss_type != "ppo":
+        problems.append(
+            f"algorithm.loss_type: {who}'s update is rlcore's ppo_policy_loss "
+            f"(rlshell.workers.embodied_update); '{config.algorithm.loss_type}' is a reasoning "
+            "runner's loss (or 'sac' with the SAC placement). Set algorithm.loss_type=ppo"
+        )
+    return problems
+
+
+def ppo_unread(config: Config, who: str) -> dict[str, str]:
+    """What both embodied PPO trainers leave unread (`rlshell.runners.unread`)."""
+    critic = resolve_spec(config).critic
+    return {
+        **embodied_unread(config, who),
+        **sac_unread(who),
+        **ppo_update_unread(config, critic, who),
+    }
 
 
 def actor_share_problems(config: Config, ranks: int) -> list[str]:
@@ -67,24 +89,6 @@ def actor_share_problems(config: Config, ranks: int) -> list[str]:
             f"rank's {samples} samples per step (env.num_envs / ranks × runner.rollout_steps)"
         )
     return problems
-
-
-def compile_unread(reason: str) -> dict[str, str]:
-    """``actor.compile`` and ``rollout.compile`` where a run does not read them (``reason``)."""
-    return {
-        f"{key}.compile": f"compiles embodied PPO's {what} step; {reason}. Set {key}.compile=false"
-        for key, what in (("actor", "update"), ("rollout", "rollout"))
-    }
-
-
-def stages_unread(config: Config, who: str) -> dict[str, str]:
-    """``rollout.pipeline_stage_num`` where ``who`` (a runner) does not pipeline."""
-    return {
-        "rollout.pipeline_stage_num": (
-            f"{config.rollout.pipeline_stage_num} stages pipeline embodied PPO's env and "
-            f"rollout workers; {who} does not use it (leave it at 1)"
-        )
-    }
 
 
 def train_steps(
@@ -159,12 +163,18 @@ class CollocatedPPOTrainer(EmbodiedTrainer):
                 f"'{config.algorithm.adv_type}', whose windows vary in size. Set "
                 "actor.compile=false"
             )
+        problems += ppo_problems(config, "the embodied PPO runner")
         return problems
 
     @classmethod
     def unread(cls, config: Config) -> dict[str, str]:
         key = ProcessLayout.of(config.cluster.component_placement).key_of("actor")
         return {
+            **ppo_unread(config, "the embodied PPO runner"),
+            "rollout.precision": (
+                f"'{key}' places the rollout in the actor's processes, where it acts with the "
+                "actor's own module (in actor.model.precision); leave it null"
+            ),
             "rollout.pipeline_stage_num": (
                 f"{config.rollout.pipeline_stage_num} stages pipeline env workers and rollout "
                 f"workers of their own, but '{key}' places env, rollout and actor in the same "

@@ -2,8 +2,10 @@
 
 One step, as `ReasoningTrainer.step` reads: prompts → rollout → reward →
 reference log-probs (when KL is on) → advantages and actor update (rlcore) →
-weight sync → metrics, each timed under ``time/``. The run loop around it
-(`rlshell.runners.loop`) evaluates, logs and saves.
+weight sync → metrics, each timed under ``time/``. Where the plan has the
+actor and the rollout time-share GPUs they take turns on them, each moving
+its state to host memory while the other computes (`rlshell.runners.offload`).
+The run loop around it (`rlshell.runners.loop`) evaluates, logs and saves.
 
     python -m rlshell.train configs/grpo.py
 """
@@ -27,9 +29,16 @@ from rlshell.config import Config
 from rlshell.data import PromptExample, PromptSampler, SamplerState, load_dataset
 from rlshell.metrics import tokens_per_second
 from rlshell.rollout import RolloutBatch, SamplingParams
-from rlshell.runners.embodied_ppo import compile_unread, stages_unread
 from rlshell.runners.loop import timed
+from rlshell.runners.offload import OffloadPlan, offload_problems, plan_offload
 from rlshell.runners.spec import ProcessLayout, RunSpec
+from rlshell.runners.unread import (
+    compile_unread,
+    hyperparameters_unread,
+    reference_unread,
+    sac_unread,
+    stages_unread,
+)
 from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
 from rlshell.workers.actor import ActorWorker
 from rlshell.workers.reward import RewardWorker
@@ -68,10 +77,19 @@ class ReasoningTrainer:
         "reward.reward_type",
     )
 
-    def __init__(self, config: Config, tokenizer_dir: Path, rollout_in_actor: bool) -> None:
+    def __init__(
+        self,
+        config: Config,
+        tokenizer_dir: Path,
+        rollout_in_actor: bool,
+        offload: OffloadPlan | None = None,
+    ) -> None:
         self.config = config
         self.tokenizer_dir = tokenizer_dir
         self.hybrid = rollout_in_actor
+        self.offload = offload or OffloadPlan()
+        self._phase: str | None = None  # "rollout" or "update": who has the shared GPUs now
+        self._offload_seconds = 0.0
         self.actor: WorkerGroup[ActorWorker] | None = None
         self.rollout: WorkerGroup[Any] | None = None
         self.reward: WorkerGroup[RewardWorker] | None = None
@@ -88,14 +106,6 @@ class ReasoningTrainer:
     def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
         algorithm = config.algorithm
         problems = []
-        for key in ("update_epochs", "num_minibatches"):
-            if getattr(algorithm, key) != 1:
-                problems.append(
-                    f"algorithm.{key}: the reasoning runner makes one optimizer step per batch; "
-                    f"{getattr(algorithm, key)} needs the embodied runner's PPO update"
-                )
-        if algorithm.value_clip is not None:
-            problems.append("algorithm.value_clip: the reasoning runner has no critic to clip")
         for key, unsupported in UNSUPPORTED.items():
             name = algorithm.adv_type if key.endswith("adv_type") else algorithm.loss_type
             if name in unsupported:
@@ -105,14 +115,55 @@ class ReasoningTrainer:
                 )
         if config.rollout.weight_sync == "shared":
             problems += _shared_weight_problems(config)
+        if plan is not None:
+            problems += offload_problems(config, plan)
         return problems
 
     @classmethod
     def unread(cls, config: Config) -> dict[str, str]:
-        return {
-            **compile_unread("the reasoning runner does not read it"),
-            **stages_unread(config, "the reasoning runner"),
+        who = "the reasoning runner"
+        one_step = (
+            f"{who} makes one optimizer step per batch; it needs the embodied runner's PPO update"
+        )
+        no_critic = f"{who} trains no critic"
+        unread = {
+            **compile_unread(f"{who} does not read it"),
+            **stages_unread(config, who),
+            **sac_unread(who),
+            "env": f"{who} samples prompts (data.*); env.* configures the embodied runner's "
+            "environments",
+            "runner.rollout_steps": "env steps per env in an embodied step; a reasoning step is "
+            "runner.prompts_per_step prompts × algorithm.group_size samples",
+            "algorithm.update_epochs": one_step,
+            "algorithm.num_minibatches": one_step,
+            "algorithm.value_clip": f"{no_critic}: there is no value loss to clip",
+            "algorithm.vf_coef": f"{no_critic}: there is no value loss to weight",
+            "algorithm.norm_adv": "standardises embodied PPO's minibatch advantages; "
+            f"{who}'s advantages are algorithm.adv_type's",
+            "algorithm.norm_reward": "scales embodied PPO's env rewards by a running return "
+            f"std; {who}'s rewards are reward.reward_type's scores",
+            **hyperparameters_unread(config),
         }
+        if config.algorithm.kl_coef == 0:
+            unread.update(reference_unread(f"with algorithm.kl_coef 0 {who}"))
+        data = config.data
+        if data.task == "arithmetic":
+            generated = (
+                "data.task is 'arithmetic', which generates its prompts; set data.task='file' "
+                "to read files"
+            )
+            for key in ("train_path", "val_path", "prompt_key", "answer_key"):
+                unread[f"data.{key}"] = generated
+        else:
+            files = f"describes the generated arithmetic task; data.task is '{data.task}'"
+            for key in ("num_terms", "max_operand", "num_val", "num_train", "seed"):
+                unread[f"data.{key}"] = files
+        if config.rollout.weight_sync == "shared":
+            unread["rollout.bucket_size_mb"] = (
+                "rollout.weight_sync 'shared' sends no weights: the engine generates with the "
+                "actor's own module"
+            )
+        return unread
 
     # -- launching
 
@@ -121,7 +172,10 @@ class ReasoningTrainer:
         config = spec.config
         tokenizer_dir = prepare_tokenizer(config, run_dir)
         trainer = cls(
-            with_tokenizer_ids(config, tokenizer_dir), tokenizer_dir, spec.rollout_in_actor
+            with_tokenizer_ids(config, tokenizer_dir),
+            tokenizer_dir,
+            spec.rollout_in_actor,
+            plan_offload(config, plan),
         )
         try:
             trainer._launch(cluster, plan)
@@ -169,7 +223,8 @@ class ReasoningTrainer:
         where = "collocated with the actor" if self.hybrid else "in its own workers"
         print(
             f"workers up in {time.perf_counter() - started:.1f} s "
-            f"(rollout {where}, weight sync '{config.rollout.weight_sync}')",
+            f"(rollout {where}, weight sync '{config.rollout.weight_sync}'"
+            f"{_describe(self.offload)})",
             flush=True,
         )
 
@@ -203,6 +258,7 @@ class ReasoningTrainer:
             with timed(metrics, "time/reference"):
                 ref_logprobs = self._reference_logprobs(batch)
         with timed(metrics, "time/update"):
+            self._update_phase()
             train = self._actor().run_training(batch, scores, ref_logprobs).wait()[0]
         with timed(metrics, "time/sync"):
             sync = self.sync_weights(full=False)
@@ -212,6 +268,8 @@ class ReasoningTrainer:
         metrics.update(sync)
         metrics.update(_rollout_metrics(batch, scores, params.n))
         metrics["time/step"] = step_time
+        if self.offload.any:
+            metrics["time/offload"], self._offload_seconds = self._offload_seconds, 0.0
         metrics["perf/tokens_per_s"] = tokens_per_second(batch.num_tokens, step_time)
         metrics["perf/completion_tokens_per_s"] = tokens_per_second(
             int(batch.response_mask.sum()), step_time
@@ -220,6 +278,7 @@ class ReasoningTrainer:
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, step: int) -> RolloutBatch:
         """Prompts split evenly over the rollout ranks; one batch back, in prompt order."""
+        self._rollout_phase()
         group = self._rollout_group()
         ranks = group.world_size
         shares = [list(prompts[rank::ranks]) for rank in range(ranks)]
@@ -251,6 +310,32 @@ class ReasoningTrainer:
             "eval/response_length": float(batch.response_lengths.float().mean()),
             "time/eval": time.perf_counter() - started,
         }
+
+    # -- offload: the actor and the rollout take turns on GPUs they share
+
+    def _rollout_phase(self) -> None:
+        """Make room for the rollout: the actor's state to host memory, the rollout's back."""
+        if self._phase == "rollout" or not self.offload.any:
+            return
+        started = time.perf_counter()
+        if self.offload.actor_optimizer:
+            self._actor().offload(self.offload.actor_params).wait()
+        if self.offload.rollout and self._phase == "update":
+            self._rollout_group().reload().wait()
+        self._phase = "rollout"
+        self._offload_seconds += time.perf_counter() - started
+
+    def _update_phase(self) -> None:
+        """Make room for the update: the rollout's model to host memory, the actor's state back."""
+        if self._phase == "update" or not self.offload.any:
+            return
+        started = time.perf_counter()
+        if self.offload.rollout:
+            self._rollout_group().offload().wait()
+        if self.offload.actor_optimizer and self._phase == "rollout":
+            self._actor().reload(self.offload.actor_params).wait()
+        self._phase = "update"
+        self._offload_seconds += time.perf_counter() - started
 
     def _ensure_synced(self) -> None:
         """A full sync after launch or load, before the rollout generates."""
@@ -290,6 +375,7 @@ class ReasoningTrainer:
     # -- checkpoints
 
     def save(self, directory: Path, step: int) -> TrainerState:
+        self._update_phase()  # the actor's state where it trains
         self._actor().save_checkpoint(str(directory), step).wait()
         shutil.copytree(self.tokenizer_dir, directory / "tokenizer")
         sampler = self._sampler().state()
@@ -301,6 +387,7 @@ class ReasoningTrainer:
         )
 
     def load(self, checkpoint: Path, state: TrainerState) -> int:
+        self._update_phase()
         step = int(self._actor().load_checkpoint(str(checkpoint)).wait()[0])
         self._sampler().load_state(SamplerState(state.sampler_epoch, state.sampler_position))
         self._synced = False
@@ -335,6 +422,15 @@ class ReasoningTrainer:
         for group in groups:
             if group is not None:
                 group.shutdown()
+
+
+def _describe(offload: OffloadPlan) -> str:
+    moved = []
+    if offload.actor_optimizer:
+        moved.append("actor optimizer" + (" and parameters" if offload.actor_params else ""))
+    if offload.rollout:
+        moved.append("rollout model")
+    return f"; offloading the {' and the '.join(moved)} between phases" if moved else ""
 
 
 def _interleave_order(counts: Sequence[int], n: int) -> list[int]:

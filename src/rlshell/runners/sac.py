@@ -19,15 +19,18 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import ClassVar, Self
 
+import attrs
+
 from rlshell.cluster.group import GroupCall, WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
-from rlshell.config import Config
+from rlshell.config import Config, OptimConfig
 from rlshell.metrics import merge_rank_metrics
 from rlshell.runners.embodied import EmbodiedTrainer
-from rlshell.runners.embodied_ppo import compile_unread, stages_unread
+from rlshell.runners.offload import not_offloading_problems
 from rlshell.runners.spec import ProcessLayout, RunSpec
 from rlshell.runners.trainer import launched_group
+from rlshell.runners.unread import compile_unread, embodied_unread, stages_unread
 from rlshell.workers.sac_workers import SACCollector, SACLearnerWorker
 
 __all__ = ["SACTrainer"]
@@ -68,6 +71,7 @@ class SACTrainer(EmbodiedTrainer):
                 "own beside the env workers, so that stepping and training overlap; give it a "
                 f"key of its own, e.g. {_EXAMPLE}"
             )
+        problems += not_offloading_problems(config, "SAC")
         sac = config.algorithm.sac
         if sac.learning_starts < sac.batch_size:
             problems.append(
@@ -97,7 +101,48 @@ class SACTrainer(EmbodiedTrainer):
 
     @classmethod
     def unread(cls, config: Config) -> dict[str, str]:
-        return {**compile_unread("SAC does not read it"), **stages_unread(config, "SAC")}
+        unread = {
+            **compile_unread("SAC does not read it"),
+            **stages_unread(config, "SAC"),
+            **embodied_unread(config, "SAC"),
+            "actor.backend": "SAC's learner trains in plain torch in one process; "
+            "actor.backend picks the other runners' training backend",
+            "actor.fsdp_config": "SAC's learner is one process in plain torch: FSDP shards and "
+            "casts nothing",
+            "actor.model.gradient_checkpointing": "SAC's learner keeps every activation (its "
+            "MLPs are small)",
+            "rollout.precision": "SAC's env workers act with the learner's policy as it sends "
+            "it (actor.model.precision); leave it null",
+        }
+        own = (
+            "SAC's learner makes its own Adam optimizers at actor.optim.lr (policy), "
+            "algorithm.sac.q_lr and algorithm.sac.alpha_lr, without clipping or schedule"
+        )
+        for field in attrs.fields(OptimConfig):
+            if field.name != "lr":
+                unread[f"actor.optim.{field.name}"] = own
+        losses = (
+            "SAC trains with its own losses (rlcore's sac_*, set by algorithm.sac.* and "
+            "algorithm.gamma); this key sets PPO's or the reasoning runner's"
+        )
+        for key in (
+            "adv_type",
+            "group_size",
+            "clip_low",
+            "clip_high",
+            "dual_clip",
+            "loss_agg_mode",
+            "entropy_coef",
+            "lam",
+            "update_epochs",
+            "num_minibatches",
+            "vf_coef",
+            "value_clip",
+            "norm_adv",
+            "norm_reward",
+        ):
+            unread[f"algorithm.{key}"] = losses
+        return unread
 
     @classmethod
     def launch(cls, spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> Self:

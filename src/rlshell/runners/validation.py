@@ -30,7 +30,14 @@ import attrs
 
 from rlcore.registry import ADVANTAGES, POLICY_LOSSES, Registry
 from rlshell.cluster.placement import ClusterSpec, ComponentRequest, PlacementError, PlacementPlan
-from rlshell.config import COMPONENTS, Config, PlacementEntry, field_problems, read_config
+from rlshell.config import (
+    COMPONENTS,
+    Config,
+    PlacementEntry,
+    all_key_paths,
+    field_problems,
+    read_config,
+)
 from rlshell.engines.rollout import ROLLOUT_ENGINES
 from rlshell.engines.training import TRAINING_BACKENDS
 from rlshell.runners.spec import RunSpec, resolve_spec
@@ -42,6 +49,7 @@ __all__ = [
     "plan_for",
     "required_components",
     "unread_keys",
+    "unread_leaves",
     "unread_problems",
     "validate",
 ]
@@ -80,7 +88,7 @@ def validate(config: Config, *, for_run: bool = True) -> list[str]:
         if cluster is not None:
             plan, plan_problems = _plan(cluster, requests)
             problems += plan_problems
-    problems += unread_problems(spec)
+    problems += unread_problems(spec, plan)
     if spec.trainer is not None:
         problems += spec.trainer.problems(config, plan)
     if for_run:
@@ -88,38 +96,97 @@ def validate(config: Config, *, for_run: bool = True) -> list[str]:
     return problems
 
 
-def unread_problems(spec: RunSpec) -> list[str]:
-    """A line for each key set (to other than its default) where the run does not read it."""
+def unread_problems(spec: RunSpec, plan: PlacementPlan | None = None) -> list[str]:
+    """A line for each key set (to other than its default) where the run does not read it.
+
+    ``plan`` (when known) adds the keys the placement leaves unread.
+    """
     config = spec.config
-    unread = unread_keys(config)
+    unread = unread_leaves(spec, plan)
+    return [
+        f"{leaf}: {unread[leaf]}" for leaf in _KEY_ORDER if leaf in unread and _is_set(config, leaf)
+    ]
+
+
+def unread_leaves(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, str]:
+    """Every key (leaf) the run does not read, set or not, with the reason: `unread_keys`
+    and the trainer's `rlshell.runners.trainer.Trainer.unread`, sections expanded (the
+    trainer's reason wins for a key both name)."""
+    declared = unread_keys(spec, plan)
     if spec.trainer is not None:
-        unread.update(spec.trainer.unread(config))
-    problems = []
-    for key, reason in unread.items():
-        problems += [f"{leaf}: {reason}" for leaf in _set_leaves(config, key)]
-    return problems
+        declared.update(spec.trainer.unread(spec.config))
+    return {leaf: reason for key, reason in declared.items() for leaf in _leaves(key)}
 
 
-def unread_keys(config: Config) -> dict[str, str]:
-    """Keys no run reads in some settings of others, each with the reason."""
-    return {}
+def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, str]:
+    """Keys a run does not read in some settings of others, whatever its trainer, with the
+    reason (a trainer's own are `rlshell.runners.trainer.Trainer.unread`)."""
+    config = spec.config
+    unread: dict[str, str] = {}
+    if not config.actor.model.is_lora:
+        unread["actor.model.lora_rank"] = (
+            "the rank of the LoRA adapters that actor.model.is_lora adds; without them "
+            "nothing reads it"
+        )
+    backend = config.rollout.backend
+    if backend not in GPU_ROLLOUT_BACKENDS:
+        unread["rollout.gpu_memory_utilization"] = (
+            f"the share of GPU memory a vllm or sglang engine reserves; the '{backend}' "
+            "engine reads no such setting"
+        )
+    if "wandb" not in config.logger.backends:
+        unread["logger.wandb_project"] = (
+            "names the project of the wandb backend, and logger.backends has no 'wandb'"
+        )
+    if config.checkpoint.interval == 0:
+        never = "checkpoint.interval is 0: the run saves no checkpoint"
+        unread["checkpoint.keep_last"] = f"{never} to keep or prune"
+        unread["checkpoint.export_hf"] = f"{never} to export"
+    if plan is not None and spec.trainer is not None and _unsharded_actor(config, plan):
+        fsdp = config.actor.fsdp_config
+        alone = (
+            f"one actor rank whose model is already in fsdp_config.mixed_precision "
+            f"({fsdp.mixed_precision}) is not sharded (there is nothing to shard or cast), "
+            "so FSDP wraps nothing; place the actor on more ranks or leave it at its default"
+        )
+        unread["actor.fsdp_config.wrap_policy"] = alone
+        unread["actor.fsdp_config.reshard_after_forward"] = alone
+    return unread
+
+
+def _unsharded_actor(config: Config, plan: PlacementPlan) -> bool:
+    # What rlshell.engines.training.fsdp.FSDPModelManager decides from the model's dtypes.
+    actor = next((c for c in plan.components if c.name == "actor"), None)
+    return (
+        actor is not None
+        and actor.world_size == 1
+        and config.actor.model.precision == config.actor.fsdp_config.mixed_precision
+    )
 
 
 _DEFAULT = Config()
+_KEY_ORDER = tuple(all_key_paths())  # problems about unread keys are listed in schema order
 
 
-def _set_leaves(config: Config, key: str) -> list[str]:
-    """The key paths at or under ``key`` whose value in ``config`` is not the default."""
+def _leaves(key: str) -> list[str]:
+    """``key`` itself, or every key under it when it names a section."""
+    value: Any = _DEFAULT
+    for part in key.split("."):
+        value = getattr(value, part)
+    if attrs.has(type(value)):
+        return [
+            leaf for item in attrs.fields(type(value)) for leaf in _leaves(f"{key}.{item.name}")
+        ]
+    return [key]
+
+
+def _is_set(config: Config, key: str) -> bool:
+    """Whether ``key`` holds other than its default in ``config``."""
     value: Any = config
     default: Any = _DEFAULT
     for part in key.split("."):
         value, default = getattr(value, part), getattr(default, part)
-    if attrs.has(type(value)):
-        leaves = []
-        for item in attrs.fields(type(value)):
-            leaves += _set_leaves(config, f"{key}.{item.name}")
-        return leaves
-    return [key] if value != default else []
+    return bool(value != default)
 
 
 def _registry_problems(spec: RunSpec) -> list[str]:
@@ -216,8 +283,8 @@ def required_components(config: Config) -> tuple[str, ...]:
         needed = ["actor", "rollout", "reward"]
     elif runner == "embodied":
         needed = ["actor", "rollout", "env"]
-    if config.algorithm.kl_coef > 0 and runner != "probe":
-        needed.append("reference")
+    if runner == "reasoning" and config.algorithm.kl_coef > 0:
+        needed.append("reference")  # only the reasoning runner has a KL term
     return tuple(needed)
 
 
@@ -281,11 +348,12 @@ def _request(config: Config, name: str, entry: PlacementEntry) -> ComponentReque
 
 
 def _shares_devices(config: Config, name: str) -> bool:
-    # Time-sharing GPUs with another component means moving out of the way between phases.
+    # Time-sharing GPUs with another component means moving out of the way between phases:
+    # null (where the plan shares) and true allow it, false refuses it.
     if name == "actor":
-        return config.actor.enable_offload
+        return config.actor.enable_offload is not False
     if name == "rollout":
-        return config.rollout.enable_offload
+        return config.rollout.enable_offload is not False
     return True
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from rlcore.advantages import AdvantageBatch, AdvantageConfig
 from rlcore.logprobs import token_stats
 from rlcore.losses import PolicyLossBatch, PolicyLossConfig, entropy_loss, kl_estimate
 from rlcore.masked import aggregate, aggregation_normalizer, masked_mean
-from rlcore.registry import ADVANTAGES, POLICY_LOSSES
+from rlcore.registry import ADVANTAGES, POLICY_LOSSES, Registry
 from rlcore.rollout import balanced_micro_batches, place_on_last_token, position_ids
 from rlcore.types import Advantages
 from rlshell.cluster.worker import Worker
@@ -52,6 +52,8 @@ from rlshell.sync.codec import FlatBuckets
 from rlshell.sync.transfer import WeightSender
 
 __all__ = [
+    "ESTIMATOR_KEYS",
+    "LOSS_KEYS",
     "ActorWorker",
     "NonFiniteLossError",
     "build_rollout_model",
@@ -61,6 +63,18 @@ __all__ = [
     "rollout_precision",
     "worker_device",
 ]
+
+
+ESTIMATOR_KEYS = {"algorithm.gamma": "gamma", "algorithm.lam": "lam"}
+"""Config keys → the `rlcore.advantages.AdvantageConfig` field each sets."""
+
+LOSS_KEYS = {
+    "algorithm.clip_low": "clip_low",
+    "algorithm.clip_high": "clip_high",
+    "algorithm.dual_clip": "dual_clip",
+}
+"""Config keys → the `rlcore.losses.PolicyLossConfig` field each sets (``loss_agg_mode``
+sets ``agg`` for every loss: the actor aggregates the KL and entropy terms with it too)."""
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -100,8 +114,22 @@ def compute_advantages(batch: RolloutBatch, scores: Tensor, config: Config) -> A
             mask=batch.response_mask,
             group_size=batch.group_size,
         ),
-        AdvantageConfig(gamma=algorithm.gamma, lam=algorithm.lam),
+        AdvantageConfig(**_read_for(ADVANTAGES, algorithm.adv_type, config, ESTIMATOR_KEYS)),
     )
+
+
+def _read_for(
+    registry: Registry[Any], name: str, config: Config, keys: Mapping[str, str]
+) -> dict[str, Any]:
+    """The hyperparameters of ``keys`` (config key → field) that entry ``name`` reads, from
+    ``config``; the others are left unread (validation refused them set)."""
+    reads = registry.reads(name)
+    values: dict[str, Any] = {}
+    for key, hyperparameter in keys.items():
+        if reads is None or hyperparameter in reads:
+            section, _, field = key.partition(".")
+            values[hyperparameter] = getattr(getattr(config, section), field)
+    return values
 
 
 def policy_forward(
@@ -211,11 +239,12 @@ class ActorWorker(Worker):
         )
         self.manager.setup_model_and_optimizer()
         rollout = self.config.rollout
-        self.sender = WeightSender(  # unused by 'shared', whose engine borrows the weights
-            mode="patch" if rollout.weight_sync == "patch" else "bucket",
-            bucket_size_mb=rollout.bucket_size_mb,
-            dtype=torch_dtype(rollout_precision(self.config)),
-        )
+        if not self.shared:  # 'shared' sends nothing: its engine borrows the weights
+            self.sender = WeightSender(
+                mode="patch" if rollout.weight_sync == "patch" else "bucket",
+                bucket_size_mb=rollout.bucket_size_mb,
+                dtype=torch_dtype(rollout_precision(self.config)),
+            )
         if self.hybrid:
             from rlshell.tokenizer import load_tokenizer
 
@@ -227,7 +256,7 @@ class ActorWorker(Worker):
                 self.engine = self.borrowing_engine = engine
             else:
                 self.engine = make_rollout_engine(rollout, model, tokenizer, device)
-                if rollout.weight_sync == "bucket":
+                if self.sender is not None and rollout.weight_sync == "bucket":
                     # The engine's weights become the bucket layout: syncs pack straight into them.
                     self.flat = FlatBuckets(self.engine.weight_targets(), self.sender.bucket_bytes)
 
@@ -248,6 +277,33 @@ class ActorWorker(Worker):
         if self.manager is None:
             raise RuntimeError("init_worker() has not run")
         return self.manager.module
+
+    # -- offload (the trainer calls these where `rlshell.runners.offload` says so)
+
+    def offload(self, params: bool) -> float:
+        """Move the optimizer state and, with ``params``, the parameters and gradients to host
+        memory, making room on a GPU the rollout shares; the seconds it took."""
+        manager = self._manager()
+        started = time.perf_counter()
+        manager.offload_optimizer()
+        if params:
+            manager.offload_param_and_grad(offload_grad=True)
+        return time.perf_counter() - started
+
+    def reload(self, params: bool) -> float:
+        """Undo `offload` before the update (``params`` as given to it); the seconds it took."""
+        manager = self._manager()
+        started = time.perf_counter()
+        device = worker_device()
+        if params:
+            manager.load_param_and_grad(device, load_grad=True)
+        manager.load_optimizer(device)
+        return time.perf_counter() - started
+
+    def _manager(self) -> TrainingBackend:
+        if self.manager is None:
+            raise RuntimeError("init_worker() has not run")
+        return self.manager
 
     # -- rollout (collocated)
 
@@ -274,11 +330,10 @@ class ActorWorker(Worker):
         Every rank takes part (gathering the shards is collective).
         ``full=True`` sends everything even in ``patch`` mode (start, resume).
         """
-        if self.sender is None:
-            raise RuntimeError("init_worker() has not run")
         if self.shared:
             return {"bytes": 0.0, "seconds": 0.0, "messages": 0.0}
-        assert self.manager is not None
+        if self.sender is None or self.manager is None:
+            raise RuntimeError("init_worker() has not run")
         with self.manager.unsharded() as model:  # one all-gather per FSDP unit
             gathered = gathered_named_tensors(model)
             if self.engine is not None:  # the engine in this process (collocated)
@@ -424,10 +479,7 @@ class ActorWorker(Worker):
                 normalizer=normalizer,
             ),
             PolicyLossConfig(
-                clip_low=algorithm.clip_low,
-                clip_high=algorithm.clip_high,
-                dual_clip=algorithm.dual_clip,
-                agg=mode,
+                agg=mode, **_read_for(POLICY_LOSSES, algorithm.loss_type, self.config, LOSS_KEYS)
             ),
         )
         loss = policy_loss.loss

@@ -94,7 +94,7 @@ class PPOSettings:
             update_epochs=algorithm.update_epochs,
             num_minibatches=algorithm.num_minibatches,
             clip_coef=algorithm.clip_low if algorithm.clip_low is not None else 0.2,
-            clip_vloss=algorithm.value_clip,
+            clip_vloss=algorithm.value_clip if critic else None,
             vf_coef=algorithm.vf_coef if critic else 0.0,
             ent_coef=algorithm.entropy_coef,
             max_grad_norm=config.actor.optim.clip_grad,

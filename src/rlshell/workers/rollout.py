@@ -2,13 +2,16 @@
 
 `RolloutWorker` holds the rollout engine ``rollout.backend`` names
 (`rlshell.engines.rollout`) and receives weights from actor
-rank 0 (buckets or patches through the Ray object store). `ReferenceWorker`
+rank 0 (buckets or patches through the Ray object store); where it shares
+the actor's GPUs it moves its model to host memory during the update
+(`offload`, `reload`). `ReferenceWorker`
 holds the frozen initial policy and computes the reference log-probs of the
 KL term; it is started only when ``algorithm.kl_coef`` > 0.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,6 +63,19 @@ class RolloutWorker(Worker):
 
     def rollout_weights(self) -> dict[str, Tensor]:
         return {name: t.detach().clone() for name, t in self._engine().weight_targets().items()}
+
+    def offload(self) -> float:
+        """Move the engine's model to host memory while the actor updates on the GPU they
+        share (`rlshell.runners.offload`); the seconds it took."""
+        started = time.perf_counter()
+        self._engine().offload()
+        return time.perf_counter() - started
+
+    def reload(self) -> float:
+        """Move it back before the next rollout; the seconds it took."""
+        started = time.perf_counter()
+        self._engine().reload()
+        return time.perf_counter() - started
 
     def _engine(self) -> RolloutEngine:
         if self.engine is None:

@@ -36,6 +36,7 @@ class RolloutEngine(Protocol):
     engine = make_rollout_engine(config.rollout, model, tokenizer, device)
     targets = engine.weight_targets()                   # syncs write into these tensors
     batch = engine.generate(prompts, params, seed=seed) # rows g·n … g·n+n−1 answer prompt g
+    engine.offload(); ...; engine.reload()              # make room on a shared GPU meanwhile
     """
 
     def weight_targets(self) -> dict[str, Tensor]:
@@ -46,6 +47,14 @@ class RolloutEngine(Protocol):
         self, prompts: Sequence[str], params: SamplingParams, seed: int | None = None
     ) -> RolloutBatch:
         """``params.n`` responses per prompt, grouped by prompt; ``seed`` makes it repeatable."""
+        ...
+
+    def offload(self) -> None:
+        """Move the engine's model to host memory (the actor updates on a GPU they share)."""
+        ...
+
+    def reload(self) -> None:
+        """Move it back before the engine generates again."""
         ...
 
 

@@ -90,6 +90,28 @@ class HFRolloutEngine:
         for param in self.model.parameters():
             param.data = torch.empty(0, dtype=param.dtype, device=param.device)
 
+    def offload(self) -> None:
+        """Move the model to host memory while the actor updates on the GPU they share.
+
+        Each tensor moves in place (``tensor.data``), so the sync targets
+        (`weight_targets`) stay the engine's own and a weight sync can land
+        while it is offloaded.
+        """
+        self._move(torch.device("cpu"))
+
+    def reload(self) -> None:
+        """Move the model back to the engine's device before it generates."""
+        self._move(self.device)
+
+    def _move(self, device: torch.device) -> None:
+        leaving = next((t.device for t in self.model.parameters() if t.device.type == "cuda"), None)
+        for tensor in self.weight_targets().values():
+            tensor.data = tensor.data.to(device)
+        self.model.to(device)  # what no sync writes: non-persistent buffers (rotary tables)
+        if leaving is not None and device != leaving:
+            torch.cuda.synchronize(leaving)
+            torch.cuda.empty_cache()
+
     @torch.no_grad()
     def generate(
         self, prompts: Sequence[str], params: SamplingParams, seed: int | None = None

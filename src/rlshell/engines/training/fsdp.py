@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -283,7 +283,8 @@ class FSDPModelManager:
         model = self.module
         units = [module for module in model.modules() if isinstance(module, FSDPModule)]
         root = model if isinstance(model, FSDPModule) else None
-        reshard = self.cfg.fsdp_config.reshard_after_forward
+        # Read only where there are units (an unsharded model has none).
+        reshard = bool(units) and self.cfg.fsdp_config.reshard_after_forward
         try:
             with torch.no_grad():
                 for unit in units:
@@ -387,31 +388,67 @@ class FSDPModelManager:
     # -- offload (a no-op move on CPU; frees accelerator memory between phases on GPU)
 
     def offload_param_and_grad(self, offload_grad: bool = False) -> None:
+        """Parameters (and, with ``offload_grad``, their gradients) to host memory."""
         self._move_params(torch.device("cpu"), move_grad=offload_grad)
 
     def load_param_and_grad(self, device: torch.device | str, load_grad: bool = False) -> None:
+        """Parameters (and, with ``load_grad``, their gradients) back to ``device``."""
         self._move_params(torch.device(device), move_grad=load_grad)
 
     def offload_optimizer(self) -> None:
+        """The optimizer's state (Adam's moments) to host memory."""
         self._move_optimizer(torch.device("cpu"))
 
     def load_optimizer(self, device: torch.device | str) -> None:
+        """The optimizer's state back to ``device``."""
         self._move_optimizer(torch.device(device))
 
     def _move_params(self, device: torch.device, move_grad: bool) -> None:
-        for param in self.module.parameters():
-            param.data = param.data.to(device, non_blocking=True)
-            if move_grad and param.grad is not None:
-                param.grad.data = param.grad.data.to(device, non_blocking=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        model = self.module
+        leaving = _accelerator_of(model.parameters())
+        if any(isinstance(m, FSDPModule) for m in model.modules()):
+            # FSDP2 keeps each parameter's shard in storage of its own: Module.to swaps the
+            # DTensor parameters in place (the optimizer keeps them) and FSDP re-points its
+            # shards at the moved data. It moves the gradients along.
+            grads = {}
+            if not move_grad:
+                grads = {p: p.grad for p in model.parameters() if p.grad is not None}
+                for param in grads:
+                    param.grad = None
+            model.to(device)
+            for param, grad in grads.items():
+                param.grad = grad
+        else:
+            for param in model.parameters():
+                param.data = param.data.to(device)
+                if move_grad and param.grad is not None:
+                    param.grad.data = param.grad.data.to(device)
+        _release(leaving)
 
     def _move_optimizer(self, device: torch.device) -> None:
         if self.optimizer is None:
             return
+        leaving = None
         for state in self.optimizer.state.values():
             for key, value in state.items():
+                # ``step`` stays where the optimizer keeps it (a host scalar, or on the device
+                # for fused and capturable Adam, which step there).
                 if isinstance(value, torch.Tensor) and key != "step":
-                    state[key] = value.to(device, non_blocking=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+                    leaving = leaving or _accelerator_of([value])
+                    state[key] = value.to(device)
+        _release(leaving)
+
+
+def _accelerator_of(tensors: Iterable[torch.Tensor]) -> torch.device | None:
+    """The CUDA device of the first tensor on one, if any."""
+    for tensor in tensors:
+        if tensor.device.type == "cuda":
+            return tensor.device
+    return None
+
+
+def _release(device: torch.device | None) -> None:
+    """Wait for the copies off ``device`` and hand its freed blocks back to the driver."""
+    if device is not None:
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()

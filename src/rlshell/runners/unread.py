@@ -1,0 +1,180 @@
+"""The keys a run does not read, each with the reason: what validation refuses when set.
+
+A key set to anything but its default where the run does not read it is
+refused before anything starts (`rlshell.runners.validation.unread_problems`):
+a key accepted and ignored is a bug. Each trainer declares its own
+(`rlshell.runners.trainer.Trainer.unread`) from the pieces here;
+`rlshell.runners.validation.unread_keys` holds the rules that depend on
+other settings whatever the trainer (``checkpoint.keep_last`` with
+``checkpoint.interval`` 0, ...). A key path names a section when it ends
+there (``"reward"`` covers every ``reward.*`` key).
+
+tests/shell/test_config_reads.py checks these against what real runs read
+(`rlshell.config.tracing`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlcore.registry import ADVANTAGES, POLICY_LOSSES, Registry
+from rlshell.config import Config
+from rlshell.workers.actor import ESTIMATOR_KEYS, LOSS_KEYS
+
+__all__ = [
+    "compile_unread",
+    "embodied_unread",
+    "env_unread",
+    "hyperparameters_unread",
+    "ppo_update_unread",
+    "reference_unread",
+    "sac_unread",
+    "stages_unread",
+]
+
+
+def hyperparameters_unread(config: Config) -> dict[str, str]:
+    """The ``algorithm`` keys the chosen estimator and policy loss do not use.
+
+    Each registry entry says which hyperparameters it reads
+    (`rlcore.registry.Registry.reads`); one that does not say reads them all.
+    """
+    algorithm = config.algorithm
+    unread: dict[str, str] = {}
+    chosen: list[tuple[str, str, Registry[Any], dict[str, str]]] = [
+        ("algorithm.adv_type", algorithm.adv_type, ADVANTAGES, ESTIMATOR_KEYS),
+        ("algorithm.loss_type", algorithm.loss_type, POLICY_LOSSES, LOSS_KEYS),
+    ]
+    for name_key, name, registry, keys in chosen:
+        if name not in registry:
+            continue  # an unknown name is its own problem
+        ignored = registry.ignores(name)
+        for key, hyperparameter in keys.items():
+            if hyperparameter in ignored:
+                unread[key] = (
+                    f"the '{name}' {registry.kind} ({name_key}) does not use "
+                    f"{hyperparameter}; leave it unset"
+                )
+    return unread
+
+
+def env_unread(config: Config) -> dict[str, str]:
+    """The ``env`` keys the chosen env type's builder does not read (`rlshell.envs.ENVS`)."""
+    from rlshell.envs import ENVS
+
+    env_type = config.env.env_type
+    if env_type is None or env_type not in ENVS:
+        return {}  # a missing or unknown type is its own problem
+    return {
+        f"env.{key}": f"the '{env_type}' env type (env.env_type) does not read it"
+        for key in sorted(ENVS.ignores(env_type))
+    }
+
+
+def compile_unread(reason: str) -> dict[str, str]:
+    """``actor.compile`` and ``rollout.compile`` where a run does not read them (``reason``)."""
+    return {
+        f"{key}.compile": f"compiles embodied PPO's {what} step; {reason}. Set {key}.compile=false"
+        for key, what in (("actor", "update"), ("rollout", "rollout"))
+    }
+
+
+def stages_unread(config: Config, who: str) -> dict[str, str]:
+    """``rollout.pipeline_stage_num`` where ``who`` (a runner) does not pipeline."""
+    return {
+        "rollout.pipeline_stage_num": (
+            f"{config.rollout.pipeline_stage_num} stages pipeline embodied PPO's env and "
+            f"rollout workers; {who} does not use it (leave it at 1)"
+        )
+    }
+
+
+def reference_unread(who: str) -> dict[str, str]:
+    """The KL term's keys where ``who`` runs no reference policy."""
+    reason = f"{who} runs no reference policy, so there is no KL term"
+    return {
+        "algorithm.kl_kind": f"{reason} to estimate",
+        "actor.reference_cpus_per_worker": f"{reason} and no reference worker to size",
+    }
+
+
+def sac_unread(who: str) -> dict[str, str]:
+    """``algorithm.sac`` where ``who`` does not train with SAC."""
+    return {
+        "algorithm.sac": (
+            f"configures soft actor-critic (runner.runner_type='embodied' with "
+            f"algorithm.loss_type='sac'); {who} does not train with it"
+        )
+    }
+
+
+def embodied_unread(config: Config, who: str) -> dict[str, str]:
+    """What no embodied trainer reads: the reasoning runner's prompts, rewards, sampling and
+    text-generation engine, evaluation during training, the reference, and the env keys
+    its env type ignores."""
+    generation = f"{who} acts with the policy's predict_action_batch, not a text-generation engine"
+    unread = {
+        "reward": f"{who} scores with the env's rewards; reward.* configures the reasoning "
+        "runner's reward workers",
+        "data": f"{who} steps environments (env.*); data.* configures the reasoning runner's "
+        "prompts",
+        "runner.prompts_per_step": f"{who} steps env.num_envs envs runner.rollout_steps times "
+        "a step; prompts are the reasoning runner's",
+        "runner.eval_interval": f"{who} does not evaluate during training; evaluate a "
+        "checkpoint with python -m rlshell.evaluate",
+        "algorithm.kl_coef": f"{who} runs no reference policy, so there is no KL term",
+        "actor.micro_batch_max_tokens": f"budgets the reasoning actor's token micro-batches; "
+        f"{who} splits its update by algorithm.num_minibatches",
+        "actor.logprob_chunk_size": f"chunks the reasoning actor's vocabulary log-probs; {who} "
+        "reads no token logits",
+        "actor.share_prompt_forward": f"shares a prompt's forward among its samples in the "
+        f"reasoning actor; {who} has no prompts",
+        "rollout.backend": generation,
+        "rollout.temperature": generation,
+        "rollout.top_p": generation,
+        "rollout.top_k": generation,
+        "rollout.max_new_tokens": generation,
+        "rollout.gpu_memory_utilization": generation,
+        "rollout.weight_sync": f"how the reasoning actor syncs a text-generation engine; {who} "
+        "hands the policy's state to its rollout its own way",
+        "rollout.bucket_size_mb": f"sizes the reasoning actor's weight-sync buckets; {who} "
+        "hands the policy's state to its rollout its own way",
+    }
+    unread.update(reference_unread(who))
+    unread.update(env_unread(config))
+    return unread
+
+
+def ppo_update_unread(config: Config, critic: bool, who: str) -> dict[str, str]:
+    """What embodied PPO's update (`rlshell.workers.embodied_update`) does not read.
+
+    It is rlcore's ``ppo_policy_loss`` with a symmetric clip of
+    ``algorithm.clip_low`` on one sample per row (nothing to aggregate), a
+    critic only with ``gae``, and the group estimators' advantages from
+    undiscounted episode returns.
+    """
+    loss = f"{who}'s update is rlcore's ppo_policy_loss clipped symmetrically by algorithm.clip_low"
+    unread = {
+        "algorithm.clip_high": f"{loss}; set clip_low",
+        "algorithm.dual_clip": f"{loss}, without a dual clip",
+        "algorithm.loss_agg_mode": f"{loss} over samples of one step each: there are no tokens "
+        "to aggregate",
+    }
+    adv_type = config.algorithm.adv_type
+    if not critic:
+        no_critic = f"'{adv_type}' (algorithm.adv_type) trains no critic"
+        unread["algorithm.vf_coef"] = f"{no_critic}: there is no value loss to weight"
+        unread["algorithm.value_clip"] = f"{no_critic}: there is no value loss to clip"
+        unread["algorithm.lam"] = f"{no_critic}: GAE's λ is not used"
+        if not config.algorithm.norm_reward:
+            unread["algorithm.gamma"] = (
+                f"{who} scores each episode's undiscounted return with '{adv_type}' "
+                "(rlshell.workers.embodied_grpo); γ is read only by algorithm.norm_reward's "
+                "return scaler"
+            )
+    else:
+        unread["algorithm.group_size"] = (
+            f"'{adv_type}' (algorithm.adv_type) compares no groups of envs; group_size is read "
+            "by the group estimators (grpo, dr_grpo, rloo)"
+        )
+    return unread

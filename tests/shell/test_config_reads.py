@@ -1,0 +1,289 @@
+"""Every config key is read by the run it configures, or refused before start with the reason.
+
+Each representative run below is started with ``python -m rlshell.train`` for
+two steps under the config-read tracer (`rlshell.config.tracing`,
+``RLSHELL_TRACE_CONFIG_READS``), and the keys read by all its processes (the
+driver and every Ray worker) are gathered. Then, for every leaf key of
+`rlshell.config.Config`, either the run read it, or setting it to a value
+other than its default makes `rlshell.runners.validation.validate` refuse the
+run's config with a line that starts with the key and gives a reason (not a
+type or constraint error). Conversely a key the run declares unread
+(`unread_keys` and the trainer's `Trainer.unread`) is one it did not read,
+except the few listed in `READ_BUT_REFUSED`, each with why.
+
+The probe (``runner.runner_type=probe``) is not one of the runs: it checks a
+training config's placement and trains nothing, so it reads the placement
+keys only and leaves the rest of the config as the training run it stands in
+for would read them (its trainer is None, and nothing is refused for it).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import attrs
+import pytest
+
+from rlshell.config import Config, all_key_paths
+from rlshell.config.tracing import TRACE_ENV_VAR, read_keys
+from rlshell.runners.spec import resolve_spec
+from rlshell.runners.validation import (
+    cluster_spec_for,
+    load_config,
+    plan_for,
+    unread_leaves,
+    validate,
+)
+from tests.shell.test_run import ROOT, cli_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("config_reads")]
+
+# Two steps of each run, as small as it runs: each is a few seconds of steps.
+TINY_GRPO = [
+    "runner.max_steps=2",
+    "runner.prompts_per_step=2",
+    "algorithm.group_size=2",
+    "data.num_val=2",
+    "runner.eval_interval=1",
+    "checkpoint.interval=1",
+]
+TINY_CARTPOLE = ["runner.max_steps=2", "runner.rollout_steps=8", "algorithm.update_epochs=2"]
+
+RUNS: dict[str, list[str]] = {
+    "grpo_collocated": ["configs/grpo.py", *TINY_GRPO],
+    "grpo_disaggregated_kl": [
+        "configs/grpo.py",
+        *TINY_GRPO,
+        'cluster.component_placement={"actor": "0:0", "rollout": "0:0", "reward": "0"}',
+        # One actor rank in its model's precision is not sharded: no wrap policy to tune.
+        "actor.fsdp_config.wrap_policy.min_num_params=0",
+        "algorithm.kl_coef=0.1",
+        "checkpoint.interval=0",
+        "runner.eval_interval=0",
+    ],
+    "ppo_collocated": ["configs/ppo_cartpole.py", *TINY_CARTPOLE],
+    "ppo_embodied_grpo": [
+        "configs/ppo_cartpole.py",
+        *TINY_CARTPOLE,
+        "algorithm.adv_type=grpo",
+        "algorithm.group_size=2",
+        "runner.rollout_steps=50",
+        # CartPole PPO's critic and GAE settings, which GRPO does not read, back to defaults.
+        "algorithm.gamma=1.0",
+        "algorithm.lam=1.0",
+        "algorithm.vf_coef=0.5",
+    ],
+    "ppo_pipelined": [
+        "configs/ppo_cartpole.py",
+        *TINY_CARTPOLE,
+        'cluster.component_placement={"actor": "0:0", "rollout": "0:0", "env": "0:0"}',
+        "rollout.pipeline_stage_num=2",
+    ],
+    "sac": [
+        "configs/sac_pendulum.py",
+        "runner.max_steps=2",
+        "runner.rollout_steps=8",
+        "algorithm.sac.batch_size=16",
+        "algorithm.sac.learning_starts=16",
+        "actor.model.model_kwargs.hidden_sizes=16,16",
+    ],
+}
+
+# Keys a run reads although it refuses them set: reading the value is how it finds there is
+# nothing to do, and validation guarantees it is the default there.
+READ_BUT_REFUSED: dict[str, str] = {
+    "runner.eval_interval": "the run loop's Cadence reads it for every trainer (0: no evaluation)",
+    "data.train_path": "rlshell.data.load_dataset refuses it again for the arithmetic task",
+    "data.val_path": "rlshell.data.load_dataset refuses it again for the arithmetic task",
+    "logger.wandb_project": "rlshell.metrics.logger_for_run hands it to MetricLogger, which "
+    "passes it to the wandb backend only",
+}
+
+
+@attrs.frozen
+class TracedRun:
+    """One run's config (as the CLI read it) and the keys its processes read."""
+
+    config: Config
+    read: frozenset[str]
+
+
+def _start(name: str, args: list[str], out: Path) -> subprocess.Popen[str]:
+    reads = out / "reads"
+    reads.mkdir(parents=True)
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))
+    env = cli_env(ray_tmp, **{TRACE_ENV_VAR: str(reads)})
+    command = [sys.executable, "-m", "rlshell.train", *args, f"runner.output_dir={out / 'runs'}"]
+    log = (out / "log.txt").open("w")
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log, text=True)
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TracedRun]:
+    """Every run of `RUNS`, two at a time (most of a short run is process start-up)."""
+    root = tmp_path_factory.mktemp("reads")
+    pending = list(RUNS)
+    running: dict[str, subprocess.Popen[str]] = {}
+    results: dict[str, TracedRun] = {}
+    started = time.monotonic()
+    try:
+        while pending or running:
+            while pending and len(running) < 2:
+                name = pending.pop(0)
+                running[name] = _start(name, RUNS[name], root / name)
+            for name, process in list(running.items()):
+                if process.poll() is None:
+                    continue
+                del running[name]
+                log = (root / name / "log.txt").read_text()
+                assert process.returncode == 0, f"{name} failed:\n{log[-4000:]}"
+                args = RUNS[name]
+                config = load_config(args[0], args[1:])
+                results[name] = TracedRun(config, frozenset(read_keys(root / name / "reads")))
+            assert time.monotonic() - started < 600, "the traced runs took over 10 minutes"
+            time.sleep(0.2)
+    finally:
+        for process in running.values():
+            process.kill()
+    return results
+
+
+# ------------------------------------------------------------------------- values to set
+
+
+def leaf_keys() -> list[str]:
+    """Every key of `Config` that holds a value (not a section)."""
+    keys = list(all_key_paths())
+    return [key for key in keys if not any(other.startswith(key + ".") for other in keys)]
+
+
+def _field_type(key: str) -> Any:
+    tp: Any = Config
+    for part in key.split("."):
+        tp = typing.get_type_hints(tp)[part]
+    return tp
+
+
+def _value_of(config: Config, key: str) -> Any:
+    value: Any = config
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def with_value(config: Any, key: str, value: Any) -> Any:
+    """``config`` with ``key`` (a dotted path) set to ``value``."""
+    head, _, rest = key.partition(".")
+    if not rest:
+        return attrs.evolve(config, **{head: value})
+    return attrs.evolve(config, **{head: with_value(getattr(config, head), rest, value)})
+
+
+def candidates(tp: Any, current: Any) -> Iterator[Any]:
+    """Values of type ``tp`` other than ``current``: flipped, +1, ×2, another choice, ..."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        for member in args:
+            if member is not type(None):
+                yield from candidates(member, None if current is None else current)
+        if current is not None and type(None) in args:
+            yield None
+        return
+    if origin is Literal:
+        yield from (choice for choice in args if choice != current)
+    elif tp is bool:
+        yield (not current) if current is not None else True
+    elif tp is int:
+        base = current if current is not None else 0
+        yield from (base + 1, base + 2, 1, 4)
+    elif tp is float:
+        if current is not None:
+            yield from (current * 2, current / 2, current + 1)
+        yield from (0.5, 0.1, 0.3, 3.0)
+    elif tp is str:
+        yield "rlshell-test"
+    elif origin is tuple:
+        member = args[0]
+        pool = list(get_args(member)) if get_origin(member) is Literal else ["rlshell_test"]
+        yield from ((*current, choice) for choice in pool if choice not in (current or ()))
+        if current:
+            yield tuple(current[:-1])
+    elif origin is dict:
+        value_type = args[1]
+        for value in candidates(value_type, None):
+            yield {**(current or {}), "rlshell_test": value}
+            return
+    elif attrs.has(tp):
+        return
+    else:
+        raise TypeError(f"no candidate values for {tp}")
+
+
+def refusal(config: Config, key: str) -> tuple[Any, list[str]]:
+    """A non-default value for ``key`` that passes its own field check, and the problems
+    `validate` finds with it (those naming ``key``)."""
+    default = _value_of(Config(), key)
+    current = _value_of(config, key)
+    tried = []
+    for value in candidates(_field_type(key), current):
+        if value == default:
+            continue
+        problems = validate(with_value(config, key, value), for_run=True)
+        if any(p.startswith(f"{key}: expected") for p in problems):
+            tried.append(value)
+            continue  # the field's own constraint: not what this test asks
+        return value, [p for p in problems if p.startswith(f"{key}: ")]
+    raise AssertionError(f"{key}: no candidate value passes its field check (tried {tried})")
+
+
+# --------------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_every_key_is_read_by_the_run_or_refused_with_a_reason(
+    traced: dict[str, TracedRun], name: str
+) -> None:
+    run = traced[name]
+    assert validate(run.config, for_run=True) == []
+    silent = {}
+    for key in leaf_keys():
+        if key in run.read:
+            continue
+        value, lines = refusal(run.config, key)
+        if not lines:
+            silent[key] = value
+    assert not silent, (
+        f"{name}: keys neither read by the run nor refused when set (key: value tried): {silent}"
+    )
+
+
+def declared_unread(config: Config) -> dict[str, str]:
+    """Leaf keys the run of ``config`` declares unread, on this machine's plan, with reasons."""
+    return unread_leaves(resolve_spec(config), plan_for(config, cluster_spec_for(config)))
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_keys_a_run_declares_unread_are_not_read(traced: dict[str, TracedRun], name: str) -> None:
+    run = traced[name]
+    declared = declared_unread(run.config)
+    read_anyway = {key for key in declared if key in run.read and key not in READ_BUT_REFUSED}
+    assert not read_anyway, f"{name}: declared unread, but read: {sorted(read_anyway)}"
+
+
+def test_every_listed_exception_is_still_one(traced: dict[str, TracedRun]) -> None:
+    """Each key of `READ_BUT_REFUSED` is, in some run, both declared unread and read."""
+    used = {
+        key
+        for run in traced.values()
+        for key in declared_unread(run.config)
+        if key in run.read and key in READ_BUT_REFUSED
+    }
+    assert used == set(READ_BUT_REFUSED)

@@ -1,0 +1,175 @@
+"""Keys a run does not read are refused when set, each with its reason (`rlshell.runners.unread`,
+`rlshell.runners.validation.unread_keys`).
+
+tests/shell/test_config_reads.py checks the declarations against what real
+runs read; these are the rules in settings those runs do not cover, and the
+words of a few.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rlshell.config import ConfigError
+from rlshell.runners.validation import load_config
+
+GRPO = "configs/grpo.py"
+CARTPOLE = "configs/ppo_cartpole.py"
+PENDULUM = "configs/sac_pendulum.py"
+
+
+def refusals(source: str, *overrides: str, for_run: bool = False) -> list[str]:
+    try:
+        load_config(source, list(overrides), for_run=for_run)
+    except ConfigError as error:
+        return error.problems
+    return []
+
+
+def keys_of(problems: list[str]) -> list[str]:
+    return [problem.split(":")[0] for problem in problems]
+
+
+def test_an_estimator_or_loss_that_ignores_a_hyperparameter_is_named() -> None:
+    assert refusals(GRPO, "algorithm.gamma=0.9", "algorithm.lam=0.9") == [
+        "algorithm.gamma: the 'grpo' advantage estimator (algorithm.adv_type) does not use "
+        "gamma; leave it unset",
+        "algorithm.lam: the 'grpo' advantage estimator (algorithm.adv_type) does not use lam; "
+        "leave it unset",
+    ]
+    assert refusals(GRPO, "algorithm.adv_type=reinforce_pp", "algorithm.gamma=0.9") == []
+    assert keys_of(
+        refusals(
+            GRPO,
+            "algorithm.adv_type=rloo",
+            "algorithm.loss_type=vanilla",
+            "algorithm.clip_low=0.1",
+            "algorithm.dual_clip=3",
+        )
+    ) == ["algorithm.clip_low", "algorithm.dual_clip"]
+    (gspo,) = refusals(GRPO, "algorithm.loss_type=gspo", "algorithm.dual_clip=3")
+    assert gspo.startswith("algorithm.dual_clip: the 'gspo' policy loss (algorithm.loss_type)")
+
+
+def test_an_estimator_registered_without_saying_is_taken_to_read_everything() -> None:
+    from rlcore.advantages import ADVANTAGES
+
+    ADVANTAGES.register("reads_all", ADVANTAGES.get("grpo"))
+    try:
+        assert refusals(GRPO, "algorithm.adv_type=reads_all", "algorithm.gamma=0.9") == []
+    finally:
+        ADVANTAGES.unregister("reads_all")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "keys"),
+    [
+        (
+            ["data.prompt_key=question", "data.answer_key=solution"],
+            ["data.prompt_key", "data.answer_key"],
+        ),
+        (
+            ["data.task=file", "data.train_path=train.jsonl", "data.num_terms=2", "data.seed=3"],
+            ["data.num_terms", "data.seed"],
+        ),
+        (["logger.wandb_project=rl"], ["logger.wandb_project"]),
+        (["actor.model.lora_rank=16"], ["actor.model.lora_rank"]),
+        (["rollout.gpu_memory_utilization=0.9"], ["rollout.gpu_memory_utilization"]),
+        (["checkpoint.interval=0", "checkpoint.keep_last=5"], ["checkpoint.keep_last"]),
+        (["algorithm.kl_kind=k1"], ["algorithm.kl_kind"]),
+        (["rollout.weight_sync=shared", "rollout.bucket_size_mb=8"], ["rollout.bucket_size_mb"]),
+        (["runner.rollout_steps=64", "env.num_envs=4"], ["env.num_envs", "runner.rollout_steps"]),
+        (["algorithm.update_epochs=2", "algorithm.norm_adv=false"], None),
+        (["algorithm.sac.tau=0.01"], ["algorithm.sac.tau"]),
+    ],
+)
+def test_the_reasoning_runner_refuses_what_it_does_not_read(
+    overrides: list[str], keys: list[str] | None
+) -> None:
+    found = keys_of(refusals(GRPO, *overrides))
+    expected = keys if keys is not None else [o.split("=")[0] for o in overrides]
+    assert sorted(found) == sorted(expected)
+
+
+def test_keys_read_in_these_settings_are_accepted() -> None:
+    accepted = [
+        ['logger.backends=["console","wandb"]', "logger.wandb_project=rl"],
+        ["actor.model.is_lora=true", "actor.model.lora_rank=16"],
+        ["algorithm.kl_coef=0.1", "algorithm.kl_kind=k1"],
+        ["checkpoint.keep_last=5"],
+        # A GPU config planned for vLLM (a dry run) reads its memory share.
+        ["cluster.simulate=1x8", "rollout.backend=vllm", "rollout.gpu_memory_utilization=0.9"],
+    ]
+    for overrides in accepted:
+        problems = refusals(GRPO, *overrides)
+        assert not [p for p in problems if not p.startswith("actor.model.is_lora")], overrides
+
+
+@pytest.mark.parametrize(
+    ("override", "reason"),
+    [
+        ("reward.timeout_s=10", "scores with the env's rewards"),
+        ("data.num_val=10", "steps environments (env.*)"),
+        ("rollout.backend=vllm", "acts with the policy's predict_action_batch"),
+        ("rollout.temperature=0.5", "acts with the policy's predict_action_batch"),
+        ("runner.prompts_per_step=4", "prompts are the reasoning runner's"),
+        ("runner.eval_interval=10", "python -m rlshell.evaluate"),
+        ("algorithm.kl_coef=0.1", "no reference policy"),
+        ("algorithm.clip_high=0.3", "clipped symmetrically by algorithm.clip_low"),
+        ("algorithm.group_size=4", "compares no groups of envs"),
+        ("checkpoint.export_hf=false", "exports no Hugging Face model"),
+        ("env.control_mode=continuous", "the 'gymnasium' env type (env.env_type) does not read"),
+        ("rollout.precision=bf16", "acts with the actor's own module"),
+    ],
+)
+def test_embodied_ppo_refuses_what_it_does_not_read(override: str, reason: str) -> None:
+    (problem,) = refusals(CARTPOLE, override)
+    assert problem.startswith(override.split("=")[0] + ": ")
+    assert reason in problem
+
+
+def test_embodied_ppo_refuses_a_loss_it_does_not_train_with() -> None:
+    (problem,) = refusals(CARTPOLE, "algorithm.loss_type=gspo")
+    assert problem.startswith("algorithm.loss_type: the embodied PPO runner's update is rlcore's")
+
+
+def test_embodied_grpo_refuses_the_critic_and_gae_settings() -> None:
+    problems = refusals(CARTPOLE, "algorithm.adv_type=grpo", "algorithm.group_size=4")
+    assert keys_of(problems) == ["algorithm.gamma", "algorithm.lam", "algorithm.vf_coef"]
+    # With the return scaler on, γ is read (it discounts the scaler's returns).
+    problems = refusals(
+        CARTPOLE,
+        "algorithm.adv_type=grpo",
+        "algorithm.group_size=4",
+        "algorithm.norm_reward=true",
+    )
+    assert keys_of(problems) == ["algorithm.lam", "algorithm.vf_coef"]
+
+
+def test_sac_refuses_ppos_and_the_optimizer_settings_it_does_not_use() -> None:
+    problems = refusals(
+        PENDULUM,
+        "actor.optim.clip_grad=0.5",
+        "actor.optim.lr=3e-4",
+        "algorithm.entropy_coef=0.01",
+        "actor.fsdp_config.mixed_precision=bf16",
+        "actor.backend=megatron",
+    )
+    assert keys_of(problems) == [  # in the schema's order
+        "actor.optim.clip_grad",
+        "actor.fsdp_config.mixed_precision",
+        "actor.backend",
+        "algorithm.entropy_coef",
+    ]
+
+
+def test_one_unsharded_actor_rank_refuses_the_wrap_policy() -> None:
+    one_rank = 'cluster.component_placement={"actor": "0:0", "rollout": "0:0", "reward": "0"}'
+    (problem,) = refusals(GRPO, one_rank)  # grpo.py's min_num_params
+    assert problem.startswith("actor.fsdp_config.wrap_policy.min_num_params: one actor rank")
+    # In another precision the one rank is sharded (cast) by FSDP: the policy is read.
+    assert refusals(GRPO, one_rank, "actor.fsdp_config.mixed_precision=bf16") == []
+
+
+def test_the_probe_refuses_nothing_a_training_config_sets() -> None:
+    assert refusals(GRPO, "runner.runner_type=probe", "env.num_envs=4") == []
