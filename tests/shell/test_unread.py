@@ -117,7 +117,6 @@ def test_keys_read_in_these_settings_are_accepted() -> None:
         ("algorithm.kl_coef=0.1", "no reference policy"),
         ("algorithm.clip_high=0.3", "clipped symmetrically by algorithm.clip_low"),
         ("algorithm.group_size=4", "compares no groups of envs"),
-        ("checkpoint.export_hf=false", "exports no Hugging Face model"),
         ("env.control_mode=continuous", "the 'gymnasium' env type (env.env_type) does not read"),
         ("rollout.precision=bf16", "acts with the actor's own module"),
     ],
