@@ -222,6 +222,11 @@ class ComponentPlan:
     def world_size(self) -> int:
         return len(self.workers)
 
+    @property
+    def devices(self) -> frozenset[tuple[int, int]]:
+        """The (node rank, GPU) pairs the component's workers hold."""
+        return frozenset((w.node_rank, gpu) for w in self.workers for gpu in w.gpus)
+
 
 @frozen
 class PlacementPlan:
@@ -872,7 +877,7 @@ def _sharing_problems(
     problems = []
     for first, second in itertools.combinations(components, 2):
         exclusive = [c.name for c in (first, second) if not requests[c.name].shares_devices]
-        shared = _devices(first) & _devices(second)
+        shared = first.devices & second.devices
         if exclusive and shared:
             problems.append(
                 f"{first.name}, {second.name}: both use GPUs {_describe_devices(shared)}, but "
@@ -880,11 +885,6 @@ def _sharing_problems(
                 "shares_devices=False; give them disjoint GPUs or allow sharing"
             )
     return problems
-
-
-def _devices(component: ComponentPlan) -> frozenset[tuple[int, int]]:
-    """The (node rank, GPU) pairs a component's workers hold."""
-    return frozenset((w.node_rank, gpu) for w in component.workers for gpu in w.gpus)
 
 
 def _describe_devices(devices: Iterable[tuple[int, int]]) -> str:
@@ -906,7 +906,7 @@ def detect_mode(components: Sequence[ComponentPlan]) -> Mode:
     (or a single component) is collocated, pairwise disjoint sets are
     disaggregated, anything else is hybrid.
     """
-    device_sets = [devices for devices in map(_devices, components) if devices]
+    device_sets = [component.devices for component in components if component.devices]
     if not device_sets:
         # Node sets, with -1 for "the whole node", so the comparison below serves both cases.
         device_sets = [frozenset((w.node_rank, -1) for w in c.workers) for c in components]

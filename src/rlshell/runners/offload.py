@@ -48,9 +48,7 @@ class OffloadPlan:
 
 
 def _gpus(component: ComponentPlan | None) -> frozenset[tuple[int, int]]:
-    if component is None:
-        return frozenset()
-    return frozenset((w.node_rank, gpu) for w in component.workers for gpu in w.gpus)
+    return frozenset() if component is None else component.devices
 
 
 def _component(plan: PlacementPlan, name: str) -> ComponentPlan | None:
