@@ -20,18 +20,13 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from rlshell.api import run_dir_of
 from rlshell.config import Config, ConfigError, write_config
 from rlshell.extensions import ExtensionError, load_extensions
 from rlshell.runners.validation import load_config
-
-if TYPE_CHECKING:
-    from rlshell.cluster.placement import ClusterSpec
-    from rlshell.cluster.ray_cluster import Cluster
 
 __all__ = ["main", "run_dir_of"]
 
@@ -39,11 +34,6 @@ DEFAULT_CONFIG = Path("configs/grpo.py")
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
-
-
-def run_dir_of(config: Config) -> Path:
-    """Where a run writes: ``runner.output_dir / runner.experiment_name``."""
-    return Path(config.runner.output_dir) / config.runner.experiment_name
 
 
 def _listen_for_ctrl_c() -> None:
@@ -108,40 +98,14 @@ def _dry_run(config: Config, source: Path) -> int:
 
 
 def _run(config: Config) -> int:
+    from rlshell.api import train_validated
     from rlshell.checkpoint import CheckpointError
     from rlshell.cluster.errors import WorkerError
-    from rlshell.cluster.placement import PlacementError, render_table, write_plan
-    from rlshell.cluster.ray_cluster import Cluster, ReservationError
-    from rlshell.runners import run
+    from rlshell.cluster.ray_cluster import ReservationError
     from rlshell.runners.probe import PlacementMismatchError
-    from rlshell.runners.spec import resolve_spec
-    from rlshell.runners.validation import cluster_spec_for, plan_for
 
-    run_dir = run_dir_of(config)
-    spec = resolve_spec(config)
     try:
-        embedded = config.cluster.address is None
-        num_cpus = config.cluster.num_cpus if embedded else None
-        with Cluster(
-            address=config.cluster.address,
-            num_cpus=num_cpus,
-            runtime_env_vars=config.cluster.worker_env_vars,
-        ) as cluster:
-            spec_of_nodes = _wait_for_nodes(cluster, config)
-            try:
-                plan = plan_for(config, spec_of_nodes)
-            except PlacementError as error:
-                print(f"error: cluster.component_placement: {error}", file=sys.stderr)
-                return EXIT_CONFIG
-            if cluster_spec_for(config) is None and spec.trainer is not None:
-                # An attached cluster is planned only now: the trainer's rules on the plan.
-                problems = spec.trainer.problems(config, plan)
-                if problems:
-                    raise ConfigError(problems)
-            print(render_table(plan))
-            write_config(config, run_dir / "config.json")
-            write_plan(plan, run_dir / "placement.json")
-            run(spec, cluster, plan, run_dir)
+        train_validated(config)
     except KeyboardInterrupt:
         print("interrupted: Ray was shut down, workers stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -158,23 +122,6 @@ def _run(config: Config) -> int:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_FAILED
     return 0
-
-
-def _wait_for_nodes(cluster: Cluster, config: Config) -> ClusterSpec:
-    """The attached cluster's spec once ``cluster.num_nodes`` nodes are alive."""
-    deadline = time.monotonic() + config.cluster.startup_timeout_s
-    while True:
-        spec = cluster.spec(config.cluster.node_groups or None)
-        if len(spec.nodes) >= config.cluster.num_nodes or time.monotonic() > deadline:
-            break
-        time.sleep(1.0)
-    if len(spec.nodes) < config.cluster.num_nodes:
-        raise TimeoutError(
-            f"cluster.num_nodes: expected {config.cluster.num_nodes} nodes, but the Ray cluster "
-            f"at '{config.cluster.address}' has {len(spec.nodes)} after "
-            f"{config.cluster.startup_timeout_s:g} s (cluster.startup_timeout_s)"
-        )
-    return spec
 
 
 def _split_positionals(positionals: Sequence[str], config: str | None) -> tuple[Path, list[str]]:

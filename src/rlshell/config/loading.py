@@ -15,6 +15,7 @@ together as one `ConfigError`, each line naming the full key path:
 from __future__ import annotations
 
 import ast
+import copy
 import difflib
 import importlib.util
 import json
@@ -133,8 +134,13 @@ def write_config(config: Config, path: Path) -> Path:
 # --- reading a config file ----------------------------------------------------------------------
 
 
-def read_config_source(path: str | Path) -> dict[str, Any]:
-    """Plain data from a Python config module (its ``config``) or a JSON config file."""
+def read_config_source(path: str | Path | Config | Mapping[str, Any]) -> dict[str, Any]:
+    """Plain data from a Python config module (its ``config``), a JSON config file, a
+    `Config` or a mapping (copied: overrides never change the caller's)."""
+    if isinstance(path, Config):
+        return config_to_dict(path)
+    if isinstance(path, Mapping):
+        return copy.deepcopy(dict(path))
     source = Path(path)
     if not source.is_file():
         raise ConfigError([f"config file {source} does not exist"])
@@ -410,7 +416,7 @@ def _describe_structure_error(
 
 
 def read_config(
-    source: str | Path,
+    source: str | Path | Config | Mapping[str, Any],
     overrides: Sequence[str] = (),
     check: Callable[[Config], list[str]] | None = None,
 ) -> Config:

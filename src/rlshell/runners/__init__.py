@@ -23,18 +23,19 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rlshell.cluster.placement import PlacementPlan
     from rlshell.cluster.ray_cluster import Cluster
+    from rlshell.runners.loop import TrainResult
     from rlshell.runners.spec import RunSpec
 
 __all__ = ["run"]
 
 
-def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> None:
+def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> TrainResult:
     """Run what ``spec`` names on ``cluster`` as ``plan`` places it, writing to ``run_dir``."""
+    from rlshell.runners import loop
+
     if spec.trainer is None:
         from rlshell.runners import probe
 
         probe.run(spec, cluster, plan, run_dir)
-    else:
-        from rlshell.runners import loop
-
-        loop.run(spec, cluster, plan, run_dir)
+        return loop.TrainResult(run_dir, spec.config.runner.max_steps, {}, None, None)
+    return loop.run(spec, cluster, plan, run_dir)

@@ -15,9 +15,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from attrs import frozen
+
 from rlshell.checkpoint import (
     clean_partials,
     commit,
+    list_checkpoints,
     prune,
     read_trainer_state,
     resolve_resume,
@@ -31,10 +34,27 @@ from rlshell.metrics import logger_for_run, plot_run
 from rlshell.runners.spec import RunSpec
 from rlshell.runners.trainer import Cadence, Trainer
 
-__all__ = ["run", "save_checkpoint", "timed"]
+__all__ = ["TrainResult", "run", "save_checkpoint", "timed"]
 
 
-def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> None:
+@frozen
+class TrainResult:
+    """What a finished run leaves: where it wrote, how far it went, what it measured.
+
+    ``metrics``: every metric logged at ``final_step`` (training and, when an
+    evaluation was due then, ``eval/``); ``checkpoint``: the newest complete
+    checkpoint (None when the run saves none); ``exported``: the exported final
+    policy (``checkpoint.export_hf``), else None.
+    """
+
+    run_dir: Path
+    final_step: int
+    metrics: dict[str, float]
+    checkpoint: Path | None
+    exported: Path | None
+
+
+def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> TrainResult:
     """Train with ``spec.trainer`` until ``runner.max_steps``, resuming first when asked."""
     config = spec.config
     trainer_cls = spec.trainer
@@ -45,6 +65,7 @@ def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> 
     resume_from = resolve_resume(config.checkpoint.resume, run_dir)
     cadence = Cadence.of(config)
     trainer = trainer_cls.launch(spec, cluster, plan, run_dir)
+    final: dict[str, float] = {}
     try:
         start_step = 0
         if resume_from is not None:
@@ -60,7 +81,8 @@ def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> 
                     metrics.update(trainer.evaluate(step))
                 # Logged before the checkpoint: a checkpoint of step N implies its metrics
                 # are on disk. The time a save took is reported with the step after it.
-                logger.log(step, {**metrics, **saved})
+                final = {**metrics, **saved}
+                logger.log(step, final)
                 saved = {}
                 if cadence.checkpoint_due(step):
                     with timed(saved, "time/checkpoint"):
@@ -71,6 +93,14 @@ def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> 
     exported = export_final_policy(config, run_dir)
     if exported is not None:
         print(f"exported the final policy to {exported}", flush=True)
+    checkpoints = list_checkpoints(run_dir)
+    return TrainResult(
+        run_dir=run_dir,
+        final_step=cadence.max_steps,
+        metrics=final,
+        checkpoint=checkpoints[-1][1] if checkpoints else None,
+        exported=exported,
+    )
 
 
 def save_checkpoint(trainer: Trainer, run_dir: Path, step: int, keep_last: int | None) -> Path:
