@@ -1,4 +1,4 @@
-"""PPO on CartPole-v1 with rl-zoo's hyperparameters, env and policy in the same two processes."""
+"""PPO on CartPole-v1 with rl-zoo's hyperparameters: env, rollout and update in one process (one rank)."""
 
 from rlshell.config import (
     ActorConfig,

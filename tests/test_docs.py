@@ -449,3 +449,72 @@ def test_core_md_shows_the_current_signature_of_every_public_function(
     assert any(_is_signature_of(call, parameters) for call in calls), (
         f"docs/core.md shows no signature of {qualified} matching the source: {name}({expected})"
     )
+
+
+# ----------------------------------------------------------------- quoted figures
+
+BENCHMARKS = DOCS / "benchmarks.md"
+QUOTING_PAGES = (ROOT / "README.md", DOCS / "quickstart.md")
+_NUMBER = r"\d[\d,]*(?:\.\d+)?"
+# A measured claim: a duration, a ratio, a percentage, a rate, or a decimal below one
+# (an accuracy or a reward). Counts of things ("16 prompts", "75k parameters") are
+# config facts, not measurements, and are not matched.
+FIGURE = re.compile(
+    rf"""(?x)
+      {_NUMBER}\s?min\s\d+\s?s\b
+    | {_NUMBER}(?:\s?[–-]\s?{_NUMBER})?\s?(?:ms|s|min|minutes|seconds|hours)\b(?!/)
+    | {_NUMBER}(?:[–-]{_NUMBER})?×
+    | {_NUMBER}(?:[–-]{_NUMBER})?\s?%
+    | {_NUMBER}\s(?:tokens|steps|env\ssteps)/s
+    | \b0\.\d+\b
+    """
+)
+# A figure spelt in words cannot be checked against a record: write it in digits.
+SPELT_FIGURE = re.compile(
+    r"(?i)\b(?:a|an|one|two|three|four|five|six|seven|eight|nine|ten|twenty|thirty|"
+    r"a\squarter\sof\san?|half\san?)\s(?:minutes?|seconds?|hours?)\b"
+)
+
+
+def _prose(text: str) -> str:
+    """``text`` without code blocks and inline code (commands and outputs are not claims)."""
+    return re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", text, flags=re.S))
+
+
+def quoted_figures(text: str) -> list[str]:
+    return [match.group(0) for match in FIGURE.finditer(_prose(text))]
+
+
+def test_the_figure_pattern_finds_claims_and_leaves_counts() -> None:
+    text = (
+        "It took 2 min 34 s (9.4 s to start), 0.32–0.39× SB3's time, 23–27× faster, "
+        "75% accuracy, 15,360 tokens/s and 0.785 at step 1,000, with 16 prompts of "
+        "`runner.max_steps=3` and 75k parameters.\n```text\nup in 1.5 s\n```"
+    )
+    assert quoted_figures(text) == [
+        "2 min 34 s",
+        "9.4 s",
+        "0.32–0.39×",
+        "23–27×",
+        "75%",
+        "15,360 tokens/s",
+        "0.785",
+    ]
+    assert SPELT_FIGURE.search("in about a quarter of an hour")
+    assert SPELT_FIGURE.search("in about three minutes")
+    assert not SPELT_FIGURE.search("three prompts, a minimal run of one step")
+
+
+@pytest.mark.parametrize("page", QUOTING_PAGES, ids=lambda path: path.name)
+def test_quoted_figures_are_the_ones_benchmarks_md_records(page: Path) -> None:
+    """One source for each number: a timing, ratio or accuracy that the README or the
+    quickstart states is written in docs/benchmarks.md, where its measurement is."""
+    record = BENCHMARKS.read_text(encoding="utf-8")
+    text = page.read_text(encoding="utf-8")
+    unrecorded = sorted({figure for figure in quoted_figures(text) if figure not in record})
+    assert not unrecorded, (
+        f"{page.name} states figures docs/benchmarks.md does not record: {unrecorded}; "
+        "measure them there (the Headline figures table) and quote them from it"
+    )
+    spelt = [match.group(0) for match in SPELT_FIGURE.finditer(_prose(text))]
+    assert not spelt, f"{page.name} spells figures in words (write the measured figure): {spelt}"
