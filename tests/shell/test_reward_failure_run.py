@@ -10,6 +10,7 @@ every step's four samples.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rlshell.metrics import read_metrics
-from tests.shell.test_run import ROOT, cli_env, train, wait_for_no_ray_processes
+from tests.shell.test_run import cli_env, train, wait_for_no_ray_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("reward_failure_run")]
 
@@ -37,10 +38,9 @@ TINY = [
 
 @pytest.fixture
 def ray_tmp() -> Iterator[Path]:
+    """A short temp dir for the CLI's Ray (socket paths stay under 107 characters)."""
     path = Path(tempfile.mkdtemp(prefix="rw", dir="/tmp"))
     yield path
-    import shutil
-
     shutil.rmtree(path, ignore_errors=True)
 
 

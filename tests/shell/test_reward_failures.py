@@ -117,5 +117,5 @@ def test_zero_never_stops_and_an_empty_batch_is_no_failure() -> None:
     w = watch(max_failed_steps=1)
     w.check(1, result(0))
     assert w.failed_streak == 0
-    with pytest.raises(ValueError, match="reward.max_failed_steps: expected an integer ≥ 0"):
+    with pytest.raises(ValueError, match=r"reward\.max_failed_steps: expected an integer ≥ 0"):
         watch(max_failed_steps=-1)
