@@ -9,8 +9,11 @@ every step's four samples.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from rlshell.metrics import read_metrics
-from tests.shell.test_run import cli_env, train, wait_for_no_ray_processes
+from tests.shell.test_run import ROOT, cli_env, train, wait_for_no_ray_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("reward_failure_run")]
 
@@ -71,7 +74,7 @@ def test_a_reward_that_always_raises_stops_the_run_naming_it_with_its_traceback_
     assert err.count('raise RuntimeError(f"no scorer for {answer!r}")') == 1, output
     assert (
         "reward 'always_fails' (reward_ext_chaos.always_fails) failed at step 1 on 4 of 4 "
-        "samples; the first RuntimeError at reward_ext_chaos.py:"
+        "samples, 4 of them: RuntimeError at reward_ext_chaos.py:"
     ) in err
     assert "  sample 0: response '" in err
     # Step 2: the run stops before its update, and says why.
@@ -90,6 +93,30 @@ def test_a_reward_that_always_raises_stops_the_run_naming_it_with_its_traceback_
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["global_step_1"]
     assert wait_for_no_ray_processes(ray_tmp) == []
 
+    # Evaluating the checkpoint with the run's reward: the failure shown, its share reported.
+    evaluated = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlshell.evaluate",
+            str(run / "checkpoints" / "global_step_1"),
+            "--limit=4",
+        ],
+        cwd=ROOT,
+        env=chaos_env(ray_tmp),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    report = json.loads(evaluated.stdout.strip().splitlines()[-1])
+    assert (report["reward/failed_frac"], report["eval/accuracy"]) == (1.0, 0.0)
+    assert evaluated.stderr.count("Traceback (most recent call last)") == 1, evaluated.stderr
+    assert (
+        "reward 'always_fails' (reward_ext_chaos.always_fails) failed at the evaluation on "
+        "4 of 4 samples, 4 of them: RuntimeError at reward_ext_chaos.py:"
+    ) in evaluated.stderr
+
 
 def test_a_reward_that_fails_half_the_time_trains_on_and_shows_the_failure_rate(
     tmp_path: Path, ray_tmp: Path
@@ -97,6 +124,8 @@ def test_a_reward_that_fails_half_the_time_trains_on_and_shows_the_failure_rate(
     result = train(
         *TINY,
         "reward.reward_type=every_other",
+        "runner.eval_interval=4",
+        "data.num_val=4",
         "checkpoint.interval=0",
         "checkpoint.export_hf=true",  # back to its default: no checkpoint, nothing to export
         f"runner.output_dir={tmp_path}",
@@ -107,12 +136,14 @@ def test_a_reward_that_fails_half_the_time_trains_on_and_shows_the_failure_rate(
     assert result.returncode == 0, output
     err = result.stderr
     assert err.count("Traceback (most recent call last)") == 1, output
+    # Shown at the evaluation before step 1, and not again: one run, one watch.
     assert (
-        "reward 'every_other' (reward_ext_chaos.every_other) failed at step 1 on 2 of 4 "
-        "samples; the first KeyError at reward_ext_chaos.py:"
+        "reward 'every_other' (reward_ext_chaos.every_other) failed at the evaluation at "
+        "step 0 on 2 of 4 samples, 2 of them: KeyError at reward_ext_chaos.py:"
     ) in err
     assert "KeyError: 'odd call 1'" in err
     last_bar = [line for line in err.splitlines() if "4/4" in line][-1]
     assert "fail=50%" in last_bar, last_bar
     records = read_metrics(tmp_path / "grpo" / "metrics.jsonl")
-    assert [r["reward/failed_frac"] for r in records] == [0.5] * 4
+    assert [r.get("reward/failed_frac") for r in records] == [None, 0.5, 0.5, 0.5, 0.5]
+    assert [r.get("eval/reward_failed_frac") for r in records] == [0.5, None, None, None, 0.5]

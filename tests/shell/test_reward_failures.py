@@ -62,9 +62,8 @@ def test_each_kind_is_shown_once_with_the_reward_the_sample_and_the_traceback() 
     w = watch()
     (first,) = w.notices(result(4, RAISED, failed=(1, 2)), "step 1")
     assert first == (
-        "reward 'mine' (my_rewards.score) failed at step 1 on 2 of 4 samples; the first "
-        "ValueError at my_rewards.py:12 in score (2 of them) is shown once, later ones are "
-        "counted in reward/failed_frac:\n"
+        "reward 'mine' (my_rewards.score) failed at step 1 on 2 of 4 samples, 2 of them: "
+        "ValueError at my_rewards.py:12 in score; the first, shown once a run:\n"
         "  sample 1: response 'twelve', answer '12'\n"
         "  Traceback (most recent call last):\n"
         '    File "my_rewards.py", line 12, in score\n'
@@ -74,7 +73,7 @@ def test_each_kind_is_shown_once_with_the_reward_the_sample_and_the_traceback() 
     assert w.notices(result(4, RAISED, failed=(1, 2)), "step 2") == []
     (timeout,) = w.notices(result(4, RAISED, HUNG), "step 3")
     assert timeout.startswith("reward 'mine' (my_rewards.score) failed at step 3 on 2 of 4 ")
-    assert "the first timed out (1 of them)" in timeout
+    assert "2 of 4 samples, 1 of them: timed out; the first, shown once a run:" in timeout
     assert w.notices(result(4), "step 4") == []
 
 

@@ -141,9 +141,8 @@ class FailureWatch:
                 continue
             self._shown[failure.kind] = when
             lines.append(
-                f"{self.reward} failed at {when} on {len(result.failed)} of {total} samples; "
-                f"the first {failure.kind} ({failure.count} of them) is shown once, later ones "
-                f"are counted in reward/failed_frac:\n"
+                f"{self.reward} failed at {when} on {len(result.failed)} of {total} samples, "
+                f"{failure.count} of them: {failure.kind}; the first, shown once a run:\n"
                 f"  sample {failure.index}: response {failure.response!r}, "
                 f"answer {failure.answer!r}\n" + _indent(failure.details)
             )
