@@ -11,7 +11,9 @@ runner made it, and `EVALUATORS` maps the runner type to its evaluation:
 
 - ``reasoning``: greedy decoding on the held-out split, scored by the run's
   reward, so the accuracy is the ``eval/accuracy`` the training run logs
-  (``--limit N`` takes the first N examples);
+  (``--limit N`` takes the first N examples); the first reward failure of
+  each kind is printed to stderr with its traceback, and the share of failed
+  calls is ``reward/failed_frac``;
 - ``embodied``: the policy's deterministic (``mode="eval"``) actions for
   ``--episodes`` episodes on ``--num-envs`` copies of the run's env, seeded
   apart from training (``--seed``), with a GIF per task written to
@@ -74,6 +76,7 @@ def evaluate(
     """Greedy accuracy of the policy at ``path`` on ``config``'s held-out split."""
     from rlshell.data import load_dataset
     from rlshell.engines.rollout.hf import HFRolloutEngine
+    from rlshell.rewards.failures import FailureWatch
     from rlshell.rewards.pool import RewardPool
     from rlshell.rollout import SamplingParams
 
@@ -95,11 +98,16 @@ def evaluate(
         reward.reward_type, timeout_s=reward.timeout_s, num_processes=reward.num_processes
     ) as pool:
         result = pool.score(texts, [e.answer for e in examples])
+        # Shown, never stopped on: an evaluation is one batch, and its figures say what failed.
+        watch = FailureWatch(reward.reward_type, pool.function, max_failed_steps=0)
+    for line in watch.notices(result, "the evaluation"):
+        print(line, file=sys.stderr, flush=True)
     return {
         "eval/accuracy": sum(result.scores) / len(result.scores),
         "eval/examples": float(len(examples)),
         "reward/timeouts": float(result.timeouts),
         "reward/errors": float(result.errors),
+        "reward/failed_frac": result.failed_frac,
         "time/eval": time.perf_counter() - started,
     }
 

@@ -17,7 +17,8 @@ Backends (``logger.backends``):
 
 - ``console``: a tqdm progress bar on stderr (stdout stays free for a
   program's output) with the step, the ETA and the headline metrics (reward,
-  KL, tokens/s, eval accuracy). On a terminal it redraws in place; otherwise
+  KL, tokens/s, eval accuracy, and the share of failed reward calls as
+  ``fail=12%`` while it is not zero). On a terminal it redraws in place; otherwise
   (a log file, CI) it prints a plain ASCII line at most every
   ``console_interval_s`` seconds, plus one at the start and one at the end.
 - ``jsonl``: ``run_dir/metrics.jsonl``, one JSON object per `MetricLogger.log`
@@ -69,10 +70,13 @@ METRICS_FILE = "metrics.jsonl"
 # The metrics the console bar shows when a step has them: key -> short label.
 HEADLINE_METRICS: Mapping[str, str] = {
     "reward/mean": "reward",
+    "reward/failed_frac": "fail",
     "train/kl": "kl",
     "perf/tokens_per_s": "tok/s",
     "eval/accuracy": "acc",
 }
+# Headline metrics left off the bar while they are 0: a healthy run's bar stays short.
+_SHOWN_WHEN_NOT_ZERO = frozenset({"reward/failed_frac"})
 
 
 def merge_rank_metrics(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -486,7 +490,11 @@ class _Console:
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         for key, label in HEADLINE_METRICS.items():
-            if key in metrics:
+            if key not in metrics:
+                continue
+            if key in _SHOWN_WHEN_NOT_ZERO and metrics[key] == 0:
+                self._headline.pop(label, None)
+            else:
                 self._headline[label] = _headline_number(key, metrics[key])
         self._step = step
         if self._bar is not None:
@@ -532,6 +540,8 @@ class _Console:
 def _headline_number(key: str, value: float) -> str:
     if key == "perf/tokens_per_s" and math.isfinite(value):
         return f"{value:.0f}"
+    if key == "reward/failed_frac" and math.isfinite(value):
+        return "<1%" if 0 < value < 0.005 else f"{value:.0%}"
     return f"{value:.4g}"
 
 

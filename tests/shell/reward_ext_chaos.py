@@ -4,6 +4,10 @@
 registers it in every process. It scores exact match unless the response is
 a cue: HANG sleeps forever, SPIN loops on the CPU forever, SLOW takes 0.4 s,
 BOOM raises, NAN / NONE / TEXT return a bad value, EXIT ends the process.
+
+Two more for whole runs: ``always_fails`` raises on every call, and
+``every_other`` raises on every other call of its process (the first, the
+third, ...) and scores exact match on the rest.
 """
 
 from __future__ import annotations
@@ -36,5 +40,21 @@ def chaos_reward(response: str, answer: str) -> float:
     return 1.0 if response == answer else 0.0
 
 
+def always_fails(response: str, answer: str) -> float:
+    raise RuntimeError(f"no scorer for {answer!r}")
+
+
+_calls = [0]
+
+
+def every_other(response: str, answer: str) -> float:
+    _calls[0] += 1
+    if _calls[0] % 2:
+        raise KeyError(f"odd call {_calls[0]}")
+    return 1.0 if response == answer else 0.0
+
+
 def register() -> None:
     register_reward("chaos", chaos_reward)
+    register_reward("always_fails", always_fails)
+    register_reward("every_other", every_other)

@@ -290,6 +290,20 @@ def test_console_off_a_terminal_prints_few_plain_lines_with_the_headline(
     assert "\r" not in captured.err
 
 
+def test_console_shows_the_failed_reward_share_only_while_it_is_not_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with MetricLogger(tmp_path, ["console"], total_steps=4, console_interval_s=0) as logger:
+        for step, failed in enumerate([0.0, 0.125, 0.001, 0.0], start=1):
+            logger.log(step, {"reward/mean": 0.5, "reward/failed_frac": failed})
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 4, lines
+    assert lines[0].endswith("reward=0.5]")
+    assert lines[1].endswith("reward=0.5, fail=12%]")
+    assert lines[2].endswith("reward=0.5, fail=<1%]")
+    assert lines[3].endswith("reward=0.5]")
+
+
 def test_console_on_a_terminal_redraws_one_bar(tmp_path: Path) -> None:
     stream = FakeTTY()
     with MetricLogger(

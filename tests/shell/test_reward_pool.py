@@ -9,6 +9,7 @@ import torch and math-verify.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from rlshell.cluster.placement import ComponentPlan
 from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import RewardConfig
 from rlshell.rewards import REWARDS, get_reward, register_reward
+from rlshell.rewards.failures import CRASH, NON_FINITE, TIMEOUT
 from rlshell.rewards.pool import RewardPool, RewardPoolError, RewardResult
 from rlshell.rewards.rule_based import format_reward, has_final_answer, math_reward
 from rlshell.workers.reward import RewardWorker
@@ -66,7 +68,14 @@ def test_math_scores_equivalent_answers_and_reports_metrics(math_pool: RewardPoo
     assert (result.timeouts, result.errors, result.failed, result.error_examples) == (0, 0, (), ())
     metrics = result.metrics()
     assert metrics.pop("reward/seconds") == result.seconds > 0
-    assert metrics == {"reward/mean": 0.6, "reward/timeouts": 0.0, "reward/errors": 0.0}
+    assert metrics == {
+        "reward/mean": 0.6,
+        "reward/timeouts": 0.0,
+        "reward/errors": 0.0,
+        "reward/failed_frac": 0.0,
+    }
+    assert result.failures == ()
+    assert math_pool.function == "rlshell.rewards.rule_based.math_reward"
 
 
 def test_math_scores_in_the_pool_match_direct_calls(math_pool: RewardPool) -> None:
@@ -101,6 +110,19 @@ def test_hung_and_spinning_calls_are_killed_and_the_pool_scores_on(chaos_pool: R
     assert result.scores == (1.0, 0.0, FAILED, FAILED)
     assert (result.timeouts, result.errors, result.failed) == (2, 0, (2, 3))
     assert result.error_examples == tuple(f"sample {i}: timed out after 1 s" for i in (2, 3))
+    (hang,) = result.failures  # one kind: the first of it, and how many
+    assert (hang.kind, hang.index, hang.count, hang.response, hang.answer) == (
+        TIMEOUT,
+        2,
+        2,
+        "SPIN",
+        "-",
+    )
+    assert hang.details == (
+        "reward_ext_chaos.chaos_reward did not return within reward.timeout_s = 1 s; its "
+        "process was killed (SIGKILL) and replaced"
+    )
+    assert result.metrics()["reward/failed_frac"] == 0.5
     # Two processes, two hangs: they time out side by side, not one after the other.
     assert elapsed < TIMEOUT_S + SLACK_S, elapsed
     # Both processes were killed; the next batch waits for their replacements.
@@ -128,6 +150,27 @@ def test_raising_and_bad_values_count_as_errors(chaos_pool: RewardPool) -> None:
         "sample 2: returned None, expected a finite float",
     )
     assert result.metrics()["reward/errors"] == 4.0
+    assert result.metrics()["reward/failed_frac"] == 0.8
+    raised, bad_value = result.failures
+    assert re.fullmatch(r"ValueError at reward_ext_chaos\.py:\d+ in chaos_reward", raised.kind)
+    assert (raised.index, raised.count, raised.response, raised.answer) == (0, 1, "BOOM", "a")
+    # The reward's own frames, from the call down; the pool's frame is left out.
+    assert raised.details.startswith("Traceback (most recent call last):\n  File ")
+    assert 'reward_ext_chaos.py", line' in raised.details
+    assert 'raise ValueError(f"boom on {answer!r}")' in raised.details
+    assert "pool.py" not in raised.details
+    assert raised.details.endswith("ValueError: boom on 'a'")
+    assert raised.last_line == "ValueError: boom on 'a'"
+    assert (bad_value.kind, bad_value.index, bad_value.count) == (NON_FINITE, 1, 3)
+    assert bad_value.details == (
+        "reward_ext_chaos.chaos_reward returned nan, expected a finite float"
+    )
+
+
+def test_a_long_sample_is_cut_in_the_failure_record(chaos_pool: RewardPool) -> None:
+    (failure,) = chaos_pool.score(["BOOM"], ["y" * 500]).failures
+    assert failure.response == "BOOM"
+    assert failure.answer == "y" * 197 + "..."
 
 
 def test_a_process_that_dies_mid_call_fails_that_sample_and_is_replaced(
@@ -137,6 +180,10 @@ def test_a_process_that_dies_mid_call_fails_that_sample_and_is_replaced(
     assert result.scores == (FAILED, 1.0)
     assert (result.timeouts, result.errors) == (0, 1)
     assert "exited with code 3" in result.error_examples[0]
+    (crash,) = result.failures
+    assert (crash.kind, crash.index, crash.response) == (CRASH, 0, "EXIT")
+    assert "exited with code 3 while reward_ext_chaos.chaos_reward was scoring" in crash.details
+    assert "there is no traceback to show" in crash.details
     assert chaos_pool.score(["b"], ["b"]).scores == (1.0,)
 
 

@@ -109,6 +109,7 @@ def test_keys_read_in_these_settings_are_accepted() -> None:
     ("override", "reason"),
     [
         ("reward.timeout_s=10", "scores with the env's rewards"),
+        ("reward.max_failed_steps=5", "scores with the env's rewards"),
         ("data.num_val=10", "steps environments (env.*)"),
         ("rollout.backend=vllm", "acts with the policy's predict_action_batch"),
         ("rollout.temperature=0.5", "acts with the policy's predict_action_batch"),

@@ -287,12 +287,18 @@ class RolloutConfig:
 
 @frozen
 class RewardConfig:
-    """Rule-based rewards from the reward registry, each call under a timeout."""
+    """Rule-based rewards from the reward registry, each call under a timeout.
+
+    ``max_failed_steps``: stop the run (exit status 1) once every reward call
+    has failed (raised, timed out, crashed its process or returned a
+    non-finite value) on that many consecutive training steps; 0 never stops.
+    """
 
     reward_type: str = "math"
     timeout_s: float = field(default=5.0, metadata=POSITIVE)
     num_processes: int = field(default=1, metadata=POSITIVE_INT)
     cpus_per_worker: float = field(default=0.25, metadata=POSITIVE)
+    max_failed_steps: int = field(default=3, metadata=NON_NEGATIVE_INT)
 
 
 @frozen

@@ -26,9 +26,13 @@ an error the same way.
 
 A sample that times out, raises, or returns anything but a finite number
 scores ``failure_score`` (0.0 unless set) and is counted in the
-`RewardResult`, never raised. What does raise: mismatched lengths
-(ValueError), an unknown reward name (KeyError, at construction), and a
-process that cannot start (`RewardPoolError`).
+`RewardResult`, never raised; the result also keeps the first failure of
+each kind in the batch (`rlshell.rewards.failures.RewardFailure`: an
+exception's type and line with its formatted traceback, a time-out, a dead
+process, a non-finite return) with its sample, for the run to show. What
+does raise: mismatched lengths (ValueError), an unknown reward name
+(KeyError, at construction), and a process that cannot start
+(`RewardPoolError`).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import os
 import signal
 import threading
 import time
+import traceback
 import types
 from collections import deque
 from collections.abc import Sequence
@@ -54,12 +59,16 @@ from attrs import frozen
 
 from rlshell.extensions import ENV_VAR, load_extensions
 from rlshell.rewards import RewardFn, get_reward
+from rlshell.rewards.failures import CRASH, NON_FINITE, TIMEOUT, RewardFailure, function_name
 
 __all__ = ["RewardPool", "RewardPoolError", "RewardResult"]
 
 # Samples per message at most: chunks cut the pool's overhead per fast call ~4x.
 _MAX_CHUNK = 64
 _ERROR_EXAMPLES = 3
+# How much of a sample's texts, and of a traceback (its end), a RewardFailure keeps.
+_SAMPLE_CHARS = 200
+_TRACEBACK_CHARS = 4000
 _ORPHAN_CHECK_S = 1.0
 # Imported by each process before it reports ready, so no first call is timed with it.
 _PRELOAD = ("math_verify",)
@@ -77,7 +86,9 @@ class RewardResult:
     sample listed in ``failed`` (its call timed out, raised, returned a
     non-finite value or killed its process). ``timeouts + errors ==
     len(failed)``; ``error_examples`` holds the messages of the first few
-    failed samples, for logs; ``seconds`` is the wall time of the batch.
+    failed samples, for logs; ``failures`` the first failure of each kind,
+    with its sample and traceback, in sample order; ``seconds`` is the wall
+    time of the batch.
     """
 
     scores: tuple[float, ...]
@@ -86,9 +97,16 @@ class RewardResult:
     seconds: float
     failed: tuple[int, ...] = ()
     error_examples: tuple[str, ...] = ()
+    failures: tuple[RewardFailure, ...] = ()
+
+    @property
+    def failed_frac(self) -> float:
+        """The fraction of samples whose call failed (0.0 for an empty batch)."""
+        return len(self.failed) / len(self.scores) if self.scores else 0.0
 
     def metrics(self) -> dict[str, float]:
-        """``reward/mean``, ``reward/timeouts``, ``reward/errors`` and ``reward/seconds``.
+        """``reward/mean``, ``reward/timeouts``, ``reward/errors``, ``reward/failed_frac``
+        ((timeouts + errors) ÷ samples) and ``reward/seconds``.
 
         The mean is that of ``scores``: failed samples count at the failure score.
         """
@@ -97,6 +115,7 @@ class RewardResult:
             "reward/mean": mean,
             "reward/timeouts": float(self.timeouts),
             "reward/errors": float(self.errors),
+            "reward/failed_frac": self.failed_frac,
             "reward/seconds": self.seconds,
         }
 
@@ -128,7 +147,7 @@ class RewardPool:
         if not math.isfinite(failure_score):
             raise ValueError(f"failure_score: expected a finite float, got {failure_score}")
         load_extensions(where="reward pool")
-        get_reward(reward_type)
+        self.function = function_name(get_reward(reward_type))
         self.reward_type = reward_type
         self.timeout_s = float(timeout_s)
         self.num_processes = num_processes
@@ -141,7 +160,7 @@ class RewardPool:
         try:
             for _ in range(num_processes):
                 self._processes.append(self._start_process())
-            no_batch, no_queue = _Batch(0, self.failure_score), deque[int]()
+            no_batch, no_queue = _Batch((), (), self.failure_score), deque[int]()
             while not all(process.ready for process in self._processes):
                 self._wait_and_read(no_batch, no_queue)
                 self._enforce_deadlines(no_batch, no_queue)
@@ -179,7 +198,7 @@ class RewardPool:
             if self._closed:
                 raise RuntimeError(f"this RewardPool for '{self.reward_type}' is closed")
             start = time.perf_counter()
-            batch = _Batch(len(responses), self.failure_score)
+            batch = _Batch(responses, answers, self.failure_score)
             queue = deque(range(len(responses)))
             try:
                 while batch.remaining:
@@ -255,7 +274,8 @@ class RewardPool:
             if kind == "ok":
                 batch.scored(index, message[2])
             else:
-                batch.failed(index, f"sample {index}: {message[2]}", timed_out=False)
+                _, _, text, failure_kind, details = message
+                batch.failed(index, text, failure_kind, details)
             process.call_started = time.monotonic()
 
     def _enforce_deadlines(self, batch: _Batch, queue: deque[int]) -> None:
@@ -272,6 +292,22 @@ class RewardPool:
             reason = f"timed out after {self.timeout_s:g} s"
             self._replace(slot, batch, queue, reason, timed_out=True)
 
+    def _fail_call(self, batch: _Batch, index: int, reason: str, *, timed_out: bool) -> None:
+        """Fail sample ``index``, whose call was killed (``timed_out``) or whose process died."""
+        if timed_out:
+            details = (
+                f"{self.function} did not return within reward.timeout_s = {self.timeout_s:g} s; "
+                "its process was killed (SIGKILL) and replaced"
+            )
+            batch.failed(index, reason, TIMEOUT, details, timed_out=True)
+        else:
+            details = (
+                f"{reason} while {self.function} was scoring this sample (a crash, os._exit or "
+                "a signal ends a process this way; there is no traceback to show); it was "
+                "replaced"
+            )
+            batch.failed(index, reason, CRASH, details)
+
     def _replace(
         self, slot: int, batch: _Batch, queue: deque[int], reason: str, *, timed_out: bool
     ) -> None:
@@ -286,7 +322,7 @@ class RewardPool:
             )
         if process.in_flight:
             index = process.in_flight.popleft()
-            batch.failed(index, f"sample {index}: {reason}", timed_out=timed_out)
+            self._fail_call(batch, index, reason, timed_out=timed_out)
             queue.extendleft(reversed(process.in_flight))
         self._processes[slot] = self._start_process()
 
@@ -304,23 +340,30 @@ class RewardPool:
 class _Batch:
     """Scores and failures of one `RewardPool.score` call, filled in as reports arrive."""
 
-    def __init__(self, size: int, failure_score: float) -> None:
-        self.scores: list[float] = [failure_score] * size
-        self.remaining = size
+    def __init__(
+        self, responses: Sequence[str], answers: Sequence[str], failure_score: float
+    ) -> None:
+        self.responses, self.answers = responses, answers
+        self.scores: list[float] = [failure_score] * len(responses)
+        self.remaining = len(responses)
         self.failure_score = failure_score
         self.timeouts = 0
         self.messages: dict[int, str] = {}
+        self.kinds: dict[int, tuple[str, str]] = {}  # sample -> (kind, details)
 
     def scored(self, index: int, score: float) -> None:
         self.scores[index] = score
         self.remaining -= 1
 
-    def failed(self, index: int, message: str, *, timed_out: bool) -> None:
+    def failed(
+        self, index: int, message: str, kind: str, details: str, *, timed_out: bool = False
+    ) -> None:
         self.scores[index] = self.failure_score
         self.remaining -= 1
         if timed_out:
             self.timeouts += 1
-        self.messages[index] = message
+        self.messages[index] = f"sample {index}: {message}"
+        self.kinds[index] = (kind, details)
 
     def result(self, seconds: float) -> RewardResult:
         failed = tuple(sorted(self.messages))
@@ -331,6 +374,26 @@ class _Batch:
             seconds=seconds,
             failed=failed,
             error_examples=tuple(self.messages[index] for index in failed[:_ERROR_EXAMPLES]),
+            failures=self._first_of_each_kind(failed),
+        )
+
+    def _first_of_each_kind(self, failed: tuple[int, ...]) -> tuple[RewardFailure, ...]:
+        counts: dict[str, int] = {}
+        first: dict[str, int] = {}
+        for index in failed:
+            kind = self.kinds[index][0]
+            counts[kind] = counts.get(kind, 0) + 1
+            first.setdefault(kind, index)
+        return tuple(
+            RewardFailure(
+                kind=kind,
+                index=index,
+                response=_shorten(self.responses[index], _SAMPLE_CHARS),
+                answer=_shorten(self.answers[index], _SAMPLE_CHARS),
+                details=self.kinds[index][1],
+                count=counts[kind],
+            )
+            for kind, index in first.items()
         )
 
 
@@ -408,18 +471,36 @@ def _serve(conn: Connection, reward_type: str, parent_pid: int) -> None:
         return  # the pool closed its end, or its process is gone
 
 
-def _call(reward: RewardFn, index: int, response: str, answer: str) -> tuple[str, int, Any]:
+def _call(reward: RewardFn, index: int, response: str, answer: str) -> tuple[Any, ...]:
+    """``("ok", index, score)``, or ``("error", index, message, kind, details)``."""
     try:
         value: object = reward(response, answer)
     except Exception as error:
-        return ("error", index, _describe(error))
+        kind, details = _traceback_of(error)
+        return ("error", index, _describe(error), kind, details)
     try:
         score = float(value) if isinstance(value, numbers.Real) else math.nan
     except OverflowError:  # an int beyond float range
         score = math.nan
     if not math.isfinite(score):
-        return ("error", index, f"returned {_short_repr(value)}, expected a finite float")
+        message = f"returned {_short_repr(value)}, expected a finite float"
+        return ("error", index, message, NON_FINITE, f"{function_name(reward)} {message}")
     return ("ok", index, score)
+
+
+def _traceback_of(error: Exception) -> tuple[str, str]:
+    """The kind of a reward's exception (its type and innermost line) and its traceback,
+    without the frame of `_call` and cut to its last `_TRACEBACK_CHARS` characters."""
+    below_call = error.__traceback__.tb_next if error.__traceback__ is not None else None
+    frames = traceback.extract_tb(below_call)
+    kind = type(error).__name__
+    if frames:
+        innermost = frames[-1]
+        kind += f" at {os.path.basename(innermost.filename)}:{innermost.lineno} in {innermost.name}"
+    text = "".join(traceback.format_exception(type(error), error, below_call)).rstrip()
+    if len(text) > _TRACEBACK_CHARS:
+        text = "... (the start is cut)\n" + text[-_TRACEBACK_CHARS:]
+    return kind, text
 
 
 def _hide_math_verify_timeout_notice() -> None:

@@ -32,7 +32,7 @@ from rlshell.cluster.ray_cluster import Cluster
 from rlshell.export import export_final_policy
 from rlshell.metrics import logger_for_run, plot_run
 from rlshell.runners.spec import RunSpec
-from rlshell.runners.trainer import Cadence, Trainer
+from rlshell.runners.trainer import Cadence, Reporting, Trainer
 
 __all__ = ["TrainResult", "run", "save_checkpoint", "timed"]
 
@@ -72,6 +72,8 @@ def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> 
             start_step = trainer.load(resume_from, read_trainer_state(resume_from))
             print(f"resumed from {resume_from} (step {start_step})", flush=True)
         with logger_for_run(config, run_dir, start_step) as logger:
+            if isinstance(trainer, Reporting):
+                trainer.report_to(logger.print)
             if start_step == 0 and cadence.evaluates:
                 logger.log(0, trainer.evaluate(0))
             saved: dict[str, float] = {}

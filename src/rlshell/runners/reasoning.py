@@ -13,9 +13,10 @@ The run loop around it (`rlshell.runners.loop`) evaluates, logs and saves.
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -28,6 +29,9 @@ from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import Config
 from rlshell.data import PromptExample, PromptSampler, SamplerState, load_dataset
 from rlshell.metrics import tokens_per_second
+from rlshell.rewards import get_reward
+from rlshell.rewards.failures import FailureWatch, function_name
+from rlshell.rewards.pool import RewardResult
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.runners.loop import timed
 from rlshell.runners.offload import OffloadPlan, offload_problems, plan_offload
@@ -67,6 +71,12 @@ class ReasoningTrainer:
     `step` runs one GRPO step on the next prompts and returns its metrics;
     `evaluate` scores greedy answers on the held-out split; `save` and `load`
     do what they say. The run loop (`rlshell.runners.loop`) drives it.
+
+    Reward failures are loud (`rlshell.rewards.failures.FailureWatch`): the
+    first failure of each kind is printed once a run, with its traceback, the
+    reward function and the sample, through `report_to`'s printer; a step on
+    which every call failed, the ``reward.max_failed_steps``-th in a row,
+    raises `RewardFailedError` before its update.
     """
 
     curves: ClassVar[tuple[str, ...]] = ("reward/mean", "eval/accuracy")
@@ -99,6 +109,17 @@ class ReasoningTrainer:
         self.val_set: list[PromptExample] = []
         self.sampler: PromptSampler | None = None
         self._synced = False  # whether the rollout holds the actor's current weights
+        reward = config.reward
+        self.reward_watch = FailureWatch(
+            reward.reward_type,
+            function_name(get_reward(reward.reward_type)),
+            reward.max_failed_steps,
+        )
+        self._print_line: Callable[[str], None] = _print_to_stderr
+
+    def report_to(self, print_line: Callable[[str], None]) -> None:
+        """Print what the run should hear (reward failures) with ``print_line`` from now on."""
+        self._print_line = print_line
 
     # -- what it runs
 
@@ -252,6 +273,8 @@ class ReasoningTrainer:
         answers = [p.answer for p in prompts for _ in range(params.n)]
         with timed(metrics, "time/reward"):
             scored = self._reward().score(list(batch.response_texts), answers).wait()[0]
+        self._report_failures(scored, f"step {step}")
+        self.reward_watch.check(step, scored)  # before the update: no step on rewards of 0 only
         scores = torch.tensor(scored.scores, dtype=torch.float32)
         ref_logprobs = None
         if self.reference is not None:
@@ -304,12 +327,18 @@ class ReasoningTrainer:
         params = SamplingParams(n=1, max_new_tokens=self.config.rollout.max_new_tokens, greedy=True)
         batch = self.generate([e.prompt for e in examples], params, step)
         scored = self._reward().score(list(batch.response_texts), [e.answer for e in examples])
-        result = scored.wait()[0]
+        result: RewardResult = scored.wait()[0]
+        self._report_failures(result, f"the evaluation at step {step}")
         return {
             "eval/accuracy": sum(result.scores) / len(result.scores),
+            "eval/reward_failed_frac": result.failed_frac,
             "eval/response_length": float(batch.response_lengths.float().mean()),
             "time/eval": time.perf_counter() - started,
         }
+
+    def _report_failures(self, result: RewardResult, when: str) -> None:
+        for line in self.reward_watch.notices(result, when):
+            self._print_line(line)
 
     # -- offload: the actor and the rollout take turns on GPUs they share
 
@@ -422,6 +451,10 @@ class ReasoningTrainer:
         for group in groups:
             if group is not None:
                 group.shutdown()
+
+
+def _print_to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _describe(offload: OffloadPlan) -> str:

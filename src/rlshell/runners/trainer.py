@@ -25,10 +25,10 @@ never reads, each with the reason, so that validation refuses them when set
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkable
 
 from attrs import frozen
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from rlshell.cluster.ray_cluster import Cluster
     from rlshell.runners.spec import RunSpec
 
-__all__ = ["Cadence", "Trainer", "launched_group"]
+__all__ = ["Cadence", "Reporting", "Trainer", "launched_group"]
 
 
 @frozen
@@ -128,6 +128,18 @@ class Trainer(Protocol):
     def close(self) -> None:
         """Stop every worker group (idempotent)."""
         ...
+
+
+@runtime_checkable
+class Reporting(Protocol):
+    """A trainer with things to tell the reader between steps (a reward's first traceback).
+
+    Once the metric logger is open, the loop hands it the logger's `print`
+    (`rlshell.metrics.MetricLogger.print`), which writes above the progress
+    bar instead of through it; until then the trainer prints to stderr.
+    """
+
+    def report_to(self, print_line: Callable[[str], None]) -> None: ...
 
 
 @contextmanager

@@ -20,7 +20,9 @@ class RewardWorker(Worker):
 
     An unknown reward type fails the launch (the pool checks the name at
     construction); a call that hangs or raises scores its sample as failed and
-    is counted in the returned `RewardResult`.
+    is counted in the returned `RewardResult`, which also carries the first
+    failure of each kind with its traceback (`RewardResult.failures`) for the
+    driver to show.
     """
 
     def __init__(self, cfg: RewardConfig) -> None:
