@@ -208,9 +208,10 @@ def _reward_mapping(rewards: RewardFn | Mapping[str, RewardFn] | None) -> dict[s
         )
     name = getattr(rewards, "__name__", None)
     if not isinstance(name, str) or not name.isidentifier():
+        what = "a lambda" if name == "<lambda>" else f"a {type(rewards).__name__} object"
         raise ValueError(
-            f"rewards: {rewards!r} has no name to register it under (a lambda or a callable "
-            "object); pass rewards={'my_reward': fn} and set reward.reward_type='my_reward'"
+            f"rewards: {what} has no name to register it under; pass "
+            "rewards={'my_reward': fn} and set reward.reward_type='my_reward'"
         )
     return {name: rewards}
 
@@ -515,15 +516,16 @@ def load_policy(
             )
     if not isinstance(model, BasePolicy):
         raise CheckpointError(
-            f"{source}: the model is a {type(model).__name__}, not an rlshell BasePolicy; "
-            + _hugging_face_advice(source)
+            f"{source}: the model is a {type(model).__name__}, not an rlshell BasePolicy "
+            "(a reasoning run's language model): export it with rlshell.api.export and load "
+            "the Hugging Face directory with transformers.AutoModelForCausalLM.from_pretrained"
         )
     return model.eval()
 
 
 def _hugging_face_advice(path: Path) -> str:
     return (
-        f"{path} holds a language model (a reasoning run's policy), not an embodied policy: "
-        "export it with rlshell.api.export and load the Hugging Face directory with "
-        "transformers.AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained"
+        f"{path} is a Hugging Face directory (a reasoning run's language model), not an "
+        "embodied policy: load it with transformers.AutoModelForCausalLM.from_pretrained and "
+        "AutoTokenizer.from_pretrained"
     )
