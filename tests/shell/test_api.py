@@ -203,6 +203,33 @@ def test_the_registrations_reach_an_interpreter_that_cannot_import_their_module(
     assert result.stdout.split() == [str(MARKER), "0.25", "False"]
 
 
+def test_ray_workers_get_the_objects_only_while_a_call_ships_them() -> None:
+    from functools import partial
+
+    from rlshell.cluster.placement import ComponentPlan, WorkerPlacement
+    from rlshell.cluster.ray_cluster import Cluster
+    from rlshell.extensions import shipping
+    from rlshell.rewards import register_reward
+
+    component = ComponentPlan(
+        name="reward",
+        placement="0",
+        node_group="all",
+        workers=[WorkerPlacement(0, 0, 0, 1, cpus=1.0, gpus=(), resources=(0,))],
+    )
+    cluster = Cluster.__new__(Cluster)  # worker_env reads only the cluster's env vars
+    cluster.runtime_env_vars = {}
+    payload = encode_registrations({"m": partial(register_reward, "marker_reward", marker_reward)})
+    worker = component.workers[0]
+    nested = r"one train\(\) or evaluate\(\) call at a time"
+    with shipping(payload):
+        assert cluster.worker_env(component, worker, gpu_node=False)[OBJECTS_ENV_VAR] == payload
+        with pytest.raises(ExtensionError, match=nested), shipping(payload):
+            pass
+    assert OBJECTS_ENV_VAR not in cluster.worker_env(component, worker, gpu_node=False)
+    assert_nothing_left("marker_reward")  # shipping sends; registering here is the caller's
+
+
 def test_extension_modules_still_load_for_the_api() -> None:
     """In a fresh interpreter: the extension's names stay out of this test process."""
     code = (
