@@ -29,6 +29,7 @@ import pickle
 import socket
 import sys
 import threading
+import types
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -154,7 +155,10 @@ def _local_packages() -> list[str]:
     return sorted(
         top
         for top in tops
-        if top not in everywhere and not top.startswith("_") and top in sys.modules
+        if top not in everywhere
+        and not top.startswith("_")
+        # sys.modules may hold None (a failed import remembered) or a stand-in object.
+        and isinstance(sys.modules.get(top), types.ModuleType)
     )
 
 
