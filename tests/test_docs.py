@@ -149,6 +149,10 @@ COVERED_ELSEWHERE = {
         "runs it (through rlshell.export.main) on a copied checkpoint"
     ),
     EXAMPLE_COMMAND: "test_custom_estimator_example_runs_and_prints_what_core_md_shows",
+    ".venv/bin/python examples/python_api.py": (
+        "tests/test_python_api_example.py::"
+        "test_the_example_trains_evaluates_exports_and_loads_back_with_its_own_reward"
+    ),
     "PYTHONPATH=examples/custom_policy RLSHELL_EXT_MODULE=rlshell_point_reach .venv/bin/python "
     "-m rlshell.train examples/custom_policy/config.py": (
         "tests/shell/test_custom_policy.py::"

@@ -266,7 +266,8 @@ def _build(model_config: ModelConfig, where: str = "actor.model") -> nn.Module:
     if model_config.model_type not in MODELS:
         raise ExportError(
             f"{where}: {MODELS.unknown_message(model_config.model_type)}. A model an "
-            f"extension registers is known once {ENV_VAR} names the extension's module"
+            f"extension registers is known once {ENV_VAR} names the extension's module "
+            "(from Python: pass it to rlshell.api's load_policy, export or evaluate as models=)"
         )
     return get_model(model_config)
 

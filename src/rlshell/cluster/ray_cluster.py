@@ -43,6 +43,7 @@ from rlshell.cluster.placement import (
 )
 from rlshell.config import TRACE_ENV_VAR, WORKER_MALLOC_ENV
 from rlshell.extensions import ENV_VAR as EXT_MODULE_ENV_VAR
+from rlshell.extensions import OBJECTS_ENV_VAR
 
 __all__ = [
     "NODE_ID_LABEL",
@@ -439,12 +440,13 @@ class Cluster:
 
         Torch's env:// rendezvous variables (MASTER_ADDR/PORT come after start,
         from rank 0), ``CUDA_VISIBLE_DEVICES`` from the plan, the driver's
-        ``RLSHELL_EXT_MODULE`` and ``PYTHONPATH`` (so extensions import in the
+        ``RLSHELL_EXT_MODULE``, ``RLSHELL_EXT_OBJECTS`` and ``PYTHONPATH`` (so
+        extensions and the Python objects `rlshell.api` was given register in the
         worker) and ``RLSHELL_TRACE_CONFIG_READS`` (so workers trace their config
         reads, `rlshell.config.tracing`), and the cluster's ``runtime_env_vars``.
         """
         env: dict[str, str] = {}
-        for name in (EXT_MODULE_ENV_VAR, "PYTHONPATH", TRACE_ENV_VAR):
+        for name in (EXT_MODULE_ENV_VAR, OBJECTS_ENV_VAR, "PYTHONPATH", TRACE_ENV_VAR):
             if name in os.environ:
                 env[name] = os.environ[name]
         env.update(self.runtime_env_vars)

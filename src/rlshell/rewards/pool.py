@@ -45,12 +45,13 @@ import multiprocessing
 import numbers
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
 import types
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import SpawnContext
 from typing import Any, Self
@@ -316,9 +317,7 @@ class RewardPool:
         process.kill()
         if not process.ready:
             raise RewardPoolError(
-                f"{reason} before it was ready to score '{self.reward_type}' (see its stderr; "
-                "a common cause: spawn re-imports the main script, so a script that starts a "
-                "RewardPool must guard its top level with `if __name__ == '__main__':`)"
+                f"{reason} before it was ready to score '{self.reward_type}' (see its stderr)"
             )
         if process.in_flight:
             index = process.in_flight.popleft()
@@ -408,7 +407,8 @@ class _RewardProcess:
             name=f"reward:{reward_type}",
             daemon=True,
         )
-        self.process.start()
+        with _main_script_left_out():
+            self.process.start()
         child_end.close()  # so that the child's exit reads as EOF here
         assert self.process.pid is not None
         self.pid = self.process.pid
@@ -437,6 +437,21 @@ class _RewardProcess:
             self.process.kill()
             self.process.join(5.0)
         self.conn.close()
+
+
+@contextlib.contextmanager
+def _main_script_left_out() -> Iterator[None]:
+    """While a process starts: spawn would run this process's main script again in it (as
+    ``__mp_main__``), and a script or notebook export without an ``if __name__ ==
+    "__main__":`` guard would train a second time there. A reward process needs nothing of
+    it: rewards come by name from the registry (built-ins, ``RLSHELL_EXT_MODULE``, and the
+    objects `rlshell.api` ships in ``RLSHELL_EXT_OBJECTS``)."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 # -- the reward process
