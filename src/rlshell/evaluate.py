@@ -199,7 +199,9 @@ def _parser() -> argparse.ArgumentParser:
             "JSON object."
         ),
     )
-    parser.add_argument("path", type=Path, help="a checkpoint or Hugging Face model directory")
+    parser.add_argument(
+        "path", type=Path, help="a checkpoint, a Hugging Face model directory or a Hub id"
+    )
     parser.add_argument("overrides", nargs="*", metavar="key.path=value")
     parser.add_argument("--config", type=Path, help="the run's config.json or a config file")
     reasoning = parser.add_argument_group("reasoning runs")

@@ -321,3 +321,26 @@ def test_a_run_trains_a_hub_model_on_a_hub_dataset_offline(
 
     policy = load_policy(checkpoint)  # built from testorg/tiny in the cache, as the run did
     assert policy.model.config.hidden_size == 32
+
+
+def test_evaluate_scores_a_hub_model_on_a_hub_dataset(
+    offline: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rlshell.evaluate import main
+
+    status = main(
+        [
+            "testorg/tiny",
+            "data.task=file",
+            "data.train_path=testorg/arith",
+            "data.val_path=testorg/arith",
+            "data.prompt_key=question",
+            "--config",
+            str(GRPO),
+            "--limit",
+            "4",
+        ]
+    )
+    assert status == 0, capsys.readouterr().err
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["eval/examples"] == 4
