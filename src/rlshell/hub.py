@@ -151,7 +151,9 @@ def dataset_dir(key: str, value: str) -> Path:
             ) from None
     directory = Path(str(snapshot)) / folder if folder else Path(str(snapshot))
     if not directory.is_dir():
-        raise FileNotFoundError(f"{key}: the Hub dataset {repo_id} has no folder {folder!r}")
+        raise FileNotFoundError(
+            f"{key}: the Hub dataset {repo_id} has no folder {folder!r} in its snapshot {snapshot}"
+        )
     return directory
 
 

@@ -233,6 +233,20 @@ def test_ids_missing_from_the_cache_offline_are_named_exactly(offline: Path) -> 
     ]
 
 
+def test_a_folder_the_dataset_lacks_is_named(offline: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(
+            GRPO,
+            ["data.task=file", "data.train_path=testorg/arith/socratic"],
+            for_run=True,
+        )
+    snapshot = offline / "datasets--testorg--arith" / "snapshots" / COMMIT
+    assert caught.value.problems == [
+        f"data.train_path: the Hub dataset testorg/arith has no folder 'socratic' in its "
+        f"snapshot {snapshot}"
+    ]
+
+
 def test_an_unreachable_hub_is_named(offline: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing answers
