@@ -466,6 +466,13 @@ class _Wandb:
     ) -> None:
         self._state_path = run_dir / WANDB_RUN_FILE
         previous = _read_wandb_state(self._state_path) if start_step > 0 else None
+        if start_step > 0 and previous is None:
+            print(
+                f"wandb: {self._state_path} does not exist (no W&B run was logged to from this "
+                f"run directory): the resumed run starts a new W&B run at step {start_step + 1}",
+                file=sys.stderr,
+                flush=True,
+            )
         settings: dict[str, Any] = {
             "project": project,
             "name": name,

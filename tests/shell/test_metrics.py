@@ -345,6 +345,16 @@ def test_a_fresh_run_in_the_same_directory_starts_a_new_wandb_run(
     assert [row["step"] for row in second.history] == [1, 2]
 
 
+def test_a_resume_without_a_wandb_run_file_says_it_starts_a_new_run(
+    tmp_path: Path, offline_wandb: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with MetricLogger(tmp_path, ["wandb"], total_steps=4, start_step=2) as logger:
+        log_steps(logger, range(3, 5))
+    assert "the resumed run starts a new W&B run at step 3" in capsys.readouterr().err
+    (run,) = offline_runs(tmp_path)
+    assert [row["step"] for row in run.history] == [3, 4]
+
+
 def test_a_damaged_wandb_run_file_is_named_on_resume(tmp_path: Path, offline_wandb: None) -> None:
     (tmp_path / WANDB_RUN_FILE).write_text('{"id": 3}')
     with pytest.raises(ValueError, match=r"wandb_run.json: not a wandb run record .*delete it"):
