@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 CONSTRAINTS := requirements/constraints.txt
-EXTRAS := dev,jax,bench,mujoco
+EXTRAS := dev,jax,bench,mujoco,wandb
 STAMP := $(VENV)/.installed
 # Tests use every core; hypothesis uses the fast CI profile unless told otherwise.
 PYTEST_ARGS ?= -n 2 --dist loadgroup

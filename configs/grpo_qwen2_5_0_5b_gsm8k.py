@@ -1,11 +1,15 @@
 """GRPO on GSM8K with Qwen2.5-0.5B-Instruct: FSDP2 actor and vLLM rollout sharing one GPU.
 
-Nothing is downloaded: put the model and the data on disk first, e.g.
-``models/Qwen2.5-0.5B-Instruct`` (a Hugging Face directory) and
-``data/gsm8k/{train,test}.parquet`` with ``prompt`` and ``answer`` columns
-(GSM8K's answers end with ``#### <number>``; only that number is compared).
-``--dry-run`` validates and plans it on any machine (add ``cluster.simulate=1x1``
-to plan for a GPU node from a CPU one).
+The model and the data are Hub ids, read through the Hugging Face cache
+(docs/config.md, "Models and data from the Hugging Face Hub"): fetch them
+once with ``hf download Qwen/Qwen2.5-0.5B-Instruct`` and ``hf download
+openai/gsm8k --repo-type dataset`` and run with ``HF_HUB_OFFLINE=1``, or let
+the run download what the cache lacks. GSM8K's ``main`` folder holds
+``train-*.parquet`` and ``test-*.parquet`` with ``question`` and ``answer``
+columns (answers end with ``#### <number>``; only that number is compared).
+Local paths work too: ``actor.model.path=models/Qwen2.5-0.5B-Instruct``.
+``--dry-run`` validates and plans it on any machine without the cache (add
+``cluster.simulate=1x1`` to plan for a GPU node from a CPU one).
 """
 
 from rlshell.config import (
@@ -30,7 +34,7 @@ config = Config(
         model=ModelConfig(
             model_type="hf_causal_lm",
             category="reasoning",
-            path="models/Qwen2.5-0.5B-Instruct",
+            path="Qwen/Qwen2.5-0.5B-Instruct",
             precision="fp32",
             gradient_checkpointing=True,
         ),
@@ -52,8 +56,9 @@ config = Config(
     reward=RewardConfig(reward_type="math", timeout_s=10.0, num_processes=4, cpus_per_worker=0.5),
     data=DataConfig(
         task="file",
-        train_path="data/gsm8k/train.parquet",
-        val_path="data/gsm8k/test.parquet",
+        train_path="openai/gsm8k/main",
+        val_path="openai/gsm8k/main",
+        prompt_key="question",
     ),
     algorithm=AlgorithmConfig(
         adv_type="grpo", loss_type="ppo", group_size=8, kl_coef=0.001, kl_kind="k3"

@@ -1,8 +1,10 @@
 """GRPO on GSM8K with Qwen2.5-0.5B-Instruct on 2 nodes × 8 GPUs: the single-GPU config, scaled out.
 
 Start Ray on both nodes first (``ray start --head`` on one, ``ray start
---address=HEAD:6379`` on the other), with the model and data at the same
-paths on every node; then run this on the head node. On a machine without
+--address=HEAD:6379`` on the other), with the model and the data in each
+node's Hugging Face cache (or let each node download them); then run this on
+the head node, whose ``HF_HUB_OFFLINE``, ``HF_HUB_CACHE`` and ``HF_HOME``
+every worker gets. On a machine without
 that cluster, plan it with ``--dry-run cluster.simulate=2x8``.
 """
 

@@ -8,7 +8,7 @@ inside a function counts too), and by importing rlcore in a fresh interpreter.
 
 rlshell is layered (docs/architecture.md draws it): config and extensions at
 the bottom, then cluster, then the domain packages (models, envs, rewards,
-rollout records, weight sync, data, metrics, checkpoints, export,
+rollout records, weight sync, data, Hub ids, metrics, checkpoints, export,
 evaluation), then engines, workers, runners, and the command lines on top. A
 module imports only from its own layer or the ones below (statically, imports
 inside functions and under TYPE_CHECKING included); the concerns form no
@@ -111,6 +111,7 @@ SHELL_LAYERS: list[tuple[str, frozenset[str]]] = [
                 "sync",
                 "data",
                 "tokenizer",
+                "hub",
                 "metrics",
                 "checkpoint",
                 "export",

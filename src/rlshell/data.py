@@ -5,9 +5,11 @@ from, explicitly (a set ``train_path`` never switches the source silently):
 
 - ``"arithmetic"``: `arithmetic_task`, sums of small numbers with a
   deterministic train/held-out split of a large prompt space;
-- ``"file"``: `read_examples` on ``data.train_path`` / ``data.val_path``
-  (``.jsonl`` or ``.parquet``, columns ``data.prompt_key`` and
-  ``data.answer_key``; GSM8K's ``#### answer`` convention is understood).
+- ``"file"``: `read_split` on ``data.train_path`` / ``data.val_path``: a
+  ``.jsonl`` or ``.parquet`` file, or a folder or Hub dataset id
+  (``openai/gsm8k/main``, `rlshell.hub`) whose split files are read; columns
+  ``data.prompt_key`` and ``data.answer_key``; GSM8K's ``#### answer``
+  convention is understood.
 
 `PromptSampler` draws prompt batches in shuffled epochs; its `SamplerState`
 goes into checkpoints so that a resumed run draws exactly the prompts an
@@ -34,10 +36,12 @@ __all__ = [
     "PromptExample",
     "PromptSampler",
     "SamplerState",
+    "Split",
     "arithmetic_task",
     "gsm8k_answer",
     "load_dataset",
     "read_examples",
+    "read_split",
     "write_jsonl",
 ]
 
@@ -100,6 +104,21 @@ def read_examples(
     if not examples:
         raise ValueError(f"{file}: no examples")
     return examples
+
+
+def read_split(
+    key: str, value: str, split: Split, prompt_key: str = "prompt", answer_key: str = "answer"
+) -> list[PromptExample]:
+    """The examples ``value`` gives ``split``: a ``.jsonl``/``.parquet`` file, or a folder or
+    Hub dataset id (`rlshell.hub.data_files` picks the split's files, read in name order).
+    ``key`` (``data.train_path``) names the setting in errors."""
+    from rlshell.hub import data_files
+
+    return [
+        example
+        for file in data_files(key, value, split)
+        for example in read_examples(file, prompt_key, answer_key)
+    ]
 
 
 def write_jsonl(path: str | os.PathLike[str], examples: Iterable[PromptExample]) -> None:
@@ -339,7 +358,7 @@ def load_dataset(
     ``cfg.task == "arithmetic"``: `arithmetic_task` with ``arithmetic`` (the
     task ``cfg`` describes, `ArithmeticTask.of`, when None); ``train_path`` and
     ``val_path`` must then be unset.
-    ``cfg.task == "file"``: `read_examples` on ``train_path`` (required) or
+    ``cfg.task == "file"``: `read_split` on ``train_path`` (required) or
     ``val_path`` (optional: without it the val split is empty).
     """
     if cfg.task == "arithmetic":
@@ -358,5 +377,5 @@ def load_dataset(
             raise ValueError(
                 "data.train_path: expected a .jsonl or .parquet file for data.task='file'"
             )
-        return read_examples(path, cfg.prompt_key, cfg.answer_key)
+        return read_split(f"data.{split}_path", path, split, cfg.prompt_key, cfg.answer_key)
     raise ValueError(f"data.task: unknown task {cfg.task!r}; expected one of {list(TASKS)}")

@@ -5,7 +5,8 @@
     python -m rlshell.evaluate runs/ppo_cartpole/checkpoints/global_step_390 --episodes 50
 
 PATH is a checkpoint directory (or, for a reasoning run, an exported Hugging
-Face directory). The run's resolved config (found beside a checkpoint, or
+Face directory or a Hub id such as ``Qwen/Qwen2.5-0.5B-Instruct``, read
+through the Hub cache: `rlshell.hub`). The run's resolved config (found beside a checkpoint, or
 given with ``--config``; ``key.path=value`` overrides apply) says which
 runner made it, and `EVALUATORS` maps the runner type to its evaluation:
 
@@ -40,6 +41,7 @@ from rlshell.checkpoint import TRAINER_STATE, CheckpointError, run_config_path
 from rlshell.config import Config, ConfigError
 from rlshell.evaluation.embodied import EvaluationError, missing_checkpoint_message
 from rlshell.extensions import ExtensionError, load_extensions
+from rlshell.hub import hub_id, pretrained_source
 from rlshell.runners.validation import load_config
 
 __all__ = ["EVALUATORS", "Evaluator", "evaluate", "main"]
@@ -53,14 +55,15 @@ def _load(path: Path, config: Config) -> tuple[torch.nn.Module, Any]:
 
         policy = load_policy(path, config)
         return policy.model, policy.tokenizer
-    if (path / "config.json").is_file():
+    if (path / "config.json").is_file() or hub_id(str(path)) is not None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
-        return model.eval(), AutoTokenizer.from_pretrained(path, local_files_only=True)
+        source, options = pretrained_source(str(path))
+        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(source, **options)
+        return model.eval(), AutoTokenizer.from_pretrained(source, **options)
     raise CheckpointError(
         f"{path} is neither a checkpoint (no {TRAINER_STATE}) nor a Hugging Face model "
-        "directory (no config.json)"
+        "directory (no config.json) nor a Hub id (org/name)"
     )
 
 
@@ -204,7 +207,9 @@ def _parser() -> argparse.ArgumentParser:
             "JSON object."
         ),
     )
-    parser.add_argument("path", type=Path, help="a checkpoint or Hugging Face model directory")
+    parser.add_argument(
+        "path", type=Path, help="a checkpoint, a Hugging Face model directory or a Hub id"
+    )
     parser.add_argument("overrides", nargs="*", metavar="key.path=value")
     parser.add_argument("--config", type=Path, help="the run's config.json or a config file")
     reasoning = parser.add_argument_group("reasoning runs")
@@ -237,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     try:
         load_extensions(where="evaluate")
-        if not args.path.exists():
+        if not args.path.exists() and hub_id(str(args.path)) is None:
             raise CheckpointError(missing_checkpoint_message(args.path))
         source = args.config or _config_beside(args.path)
         config = load_config(source, args.overrides)

@@ -24,12 +24,19 @@ Backends (``logger.backends``):
 - ``jsonl``: ``run_dir/metrics.jsonl``, one JSON object per `MetricLogger.log`
   call, flushed as it is written; `read_metrics` reads it back.
 - ``tensorboard``: event files under ``run_dir/tensorboard``.
-- ``wandb``: a Weights & Biases run (wandb is optional: only this backend
-  imports it).
+- ``wandb``: a Weights & Biases run with the run's resolved config, its
+  files under ``run_dir/wandb`` (``WANDB_MODE=offline`` keeps them there for
+  ``wandb sync``). Its id and the last step it received are kept in
+  ``run_dir/wandb_run.json`` (`WANDB_RUN_FILE`). wandb is optional: only this
+  backend imports it.
 
 Resuming (``start_step > 0``) drops the jsonl records after ``start_step``
 and tells TensorBoard to hide its events after it, so the steps replayed
 since the checkpoint appear once, as an uninterrupted run would have them.
+W&B cannot take a step back (a run's history only grows), so a resumed run
+continues the same W&B run (the id in ``wandb_run.json``) and sends it only
+the steps after the last one it already has: for the steps replayed since
+the checkpoint, W&B keeps the values the first attempt logged.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ __all__ = [
     "HEADLINE_METRICS",
     "METRICS_FILE",
     "NAMESPACES",
+    "WANDB_RUN_FILE",
     "MetricLogger",
     "logger_for_run",
     "merge_rank_metrics",
@@ -66,6 +74,7 @@ __all__ = [
 NAMESPACES = ("train/", "rollout/", "reward/", "eval/", "time/", "perf/", "env/")
 BACKENDS = ("console", "jsonl", "tensorboard", "wandb")
 METRICS_FILE = "metrics.jsonl"
+WANDB_RUN_FILE = "wandb_run.json"
 
 # The metrics the console bar shows when a step has them: key -> short label.
 HEADLINE_METRICS: Mapping[str, str] = {
@@ -209,7 +218,9 @@ class MetricLogger:
     records every step, and the console bar advances every step (tqdm limits
     how often it redraws).
     ``wandb_project``, ``experiment_name``, ``config``: the wandb run's
-    project, name and config; ``experiment_name`` also labels the bar.
+    project, name and config; ``experiment_name`` also labels the bar. A
+    resumed logger continues the wandb run recorded in ``run_dir``
+    (`WANDB_RUN_FILE`).
     ``stream``: where the console writes (default: ``sys.stderr`` at
     construction, so pytest's capture sees it); ``console_interval_s``: the
     least time between two lines when that stream is not a terminal.
@@ -268,7 +279,7 @@ class MetricLogger:
                 self._periodic.append(_TensorBoard(self.run_dir / "tensorboard", start_step))
             if wandb is not None:
                 self._periodic.append(
-                    _Wandb(wandb, self.run_dir, wandb_project, experiment_name, config)
+                    _Wandb(wandb, self.run_dir, wandb_project, experiment_name, config, start_step)
                 )
             if "console" in wanted:
                 self._console = _Console(
@@ -431,13 +442,22 @@ def _import_wandb() -> Any:
             raise
         raise ModuleNotFoundError(
             'logger.backends includes "wandb" but the wandb package is not installed: '
-            'run `pip install wandb`, or remove "wandb" from logger.backends',
+            'run `make install` (or `pip install wandb`), or remove "wandb" from '
+            "logger.backends",
             name="wandb",
         ) from None
 
 
 class _Wandb:
-    """A wandb run; a resumed run starts a new one (the jsonl file is the continuous record)."""
+    """A wandb run that a resumed run continues, sent only steps it does not have yet.
+
+    ``run_dir/wandb_run.json`` holds ``{"id": ..., "step": ...}``: the run's id
+    and the last step it received, rewritten (atomically) after every step.
+    A resumed logger (``start_step > 0``) passes that id with
+    ``resume="allow"`` and drops the steps up to that last one: W&B refuses a
+    step lower than one it has, and the steps a resumed run replays since its
+    checkpoint were logged by the first attempt.
+    """
 
     def __init__(
         self,
@@ -446,16 +466,63 @@ class _Wandb:
         project: str | None,
         name: str,
         config: Mapping[str, Any] | None,
+        start_step: int,
     ) -> None:
-        self._run = wandb.init(
-            project=project, name=name, dir=str(run_dir), config=dict(config or {})
-        )
+        self._state_path = run_dir / WANDB_RUN_FILE
+        previous = _read_wandb_state(self._state_path) if start_step > 0 else None
+        if start_step > 0 and previous is None:
+            print(
+                f"wandb: {self._state_path} does not exist (no W&B run was logged to from this "
+                f"run directory): the resumed run starts a new W&B run at step {start_step + 1}",
+                file=sys.stderr,
+                flush=True,
+            )
+        settings: dict[str, Any] = {
+            "project": project,
+            "name": name,
+            "dir": str(run_dir),
+            "config": dict(config or {}),
+        }
+        if previous is not None:
+            settings.update(id=previous[0], resume="allow")
+        self._run = wandb.init(**settings)
+        self._id = str(self._run.id)
+        # Steps up to this one are in the W&B run already; -1: none (step 0 may come).
+        self._have_through = previous[1] if previous is not None else -1
+        self._last_sent: int | None = None
+        self._save(self._have_through)
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        if step <= self._have_through:
+            return
         self._run.log(dict(metrics), step=step)
+        if step != self._last_sent:
+            self._last_sent = step
+            self._save(step)
 
     def close(self) -> None:
         self._run.finish()
+
+    def _save(self, step: int) -> None:
+        partial = self._state_path.with_name(f".{self._state_path.name}.{os.getpid()}.partial")
+        partial.write_text(json.dumps({"id": self._id, "step": step}) + "\n", encoding="utf-8")
+        os.replace(partial, self._state_path)
+
+
+def _read_wandb_state(path: Path) -> tuple[str, int] | None:
+    """(run id, last step) from a `WANDB_RUN_FILE`; None when the run dir has none."""
+    if not path.is_file():
+        return None
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        run_id, step = state["id"], state["step"]
+        if not isinstance(run_id, str) or not isinstance(step, int):
+            raise ValueError('expected {"id": "<run id>", "step": <int>}')
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(
+            f"{path}: not a wandb run record ({error}); delete it to start a new W&B run"
+        ) from None
+    return run_id, step
 
 
 class _Console:
@@ -546,7 +613,10 @@ def _headline_number(key: str, value: float) -> str:
 
 
 def logger_for_run(config: Config, run_dir: Path, start_step: int = 0) -> MetricLogger:
-    """The `MetricLogger` a runner writes ``run_dir``'s metrics with, from ``config.logger``."""
+    """The `MetricLogger` a runner writes ``run_dir``'s metrics with, from ``config.logger``;
+    a wandb run gets the whole resolved config."""
+    from rlshell.config import config_to_dict
+
     return MetricLogger(
         run_dir,
         config.logger.backends,
@@ -555,6 +625,7 @@ def logger_for_run(config: Config, run_dir: Path, start_step: int = 0) -> Metric
         log_every=config.logger.log_every,
         wandb_project=config.logger.wandb_project,
         experiment_name=config.runner.experiment_name,
+        config=config_to_dict(config) if "wandb" in config.logger.backends else None,
     )
 
 

@@ -13,7 +13,8 @@ characters) wrapped as a ``transformers.PreTrainedTokenizerFast`` that pads on
 the left, as batched generation needs. It is saved with ``save_pretrained``
 and read back with ``AutoTokenizer.from_pretrained(dir, local_files_only=True)``,
 so rollout and training processes load the same files. Models read from a
-local directory use their own tokenizer from that directory instead.
+local directory or a Hub id use their own tokenizer instead (`load_tokenizer`
+reads either).
 """
 
 from __future__ import annotations
@@ -84,7 +85,14 @@ def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenize
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
-    """The tokenizer saved in directory ``path`` (nothing is downloaded)."""
+    """The tokenizer saved in directory ``path``, or of the Hub id ``path`` (`rlshell.hub`:
+    read through the Hub cache; downloaded only without ``HF_HUB_OFFLINE``)."""
+    from rlshell.hub import hub_id, pretrained_source
+
+    if hub_id(str(path)) is not None:
+        source, options = pretrained_source(str(path))
+        loaded: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(source, **options)
+        return loaded
     directory = Path(path)
     if not (directory / "tokenizer_config.json").is_file():
         raise FileNotFoundError(
@@ -129,22 +137,23 @@ def ensure_tokenizer(
     return tokenizer
 
 
-def prepare_tokenizer(config: Config, run_dir: Path) -> Path:
-    """The tokenizer directory of a run: given, the model's own, or the project's, built here."""
+def prepare_tokenizer(config: Config, run_dir: Path) -> str:
+    """The tokenizer of a run, as every process loads it (`load_tokenizer`): the given one,
+    the model's own (a local directory or a Hub id), or the project's, built here."""
     model = config.actor.model
     if model.tokenizer_path is not None:
-        path = Path(model.tokenizer_path)
+        source = model.tokenizer_path
     elif model.path is not None:
-        path = Path(model.path)
+        source = model.path
     else:
         path = run_dir / "tokenizer"
         ensure_tokenizer(path)
-        return path
-    load_tokenizer(path)  # a clear error now, not in every worker
-    return path
+        return str(path)
+    load_tokenizer(source)  # a clear error now, not in every worker
+    return source
 
 
-def with_tokenizer_ids(config: Config, tokenizer_dir: Path) -> Config:
+def with_tokenizer_ids(config: Config, tokenizer_dir: str | os.PathLike[str]) -> Config:
     """For a model built from ``model_kwargs``: vocabulary size and special ids from the tokenizer.
 
     An explicit ``vocab_size`` smaller than the tokenizer's vocabulary is an

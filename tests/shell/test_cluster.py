@@ -178,12 +178,16 @@ def test_worker_env_pins_gpus_and_keeps_ray_off_them(
 ) -> None:
     monkeypatch.setenv("RLSHELL_EXT_MODULE", "my_ext")
     monkeypatch.setenv("PYTHONPATH", "/opt/ext")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", "/data/hub")
     plan = plan_component("gpu-env", world_size=1, cpus=3.0, gpus=(2, 3))
     env = ray_cluster.worker_env(plan, plan.workers[0], gpu_node=True)
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1"
     assert env["OMP_NUM_THREADS"] == "3"
     assert (env["RLSHELL_EXT_MODULE"], env["PYTHONPATH"]) == ("my_ext", "/opt/ext")
+    # Workers resolve Hub ids in the cache, and offline, as the driver validated them.
+    assert (env["HF_HUB_OFFLINE"], env["HF_HUB_CACHE"]) == ("1", "/data/hub")
     # By default workers keep freed memory (cluster.worker_env_vars' default).
     assert {key: env[key] for key in WORKER_MALLOC_ENV} == WORKER_MALLOC_ENV
     cpu_only = ray_cluster.worker_env(plan_component("cpu-env"), plan.workers[0], gpu_node=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import typing
 from pathlib import Path
 from typing import Any
@@ -374,6 +375,86 @@ def test_missing_files_and_checkpoints_fail_a_run_but_not_a_dry_run(tmp_path: Pa
 def test_gpu_backends_need_a_gpu_for_a_real_run() -> None:
     problems = problems_of(["rollout.backend=vllm"], for_run=True)
     assert problems == ["rollout.backend: vllm needs a GPU, and this machine has none"]
+
+
+def not_installed(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
+    """Make ``modules`` unimportable in this process, as if they were not installed."""
+    for module in modules:
+        monkeypatch.setitem(sys.modules, module, None)
+
+
+def test_a_missing_wandb_is_named_before_a_run_but_not_a_dry_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    not_installed(monkeypatch, "wandb")
+    overrides = ['logger.backends=["console","wandb"]']
+    load_config(GRPO, overrides, for_run=False)
+    with pytest.raises(ConfigError) as caught:
+        load_config(GRPO, overrides, for_run=True)
+    assert caught.value.problems == [
+        "logger.backends: 'wandb' needs the wandb package, which is not installed: run "
+        "`make install` (or `pip install wandb`), or remove 'wandb' from logger.backends"
+    ]
+
+
+def test_an_installed_wandb_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("wandb", reason="wandb is installed by `make install`")
+    load_config(GRPO, ['logger.backends=["console","wandb"]'], for_run=True)
+
+
+@pytest.mark.parametrize(
+    ("override", "modules", "expected"),
+    [
+        (
+            "rollout.backend=vllm",
+            ("vllm",),
+            "rollout.backend: this version samples with hf only; its 'vllm' engine is not built "
+            "yet (it comes behind the same rollout-engine protocol, rlshell.engines.rollout): use "
+            "rollout.backend=hf (its vllm package is not installed here)",
+        ),
+        (
+            "actor.backend=megatron",
+            ("megatron.core",),
+            "actor.backend: this version trains with fsdp only; its 'megatron' backend is not "
+            "built yet (it comes behind the same training-backend protocol, "
+            "rlshell.engines.training): use actor.backend=fsdp (its megatron-core package is not "
+            "installed here)",
+        ),
+    ],
+)
+def test_an_engine_not_built_names_its_missing_package_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, override: str, modules: tuple[str, ...], expected: str
+) -> None:
+    not_installed(monkeypatch, *modules)
+    with pytest.raises(ConfigError) as caught:
+        load_config(GRPO, [override], for_run=True)
+    key = override.partition("=")[0]
+    assert [p for p in caught.value.problems if "not built yet" in p] == [expected]
+    assert all(p.startswith(f"{key}: ") for p in caught.value.problems)
+
+
+def test_maniskill_envs_name_their_missing_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    not_installed(monkeypatch, "mani_skill", "sapien")
+    pushcube = ROOT / "configs" / "ppo_pushcube.py"
+    load_config(pushcube, for_run=False)
+    with pytest.raises(ConfigError) as caught:
+        load_config(pushcube, for_run=True)
+    assert caught.value.problems == [
+        "env.env_type: 'maniskill' needs the mani-skill and sapien packages, which are not "
+        "installed: `pip install -e '.[maniskill]'`"
+    ]
+
+
+def test_packages_are_not_looked_up_for_a_cluster_one_attaches_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its workers may have what the driver lacks; wandb runs in the driver, so it is checked.
+    not_installed(monkeypatch, "mani_skill", "sapien", "wandb")
+    config = load_config(
+        ROOT / "configs" / "ppo_pushcube.py",
+        ["cluster.address=auto", 'logger.backends=["console","wandb"]'],
+    )
+    assert [p.partition(":")[0] for p in validate(config, for_run=True)] == ["logger.backends"]
 
 
 def test_a_simulated_cluster_can_only_be_planned() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import io
+import json
 import math
 import sys
 from pathlib import Path
@@ -17,11 +18,13 @@ import rlshell.metrics
 from rlshell.metrics import (
     METRICS_FILE,
     NAMESPACES,
+    WANDB_RUN_FILE,
     MetricLogger,
     plot_learning_curve,
     read_metrics,
     tokens_per_second,
 )
+from tests.shell.wandb_records import offline_runs
 
 
 def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -212,7 +215,7 @@ def test_wandb_missing_names_the_fix_and_touches_nothing(
     run_dir = tmp_path / "run"
     with pytest.raises(ModuleNotFoundError) as error:
         MetricLogger(run_dir, ["jsonl", "wandb"], total_steps=5)
-    assert "pip install wandb" in str(error.value)
+    assert "make install" in str(error.value)
     assert 'remove "wandb" from logger.backends' in str(error.value)
     assert not run_dir.exists()
 
@@ -223,6 +226,8 @@ def fake_wandb(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
     calls: list[tuple[str, Any]] = []
 
     class Run:
+        id = "fake0001"
+
         def log(self, metrics: dict[str, float], step: int) -> None:
             calls.append(("log", (step, metrics)))
 
@@ -262,6 +267,98 @@ def test_wandb_gets_its_run_settings_and_the_periodic_steps(
     }
     assert [step for _, (step, _) in logs] == [2, 4]
     assert finish == ("finish", None)
+
+
+@pytest.fixture
+def offline_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real wandb package, offline, its settings and caches kept out of the home dir."""
+    pytest.importorskip("wandb", reason="wandb is installed by `make install`")
+    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / "wandb-home" / name.lower()))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_CONSOLE", "off")  # leave pytest's capture of stdout alone
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+
+def test_real_wandb_offline_run_holds_the_config_and_the_periodic_steps(
+    tmp_path: Path, offline_wandb: None
+) -> None:
+    run_dir = tmp_path / "run"
+    config = {"actor": {"optim": {"lr": 0.001}}, "runner": {"max_steps": 4}}
+    with MetricLogger(
+        run_dir,
+        ["wandb"],
+        total_steps=4,
+        log_every=2,
+        wandb_project="rlstack-test",
+        experiment_name="grpo",
+        config=config,
+    ) as logger:
+        log_steps(logger, range(1, 4))
+        logger.log(3, {"eval/accuracy": 0.25})  # an evaluation goes out whatever the step
+        log_steps(logger, range(4, 5))
+    (run,) = offline_runs(run_dir)
+    assert (run.project, run.name) == ("rlstack-test", "grpo")
+    assert run.config == config
+    assert run.history == [
+        {"step": 2, "reward/mean": 2.0, "train/loss": -2.0},
+        {"step": 3, "eval/accuracy": 0.25},
+        {"step": 4, "reward/mean": 4.0, "train/loss": -4.0},
+    ]
+    state = json.loads((run_dir / WANDB_RUN_FILE).read_text())
+    assert state == {"id": run.run_id, "step": 4}
+
+
+def test_real_wandb_resume_continues_the_run_without_the_replayed_steps(
+    tmp_path: Path, offline_wandb: None
+) -> None:
+    # The first attempt logged steps 1-5 and stopped; its checkpoint is at step 3.
+    with MetricLogger(tmp_path, ["wandb", "jsonl"], total_steps=8) as logger:
+        log_steps(logger, range(1, 6))
+    with MetricLogger(tmp_path, ["wandb", "jsonl"], total_steps=8, start_step=3) as logger:
+        log_steps(logger, range(4, 9), scale=10.0)
+    first, resumed = offline_runs(tmp_path)
+    assert resumed.run_id == first.run_id
+    assert [row["step"] for row in first.history] == [1, 2, 3, 4, 5]
+    # Steps 4 and 5 are in W&B already: it keeps the first values, the jsonl file the new.
+    assert resumed.history == [
+        {"step": s, "reward/mean": 10.0 * s, "train/loss": -s} for s in (6, 7, 8)
+    ]
+    assert [r["reward/mean"] for r in read_metrics(tmp_path / METRICS_FILE)][3:] == [
+        40.0,
+        50.0,
+        60.0,
+        70.0,
+        80.0,
+    ]
+    assert json.loads((tmp_path / WANDB_RUN_FILE).read_text())["step"] == 8
+
+
+def test_a_fresh_run_in_the_same_directory_starts_a_new_wandb_run(
+    tmp_path: Path, offline_wandb: None
+) -> None:
+    for _ in range(2):
+        with MetricLogger(tmp_path, ["wandb"], total_steps=2) as logger:
+            log_steps(logger, range(1, 3))
+    first, second = offline_runs(tmp_path)
+    assert first.run_id != second.run_id
+    assert [row["step"] for row in second.history] == [1, 2]
+
+
+def test_a_resume_without_a_wandb_run_file_says_it_starts_a_new_run(
+    tmp_path: Path, offline_wandb: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with MetricLogger(tmp_path, ["wandb"], total_steps=4, start_step=2) as logger:
+        log_steps(logger, range(3, 5))
+    assert "the resumed run starts a new W&B run at step 3" in capsys.readouterr().err
+    (run,) = offline_runs(tmp_path)
+    assert [row["step"] for row in run.history] == [3, 4]
+
+
+def test_a_damaged_wandb_run_file_is_named_on_resume(tmp_path: Path, offline_wandb: None) -> None:
+    (tmp_path / WANDB_RUN_FILE).write_text('{"id": 3}')
+    with pytest.raises(ValueError, match=r"wandb_run.json: not a wandb run record .*delete it"):
+        MetricLogger(tmp_path, ["wandb"], total_steps=4, start_step=2)
 
 
 # ---------------------------------------------------------------------------

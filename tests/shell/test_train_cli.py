@@ -148,3 +148,25 @@ def test_a_broken_extension_module_fails_fast_naming_it(module: str, message: st
     assert result.returncode == 2
     assert message in result.stderr
     assert result.stdout == ""
+
+
+def test_a_missing_wandb_stops_the_run_with_status_2_before_ray_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ray
+
+    from rlshell.train import main
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed, even where it is
+    config = ROOT / "configs" / "grpo.py"
+    status = main(
+        [str(config), 'logger.backends=["console","wandb"]', f"runner.output_dir={tmp_path}"]
+    )
+    assert status == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {config}: 1 problem in the config:",
+        "  - logger.backends: 'wandb' needs the wandb package, which is not installed: run "
+        "`make install` (or `pip install wandb`), or remove 'wandb' from logger.backends",
+    ]
+    assert not ray.is_initialized()
+    assert not (tmp_path / "grpo").exists()

@@ -45,7 +45,11 @@ from rlshell.config import TRACE_ENV_VAR, WORKER_MALLOC_ENV
 from rlshell.extensions import ENV_VAR as EXT_MODULE_ENV_VAR
 from rlshell.extensions import OBJECTS_ENV_VAR
 
+# Where Hub ids resolve and whether they may download (`rlshell.hub`); tokens are not sent.
+HUB_ENV_VARS = ("HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT")
+
 __all__ = [
+    "HUB_ENV_VARS",
     "NODE_ID_LABEL",
     "Cluster",
     "Reservation",
@@ -443,10 +447,18 @@ class Cluster:
         ``RLSHELL_EXT_MODULE``, ``RLSHELL_EXT_OBJECTS`` and ``PYTHONPATH`` (so
         extensions and the Python objects `rlshell.api` was given register in the
         worker) and ``RLSHELL_TRACE_CONFIG_READS`` (so workers trace their config
-        reads, `rlshell.config.tracing`), and the cluster's ``runtime_env_vars``.
+        reads, `rlshell.config.tracing`), the driver's Hugging Face Hub settings
+        (`HUB_ENV_VARS`, so workers resolve Hub ids as the driver validated them,
+        on a cluster one attaches to too), and the cluster's ``runtime_env_vars``.
         """
         env: dict[str, str] = {}
-        for name in (EXT_MODULE_ENV_VAR, OBJECTS_ENV_VAR, "PYTHONPATH", TRACE_ENV_VAR):
+        for name in (
+            EXT_MODULE_ENV_VAR,
+            OBJECTS_ENV_VAR,
+            "PYTHONPATH",
+            TRACE_ENV_VAR,
+            *HUB_ENV_VARS,
+        ):
             if name in os.environ:
                 env[name] = os.environ[name]
         env.update(self.runtime_env_vars)

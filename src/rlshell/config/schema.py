@@ -136,11 +136,12 @@ class ClusterConfig:
 class ModelConfig:
     """Which model to build: a registered ``model_type`` and what its builder reads.
 
-    ``path`` is a local Hugging Face directory (never a hub id: nothing is
-    downloaded); without it builders construct the model from
+    ``path`` is a local Hugging Face directory or a Hub id (``org/name``,
+    read through the Hub cache, downloaded only without ``HF_HUB_OFFLINE``;
+    `rlshell.hub`); without it builders construct the model from
     ``model_kwargs`` (e.g. a transformers config's fields).
-    ``tokenizer_path``: a local tokenizer directory; by default the model's
-    own (``path``), or, for a model built from ``model_kwargs``, the
+    ``tokenizer_path``: a local tokenizer directory or Hub id; by default the
+    model's own (``path``), or, for a model built from ``model_kwargs``, the
     project's character tokenizer built into the run directory.
     """
 
@@ -325,8 +326,10 @@ class DataConfig:
     ``task``: ``"arithmetic"`` generates sums of ``num_terms`` integers in
     ``[0, max_operand]``, holding out ``num_val`` prompts (and training on
     ``num_train`` of the rest, or all of them when null); ``"file"`` reads
-    ``train_path`` and ``val_path`` (``.jsonl`` or ``.parquet``) with columns
-    ``prompt_key`` and ``answer_key`` (a GSM8K answer keeps what follows ``####``).
+    ``train_path`` and ``val_path`` (a ``.jsonl`` or ``.parquet`` file, or a
+    folder or Hub dataset id ``org/name[/folder]`` whose train / validation or
+    test files are read, `rlshell.hub`) with columns ``prompt_key`` and
+    ``answer_key`` (a GSM8K answer keeps what follows ``####``).
     """
 
     task: Literal["arithmetic", "file"] = "arithmetic"

@@ -1,7 +1,8 @@
 """The built-in ``hf_causal_lm`` model type: any Hugging Face causal LM, from disk or a config.
 
 With ``cfg.path`` the model is loaded with ``AutoModelForCausalLM.from_pretrained``
-from that local directory (``local_files_only``: nothing is downloaded).
+from that local directory (nothing is downloaded) or Hub id (through the Hub
+cache, `rlshell.hub`).
 Without it, a fresh model is built from ``cfg.model_kwargs``: ``config_class``
 names a transformers config class (default ``Qwen2Config``) and every other
 entry is a field of it, e.g. ``{"hidden_size": 64, "num_hidden_layers": 2}``.
@@ -23,14 +24,16 @@ def build_hf_causal_lm(cfg: ModelConfig, torch_dtype: torch.dtype) -> nn.Module:
     import transformers
 
     if cfg.path is not None:
-        path = Path(cfg.path)
-        if not (path / "config.json").is_file():
+        from rlshell.hub import hub_id, pretrained_source
+
+        if hub_id(cfg.path) is None and not (Path(cfg.path) / "config.json").is_file():
             raise FileNotFoundError(
-                f"actor.model.path: {path} is not a Hugging Face model directory "
-                "(no config.json there); models are read from local directories only"
+                f"actor.model.path: {cfg.path} is not a Hugging Face model directory "
+                "(no config.json there) nor a Hub id (org/name)"
             )
+        source, options = pretrained_source(cfg.path)
         model: nn.Module = transformers.AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch_dtype, local_files_only=True
+            source, dtype=torch_dtype, **options
         )
         return model
     kwargs = dict(cfg.model_kwargs)

@@ -41,7 +41,7 @@ to floating-point rounding.
 ``model_kwargs`` holds the keys above and, for a model built from a config,
 fields of the transformers config class ``config_class`` (default
 ``LlamaConfig``; tiny defaults: hidden 64, 2 layers, 4 heads). With
-``actor.model.path`` the LM is loaded from that local directory instead (and
+``actor.model.path`` the LM is loaded from that local directory or Hub id instead (and
 its tokenizer, unless ``tokenizer_path`` names one); otherwise the tokenizer
 is the project's character tokenizer over ``alphabet``, and the vocabulary
 is the tokenizer's plus the action bins.
@@ -669,14 +669,16 @@ def _language_model(
     import transformers
 
     if cfg.path is not None:
-        path = Path(cfg.path)
-        if not (path / "config.json").is_file():
+        from rlshell.hub import hub_id, pretrained_source
+
+        if hub_id(cfg.path) is None and not (Path(cfg.path) / "config.json").is_file():
             raise FileNotFoundError(
-                f"actor.model.path: {path} is not a Hugging Face model directory "
-                "(no config.json there); models are read from local directories only"
+                f"actor.model.path: {cfg.path} is not a Hugging Face model directory "
+                "(no config.json there) nor a Hub id (org/name)"
             )
+        source, options = pretrained_source(cfg.path)
         loaded: nn.Module = transformers.AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, local_files_only=True
+            source, dtype=dtype, **options
         )
         return loaded
     config_class: Callable[..., Any] = getattr(transformers, spec.config_class)

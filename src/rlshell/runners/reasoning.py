@@ -90,7 +90,7 @@ class ReasoningTrainer:
     def __init__(
         self,
         config: Config,
-        tokenizer_dir: Path,
+        tokenizer_dir: str,
         rollout_in_actor: bool,
         offload: OffloadPlan | None = None,
     ) -> None:
@@ -228,9 +228,9 @@ class ReasoningTrainer:
             self.reference = ReferenceWorker.create_group(config).launch(
                 cluster, plan.component("reference"), call_timeout_s=timeout
             )
-        calls = [self.actor.init_worker(str(self.tokenizer_dir))]
+        calls = [self.actor.init_worker(self.tokenizer_dir)]
         if self.rollout is not None:
-            calls.append(self.rollout.init_worker(str(self.tokenizer_dir)))
+            calls.append(self.rollout.init_worker(self.tokenizer_dir))
         if self.reference is not None:
             calls.append(self.reference.init_worker())
         for call in calls:
@@ -406,7 +406,10 @@ class ReasoningTrainer:
     def save(self, directory: Path, step: int) -> TrainerState:
         self._update_phase()  # the actor's state where it trains
         self._actor().save_checkpoint(str(directory), step).wait()
-        shutil.copytree(self.tokenizer_dir, directory / "tokenizer")
+        if Path(self.tokenizer_dir).is_dir():
+            shutil.copytree(self.tokenizer_dir, directory / "tokenizer")
+        else:  # a Hub id: the files as transformers loads them
+            load_tokenizer(self.tokenizer_dir).save_pretrained(directory / "tokenizer")
         sampler = self._sampler().state()
         return TrainerState(
             step=step,

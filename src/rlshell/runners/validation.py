@@ -14,6 +14,8 @@ concerns:
   settings, `unread_keys`): a key set to anything but its default where it is
   not read is refused with the reason;
 - run-only checks (``for_run=True``): files and checkpoints that must exist,
+  Hub ids that must be in the Hub cache or downloadable (`rlshell.hub`),
+  packages the named backends need (wandb, vllm, megatron-core, mani-skill),
   engines this installation has, GPUs that a backend needs, no simulated
   cluster. ``--dry-run`` skips them.
 """
@@ -21,6 +23,7 @@ concerns:
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -413,53 +416,71 @@ def _in_config_terms(problem: str) -> str:
 
 
 def _data_problems(config: Config) -> list[str]:
-    """Dataset files that are missing or lack a column: found before anything starts."""
-    data = config.data
-    if data.task != "file":
-        return []
-    from rlshell.data import read_examples
+    """Dataset files, folders or Hub datasets that are missing, cannot be had offline, or lack
+    a column: found before anything starts."""
+    from rlshell.data import Split, read_split
+    from rlshell.hub import hub_id
 
-    if data.train_path is None:
-        return ["data.train_path: data.task is 'file' but no training file is given"]
+    data = config.data
     problems = []
-    for key, path in (("data.train_path", data.train_path), ("data.val_path", data.val_path)):
-        if path is None or not Path(path).exists():
-            continue  # a missing file is reported with the other paths
-        try:
-            read_examples(path, data.prompt_key, data.answer_key)
-        except (OSError, ValueError) as error:
-            problems.append(f"{key}: {error}")
+    if data.task == "file" and data.train_path is None:
+        problems.append("data.train_path: data.task is 'file' but no training file is given")
+    splits: tuple[tuple[Split, str | None], ...] = (
+        ("train", data.train_path),
+        ("val", data.val_path),
+    )
+    for split, path in splits:
+        key = f"data.{split}_path"
+        if path is None:
+            continue
+        if hub_id(path, "dataset") is None and not Path(path).exists():
+            problems.append(f"{key}: {path} does not exist")
+        elif data.task == "file":
+            try:
+                read_split(key, path, split, data.prompt_key, data.answer_key)
+            except (OSError, ValueError) as error:
+                message = str(error)
+                problems.append(message if message.startswith(f"{key}: ") else f"{key}: {message}")
     return problems
+
+
+def _model_problems(config: Config) -> list[str]:
+    """Model and tokenizer directories or Hub ids that cannot be loaded (`rlshell.hub`)."""
+    from rlshell.hub import hub_problem
+
+    model = config.actor.model
+    sources = (
+        ("actor.model.path", model.path, "config.json"),
+        ("actor.model.tokenizer_path", model.tokenizer_path, "tokenizer_config.json"),
+    )
+    found = (hub_problem(key, value, needs) for key, value, needs in sources if value is not None)
+    return [problem for problem in found if problem is not None]
 
 
 def _run_only_problems(config: Config) -> list[str]:
     problems = _data_problems(config)
+    problems += _package_problems(config)
+    missing = {key: distribution for key, distribution, _ in _missing_packages(config)}
     if config.rollout.backend not in ROLLOUT_ENGINES and config.runner.runner_type == "reasoning":
         problems.append(
             f"rollout.backend: this version samples with {', '.join(ROLLOUT_ENGINES)} only; its "
             f"'{config.rollout.backend}' engine is not built yet (it comes behind the same "
             "rollout-engine protocol, rlshell.engines.rollout): use rollout.backend=hf"
+            + _not_installed_either(missing.get("rollout.backend"))
         )
     if config.actor.backend not in TRAINING_BACKENDS and config.runner.runner_type != "probe":
         problems.append(
             f"actor.backend: this version trains with {', '.join(TRAINING_BACKENDS)} only; its "
             f"'{config.actor.backend}' backend is not built yet (it comes behind the same "
             "training-backend protocol, rlshell.engines.training): use actor.backend=fsdp"
+            + _not_installed_either(missing.get("actor.backend"))
         )
     if config.cluster.simulate is not None:
         problems.append(
             f"cluster.simulate: '{config.cluster.simulate}' is a simulated cluster; "
             "it can only be planned (--dry-run), not run"
         )
-    files = {
-        "data.train_path": config.data.train_path,
-        "data.val_path": config.data.val_path,
-        "actor.model.path": config.actor.model.path,
-        "actor.model.tokenizer_path": config.actor.model.tokenizer_path,
-    }
-    for key, value in files.items():
-        if value is not None and not Path(value).exists():
-            problems.append(f"{key}: {value} does not exist")
+    problems += _model_problems(config)
     resume = config.checkpoint.resume
     if resume not in (None, "auto") and not Path(resume).is_dir():
         problems.append(f"checkpoint.resume: no checkpoint directory at {resume}")
@@ -475,3 +496,77 @@ def _run_only_problems(config: Config) -> list[str]:
         if gpus == 0:
             problems += [f"{need}, and this machine has none" for need in needs]
     return problems
+
+
+# What a config value needs installed: (key, the value that needs it, the module imported,
+# the distribution that provides it, how to install it).
+_GPU_ENVIRONMENT = "it needs a GPU environment of its own: `pip install -e '.[gpu]'` there"
+_OPTIONAL_PACKAGES: tuple[tuple[str, str, str, str, str], ...] = (
+    ("logger.backends", "wandb", "wandb", "wandb", "run `make install` (or `pip install wandb`)"),
+    ("rollout.backend", "vllm", "vllm", "vllm", _GPU_ENVIRONMENT),
+    ("rollout.backend", "sglang", "sglang", "sglang", _GPU_ENVIRONMENT),
+    ("actor.backend", "megatron", "megatron.core", "megatron-core", _GPU_ENVIRONMENT),
+    ("env.env_type", "maniskill", "mani_skill", "mani-skill", "`pip install -e '.[maniskill]'`"),
+    ("env.env_type", "maniskill", "sapien", "sapien", "`pip install -e '.[maniskill]'`"),
+)
+
+
+def _missing_packages(config: Config) -> list[tuple[str, str, str]]:
+    """(key, distribution, how to install it) for each package a set key needs and this
+    Python cannot import. The engines and envs are looked up only for an embedded Ray: the
+    processes of a cluster one attaches to may have packages the driver lacks."""
+    runner = config.runner.runner_type
+    values: dict[str, tuple[str, ...]] = {"logger.backends": config.logger.backends}
+    if config.cluster.address is None:
+        if runner == "reasoning":
+            values["rollout.backend"] = (config.rollout.backend,)
+        if runner != "probe":
+            values["actor.backend"] = (config.actor.backend,)
+        if runner == "embodied":
+            values["env.env_type"] = (config.env.env_type or "",)
+    return [
+        (key, distribution, how)
+        for key, value, module, distribution, how in _OPTIONAL_PACKAGES
+        if value in values.get(key, ()) and not _importable(module)
+    ]
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a broken __spec__
+        return False
+
+
+def _package_problems(config: Config) -> list[str]:
+    """A line for each key whose value needs packages this Python cannot import (an engine
+    not built yet is reported with its own line, which names its package)."""
+    missing: dict[str, list[str]] = {}
+    how: dict[str, str] = {}
+    for key, distribution, install in _missing_packages(config):
+        missing.setdefault(key, []).append(distribution)
+        how[key] = install
+    problems = []
+    for key, distributions in missing.items():
+        if key == "rollout.backend" and config.rollout.backend not in ROLLOUT_ENGINES:
+            continue
+        if key == "actor.backend" and config.actor.backend not in TRAINING_BACKENDS:
+            continue
+        value = {
+            "logger.backends": "wandb",
+            "env.env_type": config.env.env_type,
+            "rollout.backend": config.rollout.backend,
+            "actor.backend": config.actor.backend,
+        }[key]
+        packages = (
+            f"the {distributions[0]} package, which is"
+            if len(distributions) == 1
+            else f"the {' and '.join(distributions)} packages, which are"
+        )
+        remedy = ", or remove 'wandb' from logger.backends" if key == "logger.backends" else ""
+        problems.append(f"{key}: '{value}' needs {packages} not installed: {how[key]}{remedy}")
+    return problems
+
+
+def _not_installed_either(distribution: str | None) -> str:
+    return "" if distribution is None else f" (its {distribution} package is not installed here)"
