@@ -1,4 +1,9 @@
-"""GRPO on GSM8K with Qwen2.5-0.5B-Instruct: FSDP2 actor and vLLM rollout sharing one GPU.
+"""GRPO on GSM8K with Qwen2.5-0.5B-Instruct: FSDP2 actor and vLLM rollout on one GPU (plans; vLLM not built yet).
+
+This version plans and validates it; it cannot run it yet: the vLLM rollout
+engine is not built (a real run is refused before start, naming
+``rollout.backend``). ``rollout.backend=hf`` runs it today with HF
+``generate`` on the same GPU, more slowly.
 
 The model and the data are Hub ids, read through the Hugging Face cache
 (docs/config.md, "Models and data from the Hugging Face Hub"): fetch them

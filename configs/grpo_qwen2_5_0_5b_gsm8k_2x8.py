@@ -5,7 +5,9 @@ Start Ray on both nodes first (``ray start --head`` on one, ``ray start
 node's Hugging Face cache (or let each node download them); then run this on
 the head node, whose ``HF_HUB_OFFLINE``, ``HF_HUB_CACHE`` and ``HF_HOME``
 every worker gets. On a machine without
-that cluster, plan it with ``--dry-run cluster.simulate=2x8``.
+that cluster, plan it with ``--dry-run cluster.simulate=2x8``. Like the
+single-GPU config it samples with vLLM, whose engine is not built yet: it
+plans and validates today, and runs with ``rollout.backend=hf``.
 """
 
 import runpy
