@@ -27,6 +27,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from rlshell.api import run_dir_of
 from rlshell.cluster.errors import WorkerDiedError, WorkerError
 from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import EnvConfig
@@ -39,7 +40,6 @@ from rlshell.rollout.trajectory import TrajectoryBuffer
 from rlshell.runners import run as run_trainer
 from rlshell.runners.spec import resolve_spec
 from rlshell.runners.validation import load_config, plan_for
-from rlshell.api import run_dir_of
 from rlshell.workers.embodied_update import PPOSettings, collect_rollout, ppo_update
 from tests.shell import embodied_fault_ext
 from tests.shell.test_envs import TINY_ID, tiny_stepper
