@@ -7,16 +7,18 @@ A run writes everything into ``runner.output_dir / runner.experiment_name``:
 - ``metrics.jsonl``, ``tensorboard/``, ``wandb/``, ``learning_curve.png``:
   what it measured (`rlshell.metrics`);
 - ``checkpoints/global_step_N/`` (`rlshell.checkpoint`), ``hf_model/`` or
-  ``policy/`` (`rlshell.export`), ``tokenizer/``, ``eval/``, ``probe.json``;
+  ``policy/`` (`rlshell.export`), ``tokenizer/``, ``eval/``;
+- ``probe.json``: the cluster health check's report (``runner_type=probe``);
 - ``run.lock``: which process writes into it now (`RunLock`).
 
 A directory *holds a run* once any of its results is there (metrics,
-checkpoints, TensorBoard events, an export, ...); the plan files alone do
-not count, so a run that failed before its first step is simply started
-again. `claim_run_dir` refuses a directory that holds a run unless the new
-run continues it (``checkpoint.resume``) or clears it first (``overwrite``),
-and `RunLock` refuses a second live run into one directory. Both are checked
-before Ray starts, so a refusal costs nothing.
+checkpoints, TensorBoard events, an export, ...); the plan files and a
+probe's report alone do not count, so a run that failed before its first
+step, or a health check, is simply started again. `claim_run_dir` refuses a
+directory that holds a run unless the new run continues it
+(``checkpoint.resume``) or clears it first (``overwrite``), and `RunLock`
+refuses a second live run into one directory. Both are checked before Ray
+starts, so a refusal costs nothing.
 """
 
 from __future__ import annotations
@@ -68,10 +70,10 @@ RESULTS = (
     "hf_model",
     "policy",
     "eval",
-    "probe.json",
 )
-# Written at every start: replaced freely, removed with the results on overwrite.
-PLAN_FILES = ("config.json", "placement.json", "tokenizer", DRY_RUN_DIR)
+# Written at every start (the probe's report at every probe): replaced freely, removed with the
+# results on overwrite.
+PLAN_FILES = ("config.json", "placement.json", "tokenizer", "probe.json", DRY_RUN_DIR)
 
 
 class RunDirError(ConfigError):
