@@ -9,7 +9,8 @@ run spec names (`rlshell.runners.spec`) does the steps:
 
 Ctrl-C (SIGINT) during the steps lets the step under way finish, saves a
 checkpoint (``checkpoint.save_on_interrupt``) and raises `Interrupted`; a
-second Ctrl-C raises KeyboardInterrupt at once.
+second Ctrl-C raises KeyboardInterrupt at once. (During the last step it only
+lets the run finish.)
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> 
                             checkpoint = save_checkpoint(
                                 trainer, run_dir, step, config.checkpoint.keep_last
                             )
-                    if stop.is_set():
+                    if stop.is_set() and step < cadence.max_steps:  # (the last: done)
                         raise _interrupted(
                             trainer, run_dir, step, checkpoint, config, save_on_interrupt
                         )
@@ -190,7 +191,9 @@ def _first_ctrl_c_finishes_the_step() -> Iterator[threading.Event]:
     try:
         yield stop
     finally:
-        signal.signal(signal.SIGINT, previous)
+        # None: the previous handler was not installed from Python; Python's own stands in.
+        restored = previous if previous is not None else signal.default_int_handler
+        signal.signal(signal.SIGINT, restored)
 
 
 @contextmanager
