@@ -274,7 +274,13 @@ class RunLock:
         self.owner = LockOwner.this_process()
 
     def __enter__(self) -> Self:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # a file in the way, no permission, a read-only disk
+            raise RunDirError(
+                f"runner.output_dir: cannot make the run directory {self.path.parent} "
+                f"({error.strerror or error})"
+            ) from None
         for _ in range(3):
             if self._create():
                 return self

@@ -252,3 +252,13 @@ def test_an_unreadable_lock_is_refused_with_how_to_remove_it(tmp_path: Path) -> 
     (run_dir / LOCK_FILE).write_text("")
     with pytest.raises(RunDirError, match=r"names no owner \(host, pid\): if no run is"):
         RunLock(run_dir).__enter__()
+
+
+def test_a_run_directory_that_cannot_be_made_names_runner_output_dir(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(RunDirError) as refused, RunLock(tmp_path / "file" / "run"):
+        pass
+    assert str(refused.value) == (
+        f"runner.output_dir: cannot make the run directory {tmp_path / 'file' / 'run'} "
+        "(Not a directory)"
+    )
