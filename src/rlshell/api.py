@@ -9,8 +9,11 @@
 The command line is a thin wrapper over these functions (`rlshell.train`):
 the same validation, the same run directory, the same run loop. Where the
 command line prints an error and exits with a status, these raise:
-`rlshell.config.ConfigError` for everything found before start, and the
-worker, checkpoint and cluster errors for a run that failed.
+`rlshell.config.ConfigError` for everything found before start (a run
+directory that holds a run or is in use: `rlshell.rundir.RunDirError`), and
+the worker, checkpoint and cluster errors for a run that failed. The first
+Ctrl-C finishes the step, saves a checkpoint and raises
+`rlshell.runners.loop.Interrupted`, a KeyboardInterrupt.
 """
 
 from __future__ import annotations

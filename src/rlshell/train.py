@@ -144,8 +144,9 @@ def _run(config: Config, *, overwrite: bool) -> int:
     except Interrupted as interrupted:
         print(_interrupted_message(config, interrupted), file=sys.stderr)
         return EXIT_INTERRUPTED
-    except KeyboardInterrupt:
-        print("interrupted: Ray was shut down, workers stopped", file=sys.stderr)
+    except KeyboardInterrupt:  # the second Ctrl-C, or one before the steps began
+        lines = ["interrupted: Ray was shut down, workers stopped", *_resume_line(config)]
+        print("\n".join(lines), file=sys.stderr)
         return EXIT_INTERRUPTED
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -167,27 +168,24 @@ def _run(config: Config, *, overwrite: bool) -> int:
 
 def _interrupted_message(config: Config, interrupted: Interrupted) -> str:
     """What Ctrl-C left, and the command that continues the run."""
-    run_dir = run_dir_of(config)
     if interrupted.checkpoint is None:
         saved = f"no checkpoint was written ({interrupted.why_not})"
     else:
         saved = f"saved {interrupted.checkpoint}"
     lines = [
-        f"interrupted after step {interrupted.step}: {saved}; Ray was shut down, workers stopped"
+        f"interrupted after step {interrupted.step}: {saved}; Ray was shut down, workers stopped",
+        *_resume_line(config),
     ]
-    if list_checkpoints(run_dir):
-        resume = shlex.join(
-            [
-                "python",
-                "-m",
-                "rlshell.train",
-                "--config",
-                str(run_dir / RUN_CONFIG),
-                "checkpoint.resume=auto",
-            ]
-        )
-        lines.append(f"resume with: {resume}")
     return "\n".join(lines)
+
+
+def _resume_line(config: Config) -> list[str]:
+    """The command that continues the run from its newest checkpoint (none: no line)."""
+    run_dir = run_dir_of(config)
+    if not list_checkpoints(run_dir):
+        return []
+    command = ["python", "-m", "rlshell.train", "--config", str(run_dir / RUN_CONFIG)]
+    return [f"resume with: {shlex.join([*command, 'checkpoint.resume=auto'])}"]
 
 
 def _split_positionals(
