@@ -116,6 +116,7 @@ SHELL_LAYERS: list[tuple[str, frozenset[str]]] = [
                 "checkpoint",
                 "export",
                 "evaluation",
+                "rundir",
             }
         ),
     ),

@@ -50,10 +50,12 @@ RUN_HERE = {
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run actor.optim.lr=1e-4 "
     'algorithm.group_size=4 rollout.temperature=0.7 logger.backends=\'["console","jsonl"]\'',
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run && .venv/bin/python -m "
-    "rlshell.train --config runs/grpo/config.json --dry-run runner.experiment_name=grpo_again",
+    "rlshell.train --config runs/grpo/dry_run/config.json --dry-run "
+    "runner.experiment_name=grpo_again",
     "RLSHELL_TRACE_CONFIG_READS=runs/cartpole_reads .venv/bin/python -m rlshell.train "
-    "configs/ppo_cartpole.py runner.max_steps=2 runner.experiment_name=cartpole_traced > "
-    "/dev/null && cut -f1 runs/cartpole_reads/*.keys | sort -u | grep '^algorithm\\.'",
+    "configs/ppo_cartpole.py runner.max_steps=2 runner.experiment_name=cartpole_traced "
+    "--overwrite > /dev/null && cut -f1 runs/cartpole_reads/*.keys | sort -u | "
+    "grep '^algorithm\\.'",
     # docs/placement.md
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run cluster.simulate=4x8 "
     "rollout.backend=vllm rollout.tensor_parallel_size=4 cluster.component_placement="

@@ -25,8 +25,11 @@ refused, so what runs is what the config says.
 The command line is a thin wrapper over these functions (`rlshell.train`):
 the same validation, the same run directory, the same run loop. Where the
 command line prints an error and exits with a status, these raise:
-`rlshell.config.ConfigError` for everything found before start, and the
-worker, checkpoint and cluster errors for a run that failed.
+`rlshell.config.ConfigError` for everything found before start (a run
+directory that holds a run or is in use: `rlshell.rundir.RunDirError`), and
+the worker, checkpoint and cluster errors for a run that failed. The first
+Ctrl-C finishes the step, saves a checkpoint and raises
+`rlshell.runners.loop.Interrupted`, a KeyboardInterrupt.
 """
 
 from __future__ import annotations
@@ -293,6 +296,7 @@ def train(
     rewards: RewardFn | Mapping[str, RewardFn] | None = None,
     envs: Mapping[str, EnvBuilder] | None = None,
     models: Mapping[str, ModelBuilder | ModelEntry] | None = None,
+    overwrite: bool = False,
 ) -> TrainResult:
     """Train as ``config`` says and return what the run left (`TrainResult`).
 
@@ -303,19 +307,24 @@ def train(
     model) or ``{name: ModelEntry(builder, "reasoning")}``. They are known
     to this process and every worker of the run, and only during this call.
 
-    Validates first (`ConfigError` before anything starts), then starts Ray
-    (or attaches to ``cluster.address``), plans the placement, writes the
-    resolved ``config.json`` and ``placement.json`` to the run directory and
-    runs the loop. Ray is shut down on the way out, also on error and Ctrl-C.
+    Validates first (`ConfigError` before anything starts), then locks and
+    claims the run directory (`rlshell.rundir`: one that holds a run is
+    refused unless ``checkpoint.resume`` continues it or ``overwrite`` clears
+    it first), then starts Ray (or attaches to ``cluster.address``), plans the
+    placement, writes the resolved ``config.json`` and ``placement.json`` to
+    the run directory and runs the loop. Ray is shut down and the lock
+    released on the way out, also on error and Ctrl-C.
     """
     with _registered(rewards, envs, models) as objects:
-        return train_validated(_validated(config, overrides, objects, for_run=True))
+        validated = _validated(config, overrides, objects, for_run=True)
+        return train_validated(validated, overwrite=overwrite)
 
 
-def train_validated(config: Config) -> TrainResult:
+def train_validated(config: Config, *, overwrite: bool = False) -> TrainResult:
     """`train` for a config that `load_config` has just validated (the command line's path)."""
     from rlshell.cluster.placement import PlacementError, render_table, write_plan
     from rlshell.cluster.ray_cluster import Cluster
+    from rlshell.rundir import claimed_run_dir
     from rlshell.runners import run
     from rlshell.runners.spec import resolve_spec
     from rlshell.runners.validation import cluster_spec_for, plan_for
@@ -323,11 +332,15 @@ def train_validated(config: Config) -> TrainResult:
     run_dir = run_dir_of(config)
     spec = resolve_spec(config)
     embedded = config.cluster.address is None
-    with Cluster(
-        address=config.cluster.address,
-        num_cpus=config.cluster.num_cpus if embedded else None,
-        runtime_env_vars=config.cluster.worker_env_vars,
-    ) as cluster:
+    resume = config.checkpoint.resume
+    with (
+        claimed_run_dir(run_dir, resume=resume, overwrite=overwrite),
+        Cluster(
+            address=config.cluster.address,
+            num_cpus=config.cluster.num_cpus if embedded else None,
+            runtime_env_vars=config.cluster.worker_env_vars,
+        ) as cluster,
+    ):
         spec_of_nodes = wait_for_nodes(cluster, config)
         try:
             plan = plan_for(config, spec_of_nodes)
@@ -350,7 +363,10 @@ def wait_for_nodes(cluster: Cluster, config: Config) -> ClusterSpec:
 
     deadline = time.monotonic() + config.cluster.startup_timeout_s
     while True:
-        spec = cluster.spec(config.cluster.node_groups or None)
+        try:
+            spec = cluster.spec(config.cluster.node_groups or None)
+        except ValueError as error:  # node groups that do not fit the cluster's nodes
+            raise ConfigError([f"cluster.node_groups: {error}"]) from None
         if len(spec.nodes) >= config.cluster.num_nodes or time.monotonic() > deadline:
             break
         time.sleep(1.0)

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from attrs import frozen
 
-from rlshell.checkpoint import TRAINER_STATE, CheckpointError, run_config_path
+from rlshell.checkpoint import RUN_CONFIG, TRAINER_STATE, CheckpointError, run_config_path
 from rlshell.config import Config, ConfigError
 from rlshell.evaluation.embodied import EvaluationError, missing_checkpoint_message
 from rlshell.extensions import ExtensionError, load_extensions
@@ -45,8 +45,6 @@ from rlshell.hub import hub_id, pretrained_source
 from rlshell.runners.validation import load_config
 
 __all__ = ["EVALUATORS", "Evaluator", "evaluate", "main"]
-
-DEFAULT_CONFIG = Path("configs/grpo.py")
 
 
 def _load(path: Path, config: Config) -> tuple[torch.nn.Module, Any]:
@@ -68,9 +66,19 @@ def _load(path: Path, config: Config) -> tuple[torch.nn.Module, Any]:
 
 
 def _config_beside(path: Path) -> Path:
-    """A checkpoint's run config: ``<run dir>/config.json`` two levels up."""
-    candidate = run_config_path(path)
-    return candidate if candidate.is_file() else DEFAULT_CONFIG
+    """The run config of a checkpoint (``<run dir>/config.json`` two levels up) or of an export
+    in its run directory (one level up); `ConfigError` when there is none."""
+    candidates = [run_config_path(path), path.parent / RUN_CONFIG]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(
+        [
+            f"--config: no run config beside {path} (looked for "
+            f"{' and '.join(str(c) for c in candidates)}); name the run's config.json or a "
+            "config file with --config"
+        ]
+    )
 
 
 def evaluate(

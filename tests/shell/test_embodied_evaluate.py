@@ -362,6 +362,17 @@ def test_a_missing_checkpoint_names_the_runs_checkpoints(
     assert "global_step_9 does not exist; the run has global_step_2" in err
 
 
+def test_a_checkpoint_away_from_its_run_needs_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint = tmp_path / "backup" / "global_step_3"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text('{"step": 3, "experiment_name": "x"}')
+    status, _, err = evaluate_here(capsys, str(checkpoint))
+    assert status == 1
+    assert f"--config: no run config beside {checkpoint} (looked for {tmp_path}/config.json " in err
+
+
 def test_a_checkpoint_without_policy_weights_is_refused(
     cartpole_checkpoint: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -119,17 +121,27 @@ def test_ctrl_c_then_resume_auto_reproduces_the_uninterrupted_run_exactly(
     process.send_signal(signal.SIGINT)
     output = process.communicate(timeout=180)[0].decode()
     assert process.returncode == 130, output[-3000:]
+    # The first Ctrl-C lets the step under way finish (3; 2 if it came as 2's save ended)
+    # and saves it.
+    stopped = re.search(r"interrupted after step (\d+): saved (\S+);", output)
+    assert stopped is not None, output[-3000:]
+    step = int(stopped[1])
+    assert step in (2, 3)
+    assert Path(stopped[2]) == run_dir / "checkpoints" / f"global_step_{step}"
     names = [p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.startswith(".")]
-    assert "global_step_2" in names
-    assert "global_step_6" not in names, "Ctrl-C took effect only after step 6"
-
-    resumed = train(
-        *SHORT,
-        f"runner.output_dir={tmp_path}",
-        "checkpoint.resume=auto",
-        env=cli_env(ray_tmp),
-        timeout=400,
+    assert sorted(names) == sorted({"global_step_2", f"global_step_{step}"})
+    assert [int(r["step"]) for r in read_metrics(run_dir / "metrics.jsonl")] == list(
+        range(step + 1)
     )
+    command = next(line for line in output.splitlines() if line.startswith("resume with: "))
+    resume = shlex.split(command.removeprefix("resume with: "))
+    assert resume == [
+        *("python", "-m", "rlshell.train", "--config", str(run_dir / "config.json")),
+        "checkpoint.resume=auto",
+    ]
+
+    # The printed command, to the shared run's length (the interrupted one was set to 1000).
+    resumed = train(*resume[3:], "runner.max_steps=6", env=cli_env(ray_tmp), timeout=400)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
     assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.endswith(".partial")]

@@ -96,6 +96,44 @@ def test_a_probe_run_places_every_worker_as_planned_with_extensions_loaded(
     assert len({report["pid"] for report in actor}) == 2
     assert (tmp_path / "grpo" / "placement.json").is_file()
     assert (tmp_path / "grpo" / "config.json").is_file()
+    assert not (tmp_path / "grpo" / "run.lock").exists(), "the lock is released at the end"
+    assert wait_for_no_ray_processes(ray_tmpdir) == []
+
+
+def test_overwrite_clears_the_old_run_before_the_new_one_starts(
+    ray_tmpdir: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "grpo"
+    (run_dir / "checkpoints" / "global_step_4").mkdir(parents=True)
+    (run_dir / "checkpoints" / "global_step_4" / "trainer_state.json").write_text("{}")
+    (run_dir / "tensorboard").mkdir()
+    (run_dir / "tensorboard" / "events.out.tfevents.1.old").write_bytes(b"\0")
+    (run_dir / "metrics.jsonl").write_text('{"step": 4}\n')
+    # Through the Python API (the command line's --overwrite is the same keyword).
+    script = (
+        "import sys; from rlshell.api import train; "
+        "result = train('configs/grpo.py', sys.argv[1:], overwrite=True); print(result.run_dir)"
+    )
+    args = ["runner.runner_type=probe", "runner.max_steps=2", f"runner.output_dir={tmp_path}"]
+    result = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=ROOT,
+        env=cli_env(ray_tmpdir),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[0] == (
+        f"--overwrite: removed the run in {run_dir} (a checkpoint of step 4, metrics to step 4, "
+        "tensorboard/)"
+    )
+    assert result.stdout.splitlines()[-1] == str(run_dir)
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "config.json",
+        "placement.json",
+        "probe.json",
+    ]
     assert wait_for_no_ray_processes(ray_tmpdir) == []
 
 
@@ -140,6 +178,7 @@ def test_ctrl_c_shuts_ray_down_and_exits_130(ray_tmpdir: Path, tmp_path: Path) -
             process.kill()
     assert process.returncode == 130, stderr
     assert "interrupted: Ray was shut down" in stderr
+    assert not (tmp_path / "grpo" / "run.lock").exists(), "Ctrl-C releases the lock"
     assert wait_for_no_ray_processes(ray_tmpdir) == []
 
 

@@ -33,7 +33,7 @@ def train(
     )
 
 
-def test_dry_run_prints_the_plan_and_writes_config_and_placement(tmp_path: Path) -> None:
+def test_dry_run_prints_the_plan_and_writes_config_and_placement_aside(tmp_path: Path) -> None:
     result = train("configs/grpo.py", "--dry-run", f"runner.output_dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -41,11 +41,16 @@ def test_dry_run_prints_the_plan_and_writes_config_and_placement(tmp_path: Path)
     assert lines[1].startswith("cluster: 1 CPU-only node")
     assert "mode: collocated" in lines[1]
     assert any(line.split()[:2] == ["actor", "0-1"] for line in lines)
-    run_dir = tmp_path / "grpo"
-    plan = read_plan(run_dir / "placement.json")
+    plan_dir = tmp_path / "grpo" / "dry_run"
+    assert lines[-2:] == [
+        f"config:    {plan_dir / 'config.json'}",
+        f"placement: {plan_dir / 'placement.json'}",
+    ]
+    assert sorted(p.name for p in (tmp_path / "grpo").iterdir()) == ["dry_run"]
+    plan = read_plan(plan_dir / "placement.json")
     assert [c.name for c in plan.components] == ["actor", "rollout", "reward"]
     assert plan.component("actor").world_size == 2
-    assert load_config(run_dir / "config.json") == load_config(
+    assert load_config(plan_dir / "config.json") == load_config(
         ROOT / "configs" / "grpo.py", [f"runner.output_dir={tmp_path}"]
     )
 
@@ -62,7 +67,7 @@ def test_dry_run_on_a_simulated_4x8_cluster(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "4 nodes × 8 GPUs" in result.stdout
-    plan = read_plan(tmp_path / "grpo" / "placement.json")
+    plan = read_plan(tmp_path / "grpo" / "dry_run" / "placement.json")
     assert plan.mode is Mode.HYBRID
     assert plan.component("actor").world_size == 32
     rollout = plan.component("rollout")
@@ -74,12 +79,12 @@ def test_dry_run_on_a_simulated_4x8_cluster(tmp_path: Path) -> None:
 def test_resolved_config_json_runs_again_with_overrides(tmp_path: Path) -> None:
     first = train("configs/grpo.py", "--dry-run", f"runner.output_dir={tmp_path}")
     assert first.returncode == 0, first.stderr
-    saved = tmp_path / "grpo" / "config.json"
+    saved = tmp_path / "grpo" / "dry_run" / "config.json"
     again = train(
         "--config", str(saved), "--dry-run", "runner.experiment_name=again", "actor.optim.lr=1e-4"
     )
     assert again.returncode == 0, again.stderr
-    resumed = json.loads((tmp_path / "again" / "config.json").read_text())
+    resumed = json.loads((tmp_path / "again" / "dry_run" / "config.json").read_text())
     assert resumed["actor"]["optim"]["lr"] == 1e-4
     assert resumed["actor"]["model"] == json.loads(saved.read_text())["actor"]["model"]
 
@@ -114,6 +119,129 @@ def test_a_missing_config_file_and_two_config_files_are_errors(tmp_path: Path) -
     two = train("configs/grpo.py", "configs/grpo.py", "--dry-run")
     assert two.returncode == 2
     assert "expected one config file, got 2" in two.stderr
+
+
+def test_a_dry_run_leaves_a_finished_runs_config_and_placement_as_they_were(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "grpo"
+    checkpoint = run_dir / "checkpoints" / "global_step_2"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text('{"step": 2, "experiment_name": "grpo"}')
+    (run_dir / "config.json").write_text('{"the run\'s": "own"}\n')
+    (run_dir / "placement.json").write_text('{"its": "plan"}\n')
+    before = {name: (run_dir / name).read_bytes() for name in ("config.json", "placement.json")}
+    result = train(
+        "configs/grpo.py", "--dry-run", "runner.max_steps=7", f"runner.output_dir={tmp_path}"
+    )
+    assert result.returncode == 0, result.stderr
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
+    assert load_config(run_dir / "dry_run" / "config.json").runner.max_steps == 7
+    overwrite = train("configs/grpo.py", "--dry-run", "--overwrite")
+    assert overwrite.returncode == 2
+    assert "--overwrite: a dry run writes nothing into the run directory" in overwrite.stderr
+
+
+def test_without_a_config_the_usage_and_the_configs_are_printed_and_nothing_starts(
+    tmp_path: Path,
+) -> None:
+    result = train(cwd=ROOT)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith("usage: python -m rlshell.train")
+    assert re.search(r"configs/grpo\.py +GRPO on a generated arithmetic task", result.stderr)
+    assert result.stderr.rstrip().endswith(
+        "error: no config given: name one of the configs above (or a run's config.json with "
+        "--config)"
+    )
+    assert not (ROOT / "runs" / "grpo" / "run.lock").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "problem"),
+    [
+        (
+            "cluster.simulate=4x9x",
+            "  - cluster.simulate: simulated cluster '4x9x': expected NODESxGPUS or "
+            "NODESxGPUSxCPUS with at least one node, e.g. '4x8' (4 nodes, 8 GPUs each), "
+            "'4x8x64' or '1x0' (one CPU-only node)",
+        ),
+        (
+            'cluster.node_groups={"env": "0-"}',
+            "  - cluster.node_groups: node group 'env': bad rank '0-' in '0-'; expected a rank "
+            "like '5' or an inclusive range like '0-7'",
+        ),
+        (
+            'cluster.node_groups={"env": "3"}',
+            "  - cluster.node_groups: node group 'env': node ranks 3 are beyond the cluster's "
+            "1 node (0-0)",
+        ),
+        ("cluster.node_groups=3", "  - cluster.node_groups: expected JSON for dict, got '3'"),
+        (
+            'cluster.component_placement={"actor": "0-", "rollout": "0", "reward": "0"}',
+            "  - cluster.component_placement: actor: placement '0-': bad rank '0-' in '0-'; "
+            "expected a rank like '5' or an inclusive range like '0-7'",
+        ),
+    ],
+)
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_malformed_cluster_string_is_a_config_error_naming_its_key(
+    tmp_path: Path, override: str, problem: str, dry_run: bool
+) -> None:
+    args = ["configs/grpo.py", override, f"runner.output_dir={tmp_path}"]
+    result = train(*args, *(["--dry-run"] if dry_run else []))
+    assert result.returncode == 2, result.stderr
+    assert problem in result.stderr.splitlines()[1:]  # (a real run also refuses to simulate)
+    assert not (tmp_path / "grpo").exists()
+
+
+def test_an_attached_clusters_node_groups_are_checked_before_connecting(tmp_path: Path) -> None:
+    result = train(
+        "configs/grpo.py",
+        "cluster.address=auto",
+        'cluster.node_groups={"env": "1-x"}',
+        f"runner.output_dir={tmp_path}",
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[1:] == [
+        "  - cluster.node_groups: node group 'env': bad rank '1-x' in '1-x'; expected a rank "
+        "like '5' or an inclusive range like '0-7'"
+    ]
+
+
+def test_a_run_dir_holding_a_run_is_refused_before_ray_starts(tmp_path: Path) -> None:
+    run_dir = tmp_path / "grpo"
+    for step in (20, 40):
+        checkpoint = run_dir / "checkpoints" / f"global_step_{step}"
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "trainer_state.json").write_text("{}")
+    (run_dir / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": step, "reward/mean": 0.5}) + "\n" for step in range(44))
+    )
+    common = ["configs/grpo.py", "runner.runner_type=probe", f"runner.output_dir={tmp_path}"]
+    again = train(*common)
+    assert again.returncode == 2, again.stderr
+    assert again.stdout == ""
+    assert again.stderr == (
+        f"error: {run_dir} already holds a run (checkpoints up to step 40, metrics to step "
+        "43): continue it with checkpoint.resume=auto, start over with --overwrite "
+        "(overwrite=True in rlshell.api.train), or choose another runner.experiment_name\n"
+    )
+    both = train(*common, "checkpoint.resume=auto", "--overwrite")
+    assert both.returncode == 2
+    assert "checkpoint.resume=auto continues the run in" in both.stderr
+    for name in ("checkpoints/global_step_20", "checkpoints/global_step_40"):
+        (run_dir / name).joinpath("trainer_state.json").unlink()
+    no_checkpoint = train(*common, "checkpoint.resume=auto")
+    assert no_checkpoint.returncode == 2
+    assert no_checkpoint.stderr == (
+        f"error: {run_dir} holds a run (no complete checkpoint, metrics to step 43) but no "
+        "complete checkpoint for checkpoint.resume=auto to "
+        "continue from; starting afresh would replace its metrics: start over with --overwrite "
+        "(overwrite=True in rlshell.api.train), or choose another runner.experiment_name\n"
+    )
+    assert not (run_dir / "run.lock").exists()
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 44
 
 
 def test_help_lists_the_configs_and_the_top_level_keys() -> None:

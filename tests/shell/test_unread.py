@@ -76,6 +76,10 @@ def test_an_estimator_registered_without_saying_is_taken_to_read_everything() ->
         (["actor.model.lora_rank=16"], ["actor.model.lora_rank"]),
         (["rollout.gpu_memory_utilization=0.9"], ["rollout.gpu_memory_utilization"]),
         (["checkpoint.interval=0", "checkpoint.keep_last=5"], ["checkpoint.keep_last"]),
+        (
+            ["checkpoint.interval=0", "checkpoint.save_on_interrupt=false"],
+            ["checkpoint.save_on_interrupt"],
+        ),
         (["algorithm.kl_kind=k1"], ["algorithm.kl_kind"]),
         (["rollout.weight_sync=shared", "rollout.bucket_size_mb=8"], ["rollout.bucket_size_mb"]),
         (["runner.rollout_steps=64", "env.num_envs=4"], ["env.num_envs", "runner.rollout_steps"]),
@@ -97,6 +101,7 @@ def test_keys_read_in_these_settings_are_accepted() -> None:
         ["actor.model.is_lora=true", "actor.model.lora_rank=16"],
         ["algorithm.kl_coef=0.1", "algorithm.kl_kind=k1"],
         ["checkpoint.keep_last=5"],
+        ["checkpoint.interval=10", "checkpoint.save_on_interrupt=false"],
         # A GPU config planned for vLLM (a dry run) reads its memory share.
         ["cluster.simulate=1x8", "rollout.backend=vllm", "rollout.gpu_memory_utilization=0.9"],
     ]

@@ -309,6 +309,8 @@ def _parse_structured(text: str, tp: Any, key: str) -> Any:
         raise _Problem("; ".join(_describe_structure_error(error, (key,), tp))) from None
     except (TypeError, ValueError) as error:
         raise _Problem(f"{key}: {error}") from None
+    except AttributeError:  # cattrs reading a mapping's items() from a non-mapping
+        raise _Problem(f"{key}: expected JSON for {_type_name(tp)}, got '{text}'") from None
 
 
 def _union_members(tp: Any) -> tuple[Any, ...] | None:

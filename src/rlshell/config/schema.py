@@ -454,12 +454,17 @@ class CheckpointConfig:
     ``resume``: null starts fresh; ``"auto"`` continues from the newest
     checkpoint of the run directory if there is one; a path resumes from that
     checkpoint directory, which must exist.
+
+    ``save_on_interrupt``: the first Ctrl-C lets the step under way finish
+    and saves a checkpoint of it before the run stops (a run with
+    ``interval`` 0 saves none); false stops after the step without one.
     """
 
     interval: int = field(default=0, metadata=NON_NEGATIVE_INT)
     keep_last: int | None = field(default=2, metadata=OPTIONAL_POSITIVE)
     resume: str | None = None
     export_hf: bool = True
+    save_on_interrupt: bool = True
 
 
 @frozen

@@ -6,14 +6,23 @@ run spec names (`rlshell.runners.spec`) does the steps:
 
     python -m rlshell.train configs/grpo.py          # ReasoningTrainer
     python -m rlshell.train configs/ppo_cartpole.py  # CollocatedPPOTrainer
+
+Ctrl-C (SIGINT) during the steps lets the step under way finish, saves a
+checkpoint (``checkpoint.save_on_interrupt``) and raises `Interrupted`; a
+second Ctrl-C raises KeyboardInterrupt at once. (During the last step it only
+lets the run finish.)
 """
 
 from __future__ import annotations
 
+import signal
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 from attrs import frozen
 
@@ -29,12 +38,28 @@ from rlshell.checkpoint import (
 )
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
+from rlshell.config import Config
 from rlshell.export import export_final_policy
 from rlshell.metrics import logger_for_run, plot_run
 from rlshell.runners.spec import RunSpec
 from rlshell.runners.trainer import Cadence, Reporting, Trainer
 
-__all__ = ["TrainResult", "run", "save_checkpoint", "timed"]
+__all__ = ["Interrupted", "TrainResult", "run", "save_checkpoint", "timed"]
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the run after ``step``, which finished and was logged.
+
+    ``checkpoint``: the checkpoint of that step (None when none was written,
+    ``why_not`` saying why: ``checkpoint.interval`` 0 or
+    ``checkpoint.save_on_interrupt`` false).
+    """
+
+    def __init__(self, step: int, checkpoint: Path | None, why_not: str = "") -> None:
+        super().__init__(f"interrupted after step {step}")
+        self.step = step
+        self.checkpoint = checkpoint
+        self.why_not = why_not
 
 
 @frozen
@@ -64,6 +89,8 @@ def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> 
     clean_partials(run_dir)
     resume_from = resolve_resume(config.checkpoint.resume, run_dir)
     cadence = Cadence.of(config)
+    # Read now, as every key a run reads: a run that saves no checkpoint does not read it.
+    save_on_interrupt = bool(cadence.checkpoint_interval) and config.checkpoint.save_on_interrupt
     trainer = trainer_cls.launch(spec, cluster, plan, run_dir)
     final: dict[str, float] = {}
     try:
@@ -77,18 +104,26 @@ def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> 
             if start_step == 0 and cadence.evaluates:
                 logger.log(0, trainer.evaluate(0))
             saved: dict[str, float] = {}
-            for step in range(start_step + 1, cadence.max_steps + 1):
-                metrics = trainer.step(step)
-                if cadence.eval_due(step):
-                    metrics.update(trainer.evaluate(step))
-                # Logged before the checkpoint: a checkpoint of step N implies its metrics
-                # are on disk. The time a save took is reported with the step after it.
-                final = {**metrics, **saved}
-                logger.log(step, final)
-                saved = {}
-                if cadence.checkpoint_due(step):
-                    with timed(saved, "time/checkpoint"):
-                        save_checkpoint(trainer, run_dir, step, config.checkpoint.keep_last)
+            with _first_ctrl_c_finishes_the_step() as stop:
+                for step in range(start_step + 1, cadence.max_steps + 1):
+                    metrics = trainer.step(step)
+                    if cadence.eval_due(step):
+                        metrics.update(trainer.evaluate(step))
+                    # Logged before the checkpoint: a checkpoint of step N implies its metrics
+                    # are on disk. The time a save took is reported with the step after it.
+                    final = {**metrics, **saved}
+                    logger.log(step, final)
+                    saved = {}
+                    checkpoint = None
+                    if cadence.checkpoint_due(step):
+                        with timed(saved, "time/checkpoint"):
+                            checkpoint = save_checkpoint(
+                                trainer, run_dir, step, config.checkpoint.keep_last
+                            )
+                    if stop.is_set() and step < cadence.max_steps:  # (the last: done)
+                        raise _interrupted(
+                            trainer, run_dir, step, checkpoint, config, save_on_interrupt
+                        )
     finally:
         trainer.close()
     plot_run(run_dir, trainer_cls.curves)
@@ -113,6 +148,54 @@ def save_checkpoint(trainer: Trainer, run_dir: Path, step: int, keep_last: int |
     final = commit(staging, run_dir, step)
     prune(run_dir, keep_last)
     return final
+
+
+def _interrupted(
+    trainer: Trainer,
+    run_dir: Path,
+    step: int,
+    checkpoint: Path | None,
+    config: Config,
+    save_on_interrupt: bool,
+) -> Interrupted:
+    """What stopping after ``step`` leaves: its checkpoint, saved now unless the config says
+    not to (``checkpoint.interval`` 0 saves none, ``checkpoint.save_on_interrupt`` false)."""
+    if checkpoint is not None:
+        return Interrupted(step, checkpoint)
+    if not config.checkpoint.interval:
+        return Interrupted(step, None, "checkpoint.interval is 0: the run saves no checkpoint")
+    if not save_on_interrupt:
+        return Interrupted(step, None, "checkpoint.save_on_interrupt is false")
+    print(f"Ctrl-C: saving a checkpoint of step {step}", file=sys.stderr, flush=True)
+    return Interrupted(step, save_checkpoint(trainer, run_dir, step, config.checkpoint.keep_last))
+
+
+@contextmanager
+def _first_ctrl_c_finishes_the_step() -> Iterator[threading.Event]:
+    """An event set by the first SIGINT of the block, which then raises nothing; the second
+    raises KeyboardInterrupt as usual. Outside the main thread (where Python delivers no
+    signals) the event is never set and Ctrl-C behaves as usual."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def first(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print(
+            "\nCtrl-C: stopping after this step (Ctrl-C again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    previous = signal.signal(signal.SIGINT, first)
+    try:
+        yield stop
+    finally:
+        # None: the previous handler was not installed from Python; Python's own stands in.
+        restored = previous if previous is not None else signal.default_int_handler
+        signal.signal(signal.SIGINT, restored)
 
 
 @contextmanager

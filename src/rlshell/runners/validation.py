@@ -85,12 +85,12 @@ def validate(config: Config, *, for_run: bool = True) -> list[str]:
     problems += _cluster_problems(config)
     requests, request_problems = placement_requests(config)
     problems += request_problems
+    cluster, cluster_spec_problems = _cluster_spec(config)
+    problems += cluster_spec_problems
     plan: PlacementPlan | None = None
-    if not request_problems:
-        cluster = cluster_spec_for(config)
-        if cluster is not None:
-            plan, plan_problems = _plan(cluster, requests)
-            problems += plan_problems
+    if not request_problems and cluster is not None:
+        plan, plan_problems = _plan(cluster, requests)
+        problems += plan_problems
     problems += unread_problems(spec, plan)
     if spec.trainer is not None:
         problems += spec.trainer.problems(config, plan)
@@ -145,6 +145,7 @@ def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, s
         never = "checkpoint.interval is 0: the run saves no checkpoint"
         unread["checkpoint.keep_last"] = f"{never} to keep or prune"
         unread["checkpoint.export_hf"] = f"{never} to export"
+        unread["checkpoint.save_on_interrupt"] = f"{never}, also on Ctrl-C"
     if plan is not None and spec.trainer is not None and _unsharded_actor(config, plan):
         fsdp = config.actor.fsdp_config
         alone = (
@@ -380,6 +381,30 @@ def cluster_spec_for(config: Config) -> ClusterSpec | None:
     if config.cluster.num_cpus is not None:
         nodes = [attrs.evolve(nodes[0], cpus=float(config.cluster.num_cpus))]
     return cluster_spec(nodes, groups)
+
+
+def _cluster_spec(config: Config) -> tuple[ClusterSpec | None, list[str]]:
+    """`cluster_spec_for`, or the problems of the strings that describe the cluster
+    (``cluster.simulate``, ``cluster.node_groups``) that keep it from being made. An attached
+    cluster's node groups are checked against its nodes once connected; here, their syntax."""
+    from rlshell.cluster.placement import DEFAULT_NODE_GROUP, parse_ranks
+
+    try:
+        spec = cluster_spec_for(config)
+    except PlacementError as error:  # the node groups
+        return None, [f"cluster.node_groups: {problem}" for problem in error.problems]
+    except ValueError as error:  # a malformed simulate string
+        return None, [f"cluster.simulate: {error}"]
+    problems = []
+    if spec is None:
+        for label, ranks in config.cluster.node_groups.items():
+            if ranks.strip() == DEFAULT_NODE_GROUP:
+                continue
+            try:
+                parse_ranks(ranks)
+            except ValueError as error:
+                problems.append(f"cluster.node_groups: node group '{label}': {error}")
+    return spec, problems
 
 
 def plan_for(config: Config, spec: ClusterSpec) -> PlacementPlan:
