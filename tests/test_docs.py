@@ -476,9 +476,10 @@ FIGURE = re.compile(
     """
 )
 # A figure spelt in words cannot be checked against a record: write it in digits.
+# ("a second" is also an ordinal: "a second run" is not a duration.)
 SPELT_FIGURE = re.compile(
-    r"(?i)\b(?:a|an|one|two|three|four|five|six|seven|eight|nine|ten|twenty|thirty|"
-    r"a\squarter\sof\san?|half\san?)\s(?:minutes?|seconds?|hours?)\b"
+    r"(?i)\b(?:(?:one|two|three|four|five|six|seven|eight|nine|ten|twenty|thirty)"
+    r"\s(?:minutes?|seconds?|hours?)|(?:an?|a\squarter\sof\san?|half\san?)\s(?:minute|hour)s?)\b"
 )
 
 
@@ -508,7 +509,8 @@ def test_the_figure_pattern_finds_claims_and_leaves_counts() -> None:
     ]
     assert SPELT_FIGURE.search("in about a quarter of an hour")
     assert SPELT_FIGURE.search("in about three minutes")
-    assert not SPELT_FIGURE.search("three prompts, a minimal run of one step")
+    assert SPELT_FIGURE.search("about a minute")
+    assert not SPELT_FIGURE.search("three prompts, a minimal run of one step, a second run")
 
 
 @pytest.mark.parametrize("page", QUOTING_PAGES, ids=lambda path: path.name)
