@@ -21,6 +21,7 @@ from rlshell.config.loading import (
     config_from_dict,
     config_to_dict,
     parse_override_value,
+    read_config,
     read_config_source,
     write_config,
 )
@@ -517,3 +518,28 @@ def test_a_config_module_may_define_a_plain_dict(tmp_path: Path) -> None:
     path = tmp_path / "as_dict.py"
     path.write_text("config = {'actor': {'optim': {'lr': 0.001}}}\n")
     assert load_config(path).actor.optim.lr == 0.001
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {"runner": 3},
+            "runner: expected a section (a mapping of its keys), got a value of type int",
+        ),
+        (
+            {"cluster": {"component_placement": 5}},
+            "cluster.component_placement: expected a mapping, got a value of type int",
+        ),
+        (
+            {"logger": "wandb"},
+            "logger: expected a section (a mapping of its keys), got a value of type str",
+        ),
+    ],
+)
+def test_a_value_where_a_section_belongs_names_the_key_and_what_was_given(
+    data: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        read_config(data)
+    assert caught.value.problems == [message]

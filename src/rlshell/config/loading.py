@@ -20,6 +20,7 @@ import difflib
 import importlib.util
 import json
 import os
+import re
 import sys
 import types
 import typing
@@ -408,7 +409,17 @@ def _describe_structure_error(
         yield f"{where}.{error.args[0]}: missing" if where else f"{error.args[0]}: missing"
         return
     message = str(error)
-    if "not in literal" in message or (isinstance(error, ValueError) and get_origin(tp) is Literal):
+    if isinstance(error, TypeError | AttributeError) and (
+        attrs.has(tp) or get_origin(tp) in (dict, Mapping)
+    ):
+        # cattrs iterates or calls .items() on what should be a mapping.
+        got = re.search(r"type '(\w+)'|'(\w+)' object", message)
+        kind = next((name for name in got.groups() if name), None) if got else None
+        expected = "a section (a mapping of its keys)" if attrs.has(tp) else "a mapping"
+        message = f"expected {expected}, got {'a value of type ' + kind if kind else message}"
+    elif "not in literal" in message or (
+        isinstance(error, ValueError) and get_origin(tp) is Literal
+    ):
         options = [str(option) for option in get_args(tp)]
         message = f"expected one of {_quoted(options)}"
     yield f"{where}: {message}" if where else message
