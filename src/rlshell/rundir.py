@@ -41,7 +41,7 @@ from attrs import frozen
 
 from rlshell.checkpoint import list_checkpoints
 from rlshell.config import ConfigError
-from rlshell.metrics import METRICS_FILE, read_metrics
+from rlshell.metrics import METRICS_FILE, WANDB_RUN_FILE, read_metrics
 
 __all__ = [
     "DRY_RUN_DIR",
@@ -66,6 +66,7 @@ RESULTS = (
     "checkpoints",
     "tensorboard",
     "wandb",
+    WANDB_RUN_FILE,
     "learning_curve.png",
     "hf_model",
     "policy",

@@ -101,6 +101,8 @@ def test_overwrite_clears_the_runs_outputs_and_leaves_other_files(tmp_path: Path
     (run_dir / ".hf_model.partial").mkdir()
     (run_dir / "checkpoints" / ".global_step_41.partial").mkdir()
     (run_dir / "notes.txt").write_text("mine")
+    # A fresh run after --overwrite must not find the old run's W&B id and continue it.
+    (run_dir / "wandb_run.json").write_text('{"id": "old", "step": 43}\n')
     before = claim_run_dir(run_dir, resume=None, overwrite=True)
     assert before.checkpoint_steps == (20, 40)
     assert sorted(p.name for p in run_dir.iterdir()) == ["notes.txt"]
