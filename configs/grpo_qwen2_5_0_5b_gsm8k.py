@@ -1,4 +1,4 @@
-"""GRPO on GSM8K with Qwen2.5-0.5B-Instruct: FSDP2 actor and vLLM rollout on one GPU (plans; vLLM not built yet).
+"""GRPO on GSM8K with Qwen2.5-0.5B-Instruct: FSDP2 actor, vLLM rollout on one GPU (plans only, now).
 
 This version plans and validates it; it cannot run it yet: the vLLM rollout
 engine is not built (a real run is refused before start, naming

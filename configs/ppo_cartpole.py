@@ -1,4 +1,4 @@
-"""PPO on CartPole-v1 with rl-zoo's hyperparameters: env, rollout and update in one process (one rank)."""
+"""PPO on CartPole-v1 with rl-zoo's hyperparameters: env, rollout and update in one process."""
 
 from rlshell.config import (
     ActorConfig,
