@@ -95,3 +95,17 @@ def process_group() -> Iterator[None]:
     """`single_rank_group` for the test."""
     with single_rank_group():
         yield
+
+
+@pytest.fixture
+def ray_never_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if anything calls ``ray.init`` (an error that must come before Ray starts).
+
+    ``ray.is_initialized()`` cannot say it: the session's `ray_cluster` may be up already.
+    """
+    import ray
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("ray.init was called: Ray started before the error was reported")
+
+    monkeypatch.setattr(ray, "init", refuse)
