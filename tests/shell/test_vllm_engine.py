@@ -110,6 +110,19 @@ def test_greedy_tokens_and_logprobs_equal_hf_before_and_after_a_weight_sync(
     assert _max_logprob_gap(hf, vllm, seed=4) < LOGPROB_ATOL
 
 
+def test_a_reload_of_some_weights_only_is_refused_before_it_reaches_the_engine(
+    engines: tuple[HFRolloutEngine, VLLMRolloutEngine],
+) -> None:
+    hf, vllm = engines
+    before = vllm.generate(PROMPTS, SamplingParams(n=2, temperature=0.7), seed=5)
+    some = dict(list(hf.model.state_dict().items())[:3])
+    with pytest.raises(ValueError, match="missing"):
+        vllm.load_weights(some)
+    after = vllm.generate(PROMPTS, SamplingParams(n=2, temperature=0.7), seed=5)
+    assert torch.equal(after.logprobs, before.logprobs)
+    assert not torch.isnan(after.logprobs).any()
+
+
 def test_sampling_is_grouped_repeatable_and_each_row_has_its_own_stream(
     engines: tuple[HFRolloutEngine, VLLMRolloutEngine],
 ) -> None:
