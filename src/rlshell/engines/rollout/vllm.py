@@ -24,12 +24,15 @@ reports the untruncated one.
 from __future__ import annotations
 
 import os
+import random
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -92,7 +95,8 @@ class VLLMRolloutEngine:
         self.model.save_pretrained(self._model_dir.name)  # type: ignore[operator]
         tokenizer.save_pretrained(self._model_dir.name)
         self.param_names = frozenset(self.model.state_dict())
-        self.llm = _start_llm(Path(self._model_dir.name), dtype, kv_cache_bytes)
+        with _process_rngs_kept():  # vLLM seeds random, numpy and torch in its worker: here
+            self.llm = _start_llm(Path(self._model_dir.name), dtype, kv_cache_bytes)
         self.last_push_s = 0.0
 
     def weight_targets(self) -> dict[str, Tensor]:
@@ -166,7 +170,8 @@ class VLLMRolloutEngine:
             )
             for group in range(len(requests))
         ]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        with _process_rngs_kept():  # unseeded requests draw from torch's global generator
+            outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         tokens: list[list[int]] = []
         logprobs: list[list[float]] = []
         for output in outputs:
@@ -237,6 +242,18 @@ def _start_llm(model_dir: Path, dtype: torch.dtype, kv_cache_bytes: int) -> LLM:
         seed=0,
         disable_log_stats=True,
     )
+
+
+@contextmanager
+def _process_rngs_kept() -> Iterator[None]:
+    """The process's Python, NumPy and torch random states as they were before, after."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
 
 
 def _sampled_logprobs(
