@@ -92,8 +92,7 @@ class VLLMRolloutEngine:
             raise ValueError(f"vLLM serves float32, bfloat16 or float16 weights; got {dtype}")
         # vLLM loads from a directory: the policy as it is now, written once.
         self._model_dir = tempfile.TemporaryDirectory(prefix="rlstack-vllm-")
-        self.model.save_pretrained(self._model_dir.name)  # type: ignore[operator]
-        tokenizer.save_pretrained(self._model_dir.name)
+        _write_model_dir(self.model, tokenizer, Path(self._model_dir.name))
         self.param_names = frozenset(self.model.state_dict())
         with _process_rngs_kept():  # vLLM seeds random, numpy and torch in its worker: here
             self.llm = _start_llm(Path(self._model_dir.name), dtype, kv_cache_bytes)
@@ -208,6 +207,29 @@ class VLLMRolloutEngine:
             response_texts=tuple(texts),
             group_size=params.n,
         )
+
+
+def _write_model_dir(model: nn.Module, tokenizer: object, directory: Path) -> None:
+    """Config, weights (safetensors) and tokenizer, written by this process whatever its rank.
+
+    Not ``model.save_pretrained``: with a torch.distributed group up it writes
+    on rank 0 only, and every collocated rank starts its own engine.
+    """
+    from safetensors.torch import save_file
+    from transformers import PreTrainedTokenizerBase
+
+    assert isinstance(tokenizer, PreTrainedTokenizerBase)
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "save_pretrained"):
+        raise TypeError(f"vLLM needs a Hugging Face model (with a config), got {type(model)}")
+    config.save_pretrained(directory)
+    generation = getattr(model, "generation_config", None)
+    if generation is not None:
+        generation.save_pretrained(directory)
+    # Tied tensors share storage, which safetensors refuses: each is written as its own copy.
+    weights = {name: t.detach().clone().contiguous() for name, t in model.state_dict().items()}
+    save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(directory)
 
 
 def _check_head_size(model: nn.Module) -> None:
