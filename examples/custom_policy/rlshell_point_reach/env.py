@@ -43,7 +43,9 @@ class PointReach(gymnasium.Env[np.ndarray, np.ndarray]):
         self.goal = np.zeros(2)
 
     def _obs(self) -> np.ndarray:
-        return np.concatenate([self.position, self.goal - self.position]).astype(np.float32)
+        # Annotated: numpy 2.3's stubs type this expression as Any (2.4's as an ndarray).
+        obs: np.ndarray = np.concatenate([self.position, self.goal - self.position])
+        return obs.astype(np.float32)
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
