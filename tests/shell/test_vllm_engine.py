@@ -122,7 +122,7 @@ def test_greedy_tokens_and_logprobs_equal_hf_before_and_after_a_weight_sync(
     assert targets.keys() == new_weights.keys()
     for name, target in targets.items():
         target.data.copy_(new_weights[name])
-    vllm.push_weights()
+    vllm.weights_updated()
     print(f"vLLM in-place reload of every weight: {vllm.last_push_s * 1e3:.1f} ms")
 
     after = vllm.generate(PROMPTS, SamplingParams(n=4, temperature=0.7), seed=3)

@@ -253,8 +253,12 @@ class RolloutConfig:
     ``shared`` keeps no copy at all: the hf engine generates with the actor's
     own FSDP module, its units gathered once per rollout (the rollout must
     share the actor's placement and precision).
-    ``gpu_memory_utilization``: the share of a GPU a vllm or sglang engine
-    reserves (refused with the hf engine, which reads no such setting).
+    ``gpu_memory_utilization``: the share of a GPU a vllm engine reserves
+    for its weights and KV cache (refused with the hf engine, which reads no
+    such setting, and where the vllm engine runs on CPUs).
+    ``cpu_kv_cache_mb``: the host memory a vllm engine on CPUs reserves for
+    its KV cache (vLLM's ``kv_cache_memory_bytes``); it bounds how many
+    sequences it decodes at once.
     ``enable_offload``: a rollout in processes of its own that time-shares
     the actor's GPUs moves its model to host memory during the update; null
     (auto) does that wherever the plan shares, true asks for it (refused where
@@ -278,6 +282,7 @@ class RolloutConfig:
     top_k: int = field(default=0, metadata=NON_NEGATIVE_INT)
     max_new_tokens: int = field(default=16, metadata=POSITIVE_INT)
     gpu_memory_utilization: float = field(default=0.5, metadata=UNIT_OPEN_CLOSED)
+    cpu_kv_cache_mb: float = field(default=256.0, metadata=POSITIVE)
     enable_offload: bool | None = None
     weight_sync: Literal["bucket", "patch", "shared"] = "bucket"
     bucket_size_mb: float = field(default=64.0, metadata=POSITIVE)

@@ -17,7 +17,25 @@ from torch import nn
 
 from rlshell.config import ModelConfig
 
-__all__ = ["build_hf_causal_lm"]
+__all__ = ["build_hf_causal_lm", "hf_model_config"]
+
+
+def hf_model_config(cfg: ModelConfig) -> object:
+    """The transformers config of the model ``cfg`` describes, without building the model
+    (``cfg.path``: read from that directory or the Hub cache)."""
+    import transformers
+
+    if cfg.path is not None:
+        from rlshell.hub import pretrained_source
+
+        source, options = pretrained_source(cfg.path)
+        return transformers.AutoConfig.from_pretrained(source, **options)
+    kwargs = dict(cfg.model_kwargs)
+    class_name = str(kwargs.pop("config_class", "Qwen2Config"))
+    config_class = getattr(transformers, class_name, None)
+    if config_class is None or not isinstance(config_class, type):
+        raise ValueError(f"actor.model.model_kwargs.config_class: no transformers.{class_name}")
+    return config_class(**kwargs)
 
 
 def build_hf_causal_lm(cfg: ModelConfig, torch_dtype: torch.dtype) -> nn.Module:
@@ -36,12 +54,7 @@ def build_hf_causal_lm(cfg: ModelConfig, torch_dtype: torch.dtype) -> nn.Module:
             source, dtype=torch_dtype, **options
         )
         return model
-    kwargs = dict(cfg.model_kwargs)
-    class_name = str(kwargs.pop("config_class", "Qwen2Config"))
-    config_class = getattr(transformers, class_name, None)
-    if config_class is None or not isinstance(config_class, type):
-        raise ValueError(f"actor.model.model_kwargs.config_class: no transformers.{class_name}")
-    config = config_class(**kwargs)
+    config = hf_model_config(cfg)
     built: nn.Module = transformers.AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
         config, dtype=torch_dtype
     )

@@ -379,10 +379,10 @@ class ReasoningTrainer:
             return {"rollout/sync_bytes": 0.0}  # the engine generates with the actor's module
         actor = self._actor()
         results = actor.sync_model_to_rollout(full=full).wait()
-        if not self.hybrid:
-            rollout = self._rollout_group()
-            rollout.finish_sync(full).wait()
         stats: dict[str, float] = results[0]
+        if not self.hybrid:
+            finished = self._rollout_group().finish_sync(full).wait()
+            stats["engine_reload_seconds"] = max(part["engine_reload_seconds"] for part in finished)
         return {f"rollout/sync_{key}": value for key, value in stats.items()}
 
     def _reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:

