@@ -305,6 +305,24 @@ def test_importance_weights_hand_example() -> None:
     assert masked["masked_frac"].item() == pytest.approx(0.5)  # ρ = 2 and 0.25 dropped
 
 
+def test_sequence_and_geometric_ratios_hand_example() -> None:
+    """δ = 0.3 on 4 tokens, C = 1.5: ρ_geo = e^0.3 ≈ 1.35 is kept, ρ_seq = e^1.2 ≈ 3.32 is not;
+    a row of δ = −0.3 mirrors it below L = 1/1.5.
+    """
+    rollout = torch.full((2, 5), -1.0, dtype=F64)
+    train = rollout + torch.tensor([[0.3] * 5, [-0.3] * 5], dtype=F64)
+    mask = torch.tensor([[True] * 4 + [False]] * 2)
+    geometric, _ = rollout_importance_weights(train, rollout, mask, "geometric_mask", 1.5)
+    sequence, metrics = rollout_importance_weights(train, rollout, mask, "sequence_mask", 1.5)
+    truncated, _ = rollout_importance_weights(train, rollout, mask, "sequence_truncate", 1.5)
+    assert geometric.tolist() == [[1.0] * 4 + [0.0]] * 2
+    assert sequence.tolist() == [[0.0] * 5] * 2
+    assert metrics["masked_frac"].item() == 1.0
+    torch.testing.assert_close(
+        truncated, torch.tensor([[1.5] * 4 + [0.0], [math.exp(-1.2)] * 4 + [0.0]], dtype=F64)
+    )
+
+
 @pytest.mark.parametrize(
     ("threshold", "lower", "message"),
     [
