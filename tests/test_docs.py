@@ -379,6 +379,7 @@ DOCUMENTED_MODULES = [
     "rlcore.masked",
     "rlcore.advantages",
     "rlcore.losses",
+    "rlcore.mismatch",
     "rlcore.logprobs",
     "rlcore.distributions",
     "rlcore.rollout",

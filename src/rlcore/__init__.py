@@ -1,9 +1,10 @@
 """rlcore: the pure, typed maths of reinforcement-learning post-training.
 
 Advantage estimators, losses, KL estimators, masked reductions, log-prob
-helpers, action distributions and rollout transforms as pure functions over
-jaxtyping-annotated torch tensors. No I/O, no global state, no model code; the only imports are
-torch, numpy, attrs, beartype and jaxtyping (and jax inside `rlcore.jax`).
+helpers, sampler–trainer mismatch corrections, action distributions and
+rollout transforms as pure functions over jaxtyping-annotated torch tensors.
+No I/O, no global state, no model code; the only imports are torch, numpy,
+attrs, beartype and jaxtyping (and jax inside `rlcore.jax`).
 
 Every public function is wrapped by `typecheck`, which checks shapes and
 dtypes at call time; set ``RLCORE_TYPECHECK=0`` before import to skip it,
@@ -16,6 +17,7 @@ from rlcore import (
     logprobs,
     losses,
     masked,
+    mismatch,
     normalize,
     registry,
     rollout,
@@ -34,6 +36,7 @@ __all__ = [
     "logprobs",
     "losses",
     "masked",
+    "mismatch",
     "normalize",
     "registry",
     "rollout",

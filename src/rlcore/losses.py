@@ -8,6 +8,8 @@ loss of the whole batch, whatever the split.
 
 Notation: π the current policy, π_old the policy that produced the batch
 (behaviour), ρₜ = π(yₜ)/π_old(yₜ) = exp(log π − log π_old), Âₜ the advantage.
+Every policy loss takes per-token ``weights``: ℓₜ ← wₜ ℓₜ with ``weights``, e.g.
+`rlcore.mismatch.rollout_importance_weights`.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ __all__ = [
 ]
 
 Normalizer = float | Float[Tensor, ""] | None
+Weights = Float[Tensor, "batch time"] | None
 
 # exp() of a log-ratio beyond ±20 overflows float16 and means the batch is far
 # off-policy; verl clamps at the same bound.
@@ -81,6 +84,13 @@ def _valid_only(valid: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
     return tuple(torch.where(valid, tensor, 0.0) for tensor in tensors)
 
 
+def _weighted(token_loss: Tensor, weights: Tensor | None, valid: Tensor) -> Tensor:
+    """ℓₜ ← wₜ ℓₜ; the weights are constants, and 0 at masked positions (NaN there included)."""
+    if weights is None:
+        return token_loss
+    return token_loss * torch.where(valid, weights.detach(), 0.0)
+
+
 def _check_clip(clip_low: float, clip_high: float, dual_clip: float | None) -> None:
     if not 0.0 <= clip_low < 1.0:
         raise ValueError(f"clip_low must lie in [0, 1), got {clip_low}")
@@ -101,6 +111,7 @@ def ppo_policy_loss(
     dual_clip: float | None = None,
     agg: AggregationMode = "token-mean",
     normalizer: Normalizer = None,
+    weights: Weights = None,
 ) -> LossOutput:
     """PPO's clipped surrogate (Schulman et al. 2017, arXiv:1707.06347), clip-higher, dual clip.
 
@@ -111,6 +122,7 @@ def ppo_policy_loss(
     them (ε_high = 0.28) to keep low-probability tokens explorable. The
     log-ratio is clamped to ±20 before exp. Metrics: ``clipfrac``,
     ``dual_clipfrac``, ``approx_kl`` (mean of log π_old − log π), ``ratio_mean``.
+    ℓₜ ← wₜ ℓₜ with ``weights``, e.g. `rlcore.mismatch.rollout_importance_weights`.
     """
     clip_high = clip_low if clip_high is None else clip_high
     _check_clip(clip_low, clip_high, dual_clip)
@@ -121,7 +133,7 @@ def ppo_policy_loss(
     token_loss, clip_active, dual_active = _clipped_surrogate(
         ratio, advantages, clip_low, clip_high, dual_clip
     )
-    loss = aggregate(token_loss, valid, agg, normalizer)
+    loss = aggregate(_weighted(token_loss, weights, valid), valid, agg, normalizer)
     return LossOutput(
         loss,
         {
@@ -140,14 +152,17 @@ def vanilla_policy_loss(
     mask: Mask[Tensor, "batch time"],
     agg: AggregationMode = "token-mean",
     normalizer: Normalizer = None,
+    weights: Weights = None,
 ) -> LossOutput:
     """REINFORCE (Williams 1992): ℓₜ = −Âₜ log π(yₜ), on-policy samples only.
 
     Its gradient equals `ppo_policy_loss`'s at ρ = 1 (a fresh batch).
+    ℓₜ ← wₜ ℓₜ with ``weights``, e.g. `rlcore.mismatch.rollout_importance_weights`.
     """
     valid = as_bool_mask(mask)
     logprobs, advantages = _valid_only(valid, logprobs, advantages)
-    loss = aggregate(-advantages * logprobs, valid, agg, normalizer)
+    token_loss = _weighted(-advantages * logprobs, weights, valid)
+    loss = aggregate(token_loss, valid, agg, normalizer)
     return LossOutput(loss, {})
 
 
@@ -161,6 +176,7 @@ def gspo_policy_loss(
     clip_high: float = 4e-4,
     agg: AggregationMode = "seq-mean-token-mean",
     normalizer: Normalizer = None,
+    weights: Weights = None,
 ) -> LossOutput:
     """Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071), GSPO-token form.
 
@@ -171,6 +187,7 @@ def gspo_policy_loss(
     With one advantage per sequence this is GSPO exactly (the gradient of
     sᵢₜ averaged over tokens is ∇sᵢ); per-token advantages give GSPO-token.
     The paper's clip range is tiny (3e-4, 4e-4) because sᵢ is a geometric mean.
+    ℓᵢₜ ← wᵢₜ ℓᵢₜ with ``weights``, e.g. `rlcore.mismatch.rollout_importance_weights`.
     """
     _check_clip(clip_low, clip_high, None)
     valid = as_bool_mask(mask)
@@ -180,7 +197,7 @@ def gspo_policy_loss(
     log_ratio = logprobs - logprobs.detach() + sequence_log_ratio.detach().unsqueeze(-1)
     ratio = torch.exp(log_ratio.clamp(max=_LOG_RATIO_BOUND))
     token_loss, clip_active, _ = _clipped_surrogate(ratio, advantages, clip_low, clip_high, None)
-    loss = aggregate(token_loss, valid, agg, normalizer)
+    loss = aggregate(_weighted(token_loss, weights, valid), valid, agg, normalizer)
     return LossOutput(
         loss,
         {
@@ -204,6 +221,7 @@ def decoupled_ppo_policy_loss(
     behavior_weight_cap: float | None = None,
     agg: AggregationMode = "token-mean",
     normalizer: Normalizer = None,
+    weights: Weights = None,
 ) -> LossOutput:
     """Decoupled PPO for stale (asynchronous) batches (Hilton et al. 2021; AReaL, Fu et al. 2025).
 
@@ -218,7 +236,8 @@ def decoupled_ppo_policy_loss(
     loss (AReaL's ``behav_imp_weight_cap``): they contribute 0, like a zero
     advantage, and still count in the normaliser. With π_prox = μ it is
     `ppo_policy_loss` exactly. Metrics add ``behavior_weight_mean`` and
-    ``behavior_capped_frac``.
+    ``behavior_capped_frac``. ℓₜ ← wₜ ℓₜ with ``weights``, e.g.
+    `rlcore.mismatch.rollout_importance_weights`.
     """
     clip_high = clip_low if clip_high is None else clip_high
     _check_clip(clip_low, clip_high, dual_clip)
@@ -239,7 +258,8 @@ def decoupled_ppo_policy_loss(
     )
     # A dropped token contributes 0 but still counts in the normaliser, as in
     # AReaL, so the global normaliser of ``mask`` applies unchanged.
-    loss = aggregate(torch.where(capped, 0.0, weight * token_loss), valid, agg, normalizer)
+    token_loss = _weighted(torch.where(capped, 0.0, weight * token_loss), weights, valid)
+    loss = aggregate(token_loss, valid, agg, normalizer)
     return LossOutput(
         loss,
         {
@@ -454,7 +474,9 @@ def _fraction(flags: Tensor, valid: Tensor) -> Tensor:
 
 @attrs.frozen(eq=False)
 class PolicyLossBatch:
-    """What a policy loss may read. ``old_logprobs`` are the behaviour policy's."""
+    """What a policy loss may read. ``old_logprobs`` are the behaviour policy's;
+    ``weights`` multiply each token's loss (`rlcore.mismatch.rollout_importance_weights`).
+    """
 
     logprobs: Float[Tensor, "batch time"]
     old_logprobs: Float[Tensor, "batch time"]
@@ -462,6 +484,7 @@ class PolicyLossBatch:
     mask: Bool[Tensor, "batch time"]
     proximal_logprobs: Float[Tensor, "batch time"] | None = None
     normalizer: float | Tensor | None = None
+    weights: Float[Tensor, "batch time"] | None = None
 
 
 @attrs.frozen
@@ -515,6 +538,7 @@ def _ppo(batch: PolicyLossBatch, config: PolicyLossConfig) -> LossOutput:
         config.dual_clip,
         config.agg,
         batch.normalizer,
+        batch.weights,
     )
 
 
@@ -529,6 +553,7 @@ def _gspo(batch: PolicyLossBatch, config: PolicyLossConfig) -> LossOutput:
         clip_high,
         config.agg,
         batch.normalizer,
+        batch.weights,
     )
 
 
@@ -548,12 +573,13 @@ def _decoupled_ppo(batch: PolicyLossBatch, config: PolicyLossConfig) -> LossOutp
         config.behavior_weight_cap,
         config.agg,
         batch.normalizer,
+        batch.weights,
     )
 
 
 def _vanilla(batch: PolicyLossBatch, config: PolicyLossConfig) -> LossOutput:
     return vanilla_policy_loss(
-        batch.logprobs, batch.advantages, batch.mask, config.agg, batch.normalizer
+        batch.logprobs, batch.advantages, batch.mask, config.agg, batch.normalizer, batch.weights
     )
 
 

@@ -1154,3 +1154,169 @@ def test_k3_stays_finite_for_a_far_off_reference() -> None:
     estimate = kl_estimate(logprobs, reference, "k3")
     assert torch.isfinite(estimate).all()
     assert torch.all(estimate > 0)
+
+
+# --- per-token weights (rlcore.mismatch.rollout_importance_weights) ----------------------------
+
+POLICY_LOSS_NAMES = ["ppo", "vanilla", "gspo", "decoupled_ppo"]
+weight_values = st.floats(0.0, 3.0)
+
+
+def weighted_policy_losses(
+    batch: TokenBatch, mode: AggregationMode, normalizer: float | None = None
+) -> dict[str, Callable[[Tensor, TokenBatch, Tensor | None], LossOutput]]:
+    """Every policy loss as a function of (log π, the batch, the per-token weights)."""
+    agg = {"agg": mode, "normalizer": normalizer}
+    return {
+        "ppo": lambda x, b, w: ppo_policy_loss(
+            x, b.old_logprobs, b.advantages, b.mask, 0.2, 0.28, 3.0, **agg, weights=w
+        ),
+        "vanilla": lambda x, b, w: vanilla_policy_loss(x, b.advantages, b.mask, **agg, weights=w),
+        "gspo": lambda x, b, w: gspo_policy_loss(
+            x, b.old_logprobs, b.advantages, b.mask, 0.1, 0.2, **agg, weights=w
+        ),
+        "decoupled_ppo": lambda x, b, w: decoupled_ppo_policy_loss(
+            x,
+            b.ref_logprobs,
+            b.old_logprobs,
+            b.advantages,
+            b.mask,
+            0.2,
+            0.28,
+            3.0,
+            2.0,
+            **agg,
+            weights=w,
+        ),
+    }
+
+
+def draw_weights(data: st.DataObject, like: Tensor) -> Tensor:
+    values = data.draw(st.lists(weight_values, min_size=like.numel(), max_size=like.numel()))
+    return torch.tensor(values, dtype=like.dtype).view_as(like)
+
+
+@given(batch=token_batches(), mode=modes)
+def test_no_weights_equal_weights_of_one_exactly(batch: TokenBatch, mode: AggregationMode) -> None:
+    for name, loss_fn in weighted_policy_losses(batch, mode).items():
+        plain_x = batch.logprobs.clone().requires_grad_(True)
+        ones_x = batch.logprobs.clone().requires_grad_(True)
+        plain = loss_fn(plain_x, batch, None)
+        ones = loss_fn(ones_x, batch, torch.ones_like(batch.logprobs))
+        assert torch.equal(ones.loss, plain.loss), name
+        assert torch.equal(grad_of(ones.loss, ones_x), grad_of(plain.loss, plain_x)), name
+        for key, value in plain.metrics.items():
+            assert torch.equal(ones.metrics[key], value), f"{name}: {key}"
+
+
+@given(batch=token_batches(), mode=modes, data=st.data(), a=weight_values, b=weight_values)
+def test_the_loss_is_linear_in_the_weights(
+    batch: TokenBatch, mode: AggregationMode, data: st.DataObject, a: float, b: float
+) -> None:
+    """L(a·w₁ + b·w₂) = a·L(w₁) + b·L(w₂), and a constant weight c scales the loss by c."""
+    w1, w2 = draw_weights(data, batch.logprobs), draw_weights(data, batch.logprobs)
+    constant = torch.full_like(batch.logprobs, a)
+    for name, loss_fn in weighted_policy_losses(batch, mode).items():
+        x = batch.logprobs
+        combined = loss_fn(x, batch, a * w1 + b * w2).loss
+        separate = a * loss_fn(x, batch, w1).loss + b * loss_fn(x, batch, w2).loss
+        torch.testing.assert_close(combined, separate, msg=name)
+        scaled = loss_fn(x, batch, constant).loss
+        torch.testing.assert_close(scaled, a * loss_fn(x, batch, None).loss, msg=name)
+
+
+@given(batch=token_batches(), mode=modes, data=st.data())
+def test_a_zero_weight_removes_exactly_that_tokens_gradient(
+    batch: TokenBatch, mode: AggregationMode, data: st.DataObject
+) -> None:
+    """wₖ = 0: ∂L/∂log πₖ = 0 exactly; every other token's gradient is that of wₖ = 1."""
+    weights = draw_weights(data, batch.logprobs)
+    token = data.draw(st.integers(0, batch.logprobs.numel() - 1))
+    dropped = weights.flatten().clone()
+    dropped[token] = 0.0
+    kept = weights.flatten().clone()
+    kept[token] = 1.0
+    others = torch.ones(batch.logprobs.numel(), dtype=torch.bool)
+    others[token] = False
+    for name, loss_fn in weighted_policy_losses(batch, mode).items():
+        x_dropped = batch.logprobs.clone().requires_grad_(True)
+        x_kept = batch.logprobs.clone().requires_grad_(True)
+        grad_dropped = grad_of(loss_fn(x_dropped, batch, dropped.view_as(weights)).loss, x_dropped)
+        grad_kept = grad_of(loss_fn(x_kept, batch, kept.view_as(weights)).loss, x_kept)
+        assert grad_dropped.flatten()[token].item() == 0.0, name
+        torch.testing.assert_close(
+            grad_dropped.flatten()[others], grad_kept.flatten()[others], msg=name
+        )
+
+
+@given(
+    batch=token_batches(), mode=modes, data=st.data(), fill=st.sampled_from([math.nan, math.inf])
+)
+def test_weights_at_masked_positions_are_ignored_and_carry_no_gradient(
+    batch: TokenBatch, mode: AggregationMode, data: st.DataObject, fill: float
+) -> None:
+    """NaN/inf weights in padding change neither loss nor gradient; the weights are constants."""
+    weights = draw_weights(data, batch.logprobs)
+    dirty = torch.where(batch.mask, weights, fill).requires_grad_(True)
+    for name, loss_fn in weighted_policy_losses(batch, mode).items():
+        clean_x = batch.logprobs.clone().requires_grad_(True)
+        dirty_x = batch.logprobs.clone().requires_grad_(True)
+        clean = loss_fn(clean_x, batch, torch.where(batch.mask, weights, 0.0))
+        result = loss_fn(dirty_x, batch, dirty)
+        torch.testing.assert_close(result.loss, clean.loss, msg=name)
+        grad = grad_of(result.loss, dirty_x)
+        assert torch.isfinite(grad).all(), name
+        torch.testing.assert_close(grad, grad_of(clean.loss, clean_x), msg=name)
+        (weight_grad,) = torch.autograd.grad(result.loss, dirty, allow_unused=True)
+        assert weight_grad is None, f"{name}: the weights received a gradient"
+
+
+@given(batch=token_batches(), mode=modes, data=st.data(), cut=st.integers(0, 64))
+def test_weighted_micro_batch_losses_add_up_to_the_whole_batchs(
+    batch: TokenBatch, mode: AggregationMode, data: st.DataObject, cut: int
+) -> None:
+    """With the global normaliser the weighted losses of rows [0:k] and [k:n] sum to the whole's."""
+    weights = draw_weights(data, batch.logprobs)
+    rows = batch.mask.shape[0]
+    split = cut % (rows + 1)
+    normalizer = float(aggregation_normalizer(batch.mask, mode))
+    fields = attrs.asdict(batch, recurse=False)
+    for name, loss_fn in weighted_policy_losses(batch, mode, normalizer).items():
+        whole = loss_fn(batch.logprobs, batch, weights).loss
+        parts = torch.zeros((), dtype=whole.dtype)
+        for part in (slice(0, split), slice(split, rows)):
+            if part.start == part.stop:
+                continue
+            piece = TokenBatch(**{key: value[part] for key, value in fields.items()})
+            parts = parts + loss_fn(piece.logprobs, piece, weights[part]).loss
+        torch.testing.assert_close(parts, whole, msg=f"{name}: rows split at {split}")
+
+
+def test_weights_hand_example() -> None:
+    """REINFORCE, seq-mean-token-sum, Z = 1: L = −Σ wₜ Âₜ log πₜ = −(2·1·(−1) + 0.5·2·(−2)) = 4."""
+    logprobs = tensor([[-1.0, -2.0, -3.0]]).requires_grad_(True)
+    advantages = tensor([[1.0, 2.0, 5.0]])
+    weights = tensor([[2.0, 0.5, 0.0]])
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    out = vanilla_policy_loss(logprobs, advantages, mask, "seq-mean-token-sum", 1.0, weights)
+    assert out.loss.item() == pytest.approx(4.0)
+    torch.testing.assert_close(grad_of(out.loss, logprobs), tensor([[-2.0, -1.0, 0.0]]))
+
+
+@pytest.mark.parametrize("name", POLICY_LOSS_NAMES)
+def test_registry_adapters_pass_the_weights_through(name: str) -> None:
+    """PolicyLossBatch.weights reach the loss: weights of 3 triple it, weights of 0 zero it."""
+    generator = torch.Generator().manual_seed(1)
+    logprobs = -torch.rand(3, 5, generator=generator, dtype=F64)
+    old = logprobs + 0.1 * torch.randn(3, 5, generator=generator, dtype=F64)
+    advantages = torch.randn(3, 5, generator=generator, dtype=F64)
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    batch = PolicyLossBatch(logprobs, old, advantages, mask, proximal_logprobs=old)
+    assert batch.weights is None
+    loss_fn, config = POLICY_LOSSES.get(name), PolicyLossConfig()
+    plain = loss_fn(batch, config).loss
+    assert plain.item() != 0.0
+    tripled = loss_fn(attrs.evolve(batch, weights=torch.full_like(old, 3.0)), config).loss
+    torch.testing.assert_close(tripled, 3 * plain)
+    zeroed = loss_fn(attrs.evolve(batch, weights=torch.zeros_like(old)), config).loss
+    assert zeroed.item() == 0.0

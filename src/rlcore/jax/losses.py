@@ -10,7 +10,8 @@ passes the gradient at its bounds, a max of two equal branches splits it.
 Static under `jax.jit` (`rlcore.jax.jit` marks them): ``clip_low``,
 ``clip_high``, ``dual_clip``, ``behavior_weight_cap``, ``agg``, ``clip``,
 ``huber_delta``, ``kind``, ``clamp``, ``gamma``, ``target_entropy``.
-``normalizer`` and ``alpha`` may be traced arrays.
+``normalizer``, ``alpha`` and the policy losses' per-token ``weights``
+(ℓₜ ← sg[wₜ] ℓₜ, 0 at masked positions) may be traced arrays.
 
 The registry adapters of the torch module (``PolicyLossBatch``,
 ``PolicyLossConfig``, ``PolicyLoss``) have no twin here: the shell's registry
@@ -48,6 +49,7 @@ __all__ = [
 ]
 
 Normalizer = float | Float[Array, ""] | None
+Weights = Float[Array, "batch time"] | None
 
 _detach = jax.lax.stop_gradient
 
@@ -88,6 +90,13 @@ def _valid_only(valid: Array, *arrays: Array) -> tuple[Array, ...]:
     return tuple(jnp.where(valid, array, 0.0) for array in arrays)
 
 
+def _weighted(token_loss: Array, weights: Array | None, valid: Array) -> Array:
+    """ℓₜ ← sg[wₜ] ℓₜ, the weight 0 at masked positions (NaN there included)."""
+    if weights is None:
+        return token_loss
+    return token_loss * jnp.where(valid, _detach(weights), 0.0)
+
+
 def _fraction(flags: Array, valid: Array) -> Array:
     return _detach(masked_mean(flags.astype(_default_float()), valid))
 
@@ -103,6 +112,7 @@ def ppo_policy_loss(
     dual_clip: float | None = None,
     agg: AggregationMode = "token-mean",
     normalizer: Normalizer = None,
+    weights: Weights = None,
 ) -> LossOutput:
     """PPO's clipped surrogate with clip-higher and dual clip (twin of the torch loss).
 
@@ -122,7 +132,7 @@ def ppo_policy_loss(
     token_loss, clip_active, dual_active = _clipped_surrogate(
         ratio, advantages, clip_low, clip_high, dual_clip
     )
-    loss = aggregate(token_loss, valid, agg, normalizer)
+    loss = aggregate(_weighted(token_loss, weights, valid), valid, agg, normalizer)
     return LossOutput(
         loss,
         {
@@ -141,11 +151,12 @@ def vanilla_policy_loss(
     mask: Mask[Array, "batch time"],
     agg: AggregationMode = "token-mean",
     normalizer: Normalizer = None,
+    weights: Weights = None,
 ) -> LossOutput:
     """REINFORCE: ℓₜ = −Âₜ log π(yₜ), arrays ``[batch, time]``."""
     valid = as_bool_mask(mask)
     logprobs, advantages = _valid_only(valid, logprobs, advantages)
-    loss = aggregate(-advantages * logprobs, valid, agg, normalizer)
+    loss = aggregate(_weighted(-advantages * logprobs, weights, valid), valid, agg, normalizer)
     return LossOutput(loss, {})
 
 
@@ -159,6 +170,7 @@ def gspo_policy_loss(
     clip_high: float = 4e-4,
     agg: AggregationMode = "seq-mean-token-mean",
     normalizer: Normalizer = None,
+    weights: Weights = None,
 ) -> LossOutput:
     """GSPO, GSPO-token form (Zheng et al. 2025):
 
@@ -174,7 +186,7 @@ def gspo_policy_loss(
     log_ratio = logprobs - _detach(logprobs) + _detach(sequence_log_ratio)[..., None]
     ratio = jnp.exp(_clamp(log_ratio, None, _LOG_RATIO_BOUND))
     token_loss, clip_active, _ = _clipped_surrogate(ratio, advantages, clip_low, clip_high, None)
-    loss = aggregate(token_loss, valid, agg, normalizer)
+    loss = aggregate(_weighted(token_loss, weights, valid), valid, agg, normalizer)
     return LossOutput(
         loss,
         {
@@ -198,6 +210,7 @@ def decoupled_ppo_policy_loss(
     behavior_weight_cap: float | None = None,
     agg: AggregationMode = "token-mean",
     normalizer: Normalizer = None,
+    weights: Weights = None,
 ) -> LossOutput:
     """Decoupled PPO for stale batches (Hilton et al. 2021; AReaL):
 
@@ -221,7 +234,8 @@ def decoupled_ppo_policy_loss(
     token_loss, clip_active, dual_active = _clipped_surrogate(
         ratio, advantages, clip_low, clip_high, dual_clip
     )
-    loss = aggregate(jnp.where(capped, 0.0, weight * token_loss), valid, agg, normalizer)
+    token_loss = _weighted(jnp.where(capped, 0.0, weight * token_loss), weights, valid)
+    loss = aggregate(token_loss, valid, agg, normalizer)
     return LossOutput(
         loss,
         {
