@@ -14,7 +14,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlshell.config import COMPONENTS, Config, PlacementEntry
-from rlshell.engines.rollout import SGLANG_REFUSAL
 from rlshell.config.loading import (
     ConfigError,
     all_key_paths,
@@ -26,6 +25,7 @@ from rlshell.config.loading import (
     read_config_source,
     write_config,
 )
+from rlshell.engines.rollout import SGLANG_REFUSAL
 from rlshell.runners.spec import resolve_spec
 from rlshell.runners.validation import (
     load_config,
@@ -387,7 +387,7 @@ def reasoning_problems(overrides: list[str], *, for_run: bool) -> list[str]:
 
 def test_sglang_is_refused_in_one_sentence_before_a_run() -> None:
     assert reasoning_problems(["rollout.backend=sglang"], for_run=True) == [SGLANG_REFUSAL]
-    assert SGLANG_REFUSAL.count(". ") == 0 and "sglang" in SGLANG_REFUSAL
+    assert SGLANG_REFUSAL.count(". ") == 0  # one sentence
     assert reasoning_problems(["rollout.backend=sglang"], for_run=False) == []  # plannable
 
 
@@ -404,7 +404,8 @@ def test_vllm_runs_on_this_cpu_with_a_head_size_its_cpu_attention_serves() -> No
 
 def test_vllm_tensor_parallelism_is_planned_but_not_run() -> None:
     overrides = ["rollout.backend=vllm", *VLLM_HEADS, "rollout.tensor_parallel_size=2"]
-    overrides.append('cluster.component_placement={"actor": "0-1", "rollout": "0-1", "reward": "0"}')
+    placement = '{"actor": "0-1", "rollout": "0-1", "reward": "0"}'
+    overrides.append(f"cluster.component_placement={placement}")
     problems = reasoning_problems([*overrides, "cluster.simulate=1x2"], for_run=False)
     assert problems == []
     problems = reasoning_problems(overrides, for_run=True)
@@ -611,3 +612,27 @@ def test_a_value_where_a_section_belongs_names_the_key_and_what_was_given(
     with pytest.raises(ConfigError) as caught:
         read_config(data)
     assert caught.value.problems == [message]
+
+
+def test_the_rollout_is_modes_are_rlcores() -> None:
+    from rlcore.mismatch import ROLLOUT_IS_MODES
+    from rlshell.config.schema import RolloutISMode
+
+    assert typing.get_args(RolloutISMode) == ROLLOUT_IS_MODES
+
+
+def test_rollout_importance_weights_are_checked_before_start() -> None:
+    assert reasoning_problems(["algorithm.rollout_is_threshold=3"], for_run=False) == [
+        "algorithm.rollout_is_threshold: the cap of the rollout importance weights; "
+        "algorithm.rollout_is is null, so there are none"
+    ]
+    on = ["algorithm.rollout_is=token_truncate"]
+    assert reasoning_problems([*on, "algorithm.rollout_is_threshold=1"], for_run=False) == [
+        "algorithm.rollout_is_threshold: the cap C of the importance weights (kept in [1/C, C]) "
+        "must be > 1, got 1.0"
+    ]
+    twice = reasoning_problems([*on, "algorithm.old_logprobs=rollout"], for_run=False)
+    assert len(twice) == 1
+    assert twice[0].startswith("algorithm.rollout_is: 'token_truncate' re-weights")
+    masked = ["algorithm.rollout_is=sequence_mask", "algorithm.old_logprobs=rollout"]
+    assert reasoning_problems(masked, for_run=False) == []

@@ -54,6 +54,11 @@ AggregationMode = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
 ]
 KLKind = Literal["k1", "k2", "k3", "abs"]
+OldLogprobs = Literal["recompute", "rollout"]
+# rlcore.mismatch.RolloutISMode (tests/shell/test_config.py checks they agree).
+RolloutISMode = Literal[
+    "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "geometric_mask"
+]
 
 Check = Callable[[Any], bool]
 CHECK_KEY = "rlshell.check"
@@ -391,6 +396,13 @@ class AlgorithmConfig:
     ``norm_reward`` (`rlshell.rollout.trajectory.RewardScaler`).
     ``loss_type='sac'`` (embodied runner) trains with soft actor-critic
     instead, configured by ``sac``.
+
+    The sampler–trainer mismatch (reasoning runner): ``old_logprobs`` is
+    π_old of the policy ratio, ``recompute`` the actor's own log-probs of
+    the batch before its update, ``rollout`` the log-probs the rollout
+    engine reported. ``rollout_is`` corrects for sampling with the engine's
+    numerics by per-token weights (`rlcore.mismatch.rollout_importance_weights`
+    with ``rollout_is_threshold`` as its cap C, 1/C as its lower bound).
     """
 
     adv_type: str = "grpo"
@@ -400,6 +412,9 @@ class AlgorithmConfig:
     clip_high: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     dual_clip: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     loss_agg_mode: AggregationMode = "token-mean"
+    old_logprobs: OldLogprobs = "recompute"
+    rollout_is: RolloutISMode | None = None
+    rollout_is_threshold: float = field(default=2.0, metadata=POSITIVE)
     kl_coef: float = field(default=0.0, metadata=NON_NEGATIVE)
     kl_kind: KLKind = "k3"
     entropy_coef: float = field(default=0.0, metadata=NON_NEGATIVE)

@@ -123,6 +123,13 @@ def embodied_unread(config: Config, who: str) -> dict[str, str]:
         "runner.eval_interval": f"{who} does not evaluate during training; evaluate a "
         "checkpoint with python -m rlshell.evaluate",
         "algorithm.kl_coef": f"{who} runs no reference policy, so there is no KL term",
+        "algorithm.old_logprobs": f"chooses the reasoning actor's π_old; {who} takes the "
+        "rollout's log-probs of the same policy module",
+        "algorithm.rollout_is": f"corrects the reasoning runner's sampler–trainer mismatch; "
+        f"{who}'s rollout runs the actor's own policy module",
+        "algorithm.rollout_is_threshold": f"caps the reasoning runner's rollout importance "
+        f"weights; {who} has none",
+        "rollout.cpu_kv_cache_mb": generation,
         "actor.micro_batch_max_tokens": f"budgets the reasoning actor's token micro-batches; "
         f"{who} splits its update by algorithm.num_minibatches",
         "actor.logprob_chunk_size": f"chunks the reasoning actor's vocabulary log-probs; {who} "

@@ -154,6 +154,11 @@ def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, s
                 "the share of a GPU a vllm engine reserves; this plan runs the rollout on "
                 "CPUs, where rollout.cpu_kv_cache_mb sizes its KV cache"
             )
+    if config.algorithm.rollout_is is None:
+        unread["algorithm.rollout_is_threshold"] = (
+            "the cap of the rollout importance weights; algorithm.rollout_is is null, so there "
+            "are none"
+        )
     if "wandb" not in config.logger.backends:
         unread["logger.wandb_project"] = (
             "names the project of the wandb backend, and logger.backends has no 'wandb'"
@@ -267,6 +272,18 @@ def _algorithm_problems(config: Config) -> list[str]:
         problems.append(f"algorithm.clip_high: expected ≥ clip_low ({low}), got {high}")
     if algorithm.dual_clip is not None and algorithm.dual_clip <= 1:
         problems.append(f"algorithm.dual_clip: expected a number > 1, got {algorithm.dual_clip}")
+    if algorithm.rollout_is is not None and algorithm.rollout_is_threshold <= 1:
+        problems.append(
+            "algorithm.rollout_is_threshold: the cap C of the importance weights (kept in "
+            f"[1/C, C]) must be > 1, got {algorithm.rollout_is_threshold}"
+        )
+    mode = algorithm.rollout_is
+    if algorithm.old_logprobs == "rollout" and mode is not None and mode.endswith("_truncate"):
+        problems.append(
+            f"algorithm.rollout_is: '{mode}' re-weights by π_actor/π_rollout, which the ratio "
+            "against old_logprobs='rollout' already holds (it would count twice); truncate with "
+            "old_logprobs='recompute', or mask with a *_mask mode"
+        )
     return problems
 
 

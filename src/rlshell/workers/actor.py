@@ -34,6 +34,7 @@ from rlcore.advantages import AdvantageBatch, AdvantageConfig
 from rlcore.logprobs import token_stats
 from rlcore.losses import PolicyLossBatch, PolicyLossConfig, entropy_loss, kl_estimate
 from rlcore.masked import aggregate, aggregation_normalizer, masked_mean
+from rlcore.mismatch import logprob_mismatch, rollout_importance_weights
 from rlcore.registry import ADVANTAGES, POLICY_LOSSES, Registry
 from rlcore.rollout import balanced_micro_batches, place_on_last_token, position_ids
 from rlcore.types import Advantages
@@ -404,6 +405,7 @@ class ActorWorker(Worker):
         model = self.model
         model.train()
         totals: dict[str, float] = {}
+        peaks: dict[str, float] = {}
         passes_started = time.perf_counter()
         for index, rows in enumerate(micro_batches):
             micro = batch.select(rows)
@@ -421,7 +423,10 @@ class ActorWorker(Worker):
                 )
             torch.autograd.backward(loss * self.world_size)
             for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value
+                if key.endswith("_max"):
+                    peaks[key] = max(peaks.get(key, -math.inf), value)
+                else:
+                    totals[key] = totals.get(key, 0.0) + value
         optimizer_started = time.perf_counter()
         grad_norm, lrs = manager.optimizer_step()
         if not math.isfinite(grad_norm):
@@ -429,13 +434,18 @@ class ActorWorker(Worker):
                 f"step {self.global_step + 1}: the gradient norm is {grad_norm} on actor rank "
                 f"{self.rank}; the update was skipped"
             )
-        reduced = self._all_reduce_sum(totals)
+        reduced = self._all_reduce(totals, dist.ReduceOp.SUM)
         # Loss terms are normalised by the whole batch already: their sum is the batch's.
-        # The rest are per-micro-batch means, averaged over every micro-batch of every rank.
+        # The rest are per-micro-batch means, averaged over every micro-batch of every rank;
+        # maxima are the maxima over all of them.
+        reduced.update(self._all_reduce(peaks, dist.ReduceOp.MAX))
         passes = len(micro_batches) * self.world_size
         summed = {"pg_loss", "kl_loss", "entropy_loss", "loss"}
         out = {
-            f"train/{key}": value if key in summed else value / passes
+            # rollout/mismatch_* keep their section; the rest are the actor's train/ metrics.
+            key if "/" in key else f"train/{key}": (
+                value if key in summed or key in peaks else value / passes
+            )
             for key, value in reduced.items()
         }
         out["train/grad_norm"] = grad_norm
@@ -474,20 +484,37 @@ class ActorWorker(Worker):
             share_prompts=self.config.actor.share_prompt_forward,
         )
         mask = micro.response_mask.to(logprobs.device)
+        sampled = micro.logprobs.to(logprobs.device)  # what the rollout engine reported
+        # One update per batch: this forward runs on the weights that predate it, so its
+        # log-probs, detached, are the recomputed π_old at no extra pass.
+        recomputed = logprobs.detach()
+        metrics = {
+            f"rollout/mismatch_{key}": float(value)
+            for key, value in logprob_mismatch(recomputed, sampled, mask).items()
+        }
+        weights = None
+        if algorithm.rollout_is is not None:
+            weights, weight_stats = rollout_importance_weights(
+                recomputed, sampled, mask, algorithm.rollout_is, algorithm.rollout_is_threshold
+            )
+            metrics.update(
+                {f"rollout/mismatch_is_{key}": float(v) for key, v in weight_stats.items()}
+            )
         policy_loss = POLICY_LOSSES.get(algorithm.loss_type)(
             PolicyLossBatch(
                 logprobs=logprobs,
-                old_logprobs=micro.logprobs.to(logprobs.device),
+                old_logprobs=recomputed if algorithm.old_logprobs == "recompute" else sampled,
                 advantages=advantages.to(logprobs.device),
                 mask=mask,
                 normalizer=normalizer,
+                weights=weights,
             ),
             PolicyLossConfig(
                 agg=mode, **_read_for(POLICY_LOSSES, algorithm.loss_type, self.config, LOSS_KEYS)
             ),
         )
         loss = policy_loss.loss
-        metrics = {f"{key}": float(value) for key, value in policy_loss.metrics.items()}
+        metrics.update({f"{key}": float(value) for key, value in policy_loss.metrics.items()})
         metrics["pg_loss"] = float(policy_loss.loss.detach())
         metrics["entropy"] = float(masked_mean(entropy.detach(), mask))
         if algorithm.entropy_coef > 0:
@@ -504,10 +531,10 @@ class ActorWorker(Worker):
         metrics["loss"] = float(loss.detach())
         return loss, metrics
 
-    def _all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]:
+    def _all_reduce(self, values: dict[str, float], op: Any) -> dict[str, float]:
         keys = sorted(values)
         tensor = torch.tensor([values[key] for key in keys], dtype=torch.float64)
-        dist.all_reduce(tensor)
+        dist.all_reduce(tensor, op=op)
         return dict(zip(keys, tensor.tolist(), strict=True))
 
     # -- checkpoints
