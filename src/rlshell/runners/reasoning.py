@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Self
 import torch
 
 from rlshell.checkpoint import TrainerState
+from rlshell.cluster.errors import WorkerDiedError
 from rlshell.cluster.group import WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
@@ -311,7 +312,14 @@ class ReasoningTrainer:
             group.execute_on(rank).generate(shares[rank], params, seed)
             for rank, seed in zip(busy, seeds, strict=True)
         ]
-        parts = [call.wait()[0] for call in calls]
+        try:
+            parts = [call.wait()[0] for call in calls]
+        except WorkerDiedError as error:
+            error.extend_message(
+                f" It was generating with the '{self.config.rollout.backend}' rollout engine, "
+                "which runs in that process."
+            )
+            raise
         merged = RolloutBatch.concat(parts, self.pad_id)
         # Rank r answered prompts r, r+R, ...: put the groups back in prompt order.
         order = _interleave_order([len(shares[rank]) for rank in busy], params.n)

