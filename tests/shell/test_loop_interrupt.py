@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -88,6 +89,18 @@ def steps_logged(run_dir: Path) -> list[int]:
     return [int(record["step"]) for record in read_metrics(run_dir / "metrics.jsonl")]
 
 
+@pytest.fixture
+def python_ctrl_c() -> Iterator[None]:
+    """SIGINT handled by Python's own handler during the test, whatever the worker process had
+    (a pytest-xdist worker may inherit it ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("python_ctrl_c")
 def test_the_first_ctrl_c_finishes_the_step_and_saves_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
