@@ -56,6 +56,13 @@ RUN_HERE = {
     "configs/ppo_cartpole.py runner.max_steps=2 runner.experiment_name=cartpole_traced "
     "--overwrite > /dev/null && cut -f1 runs/cartpole_reads/*.keys | sort -u | "
     "grep '^algorithm\\.'",
+    # docs/rollout.md
+    ".venv/bin/python -m rlshell.train configs/grpo_vllm.py --dry-run "
+    """cluster.component_placement='{"actor": "0:0-1", "rollout": "0:0", "reward": "0"}' """
+    "runner.experiment_name=grpo_vllm_disagg",
+    ".venv/bin/python -m rlshell.train configs/grpo_vllm.py --dry-run "
+    "algorithm.old_logprobs=rollout algorithm.rollout_is=sequence_mask "
+    "algorithm.rollout_is_threshold=1.5 runner.experiment_name=grpo_vllm_masked",
     # docs/placement.md
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run cluster.simulate=4x8 "
     "rollout.backend=vllm rollout.tensor_parallel_size=4 cluster.component_placement="
@@ -169,6 +176,10 @@ COVERED_ELSEWHERE = {
     ".venv/bin/python -m rlshell.train configs/grpo.py": (
         "tests/shell/test_reasoning_run.py runs it shortened (runner.max_steps=6, small "
         "batches); the full run takes minutes and its figures are in docs/quickstart.md"
+    ),
+    ".venv/bin/python -m rlshell.train configs/grpo_vllm.py": (
+        "tests/shell/test_vllm_run.py::test_configs_grpo_vllm_runs_from_the_cli runs it for 3 "
+        "steps with an evaluation; the full run's figures are in docs/rollout.md"
     ),
     "make bench": "minutes of benchmarks; their --quick forms below are run by tests",
     ".venv/bin/python benchmarks/core_advantages.py --quick": (

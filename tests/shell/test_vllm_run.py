@@ -200,3 +200,31 @@ def test_the_engine_killed_mid_generation_is_named_and_resume_auto_continues(
     assert "resumed from" in resumed.stdout
     steps = [int(r["step"]) for r in read_metrics(tmp_path / "grpo" / "metrics.jsonl")]
     assert steps == [1, 2, 3, 4, 5]
+
+
+def test_configs_grpo_vllm_runs_from_the_cli(tmp_path: Path) -> None:
+    ray_tmp = Path(__import__("tempfile").mkdtemp(prefix="rg", dir="/tmp"))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlshell.train",
+            "configs/grpo_vllm.py",
+            "runner.max_steps=3",
+            "runner.eval_interval=3",
+            "data.num_val=16",
+            f"runner.output_dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=cli_env(ray_tmp),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    records = read_metrics(tmp_path / "grpo_vllm" / "metrics.jsonl")
+    assert [int(r["step"]) for r in records] == [0, 1, 2, 3]
+    steps = [r for r in records if "time/step" in r]
+    assert all(r["rollout/mismatch_abs_diff_max"] < LOGPROB_ATOL for r in steps)
+    assert "eval/accuracy" in records[-1]
+    assert "RotaryEmbedding: Failed to load weights" not in result.stdout + result.stderr

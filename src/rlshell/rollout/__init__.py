@@ -21,7 +21,8 @@ __all__ = ["RolloutBatch", "SamplingParams"]
 
 @frozen
 class SamplingParams:
-    """How to sample: ``greedy`` ignores temperature, top-p and top-k."""
+    """How to sample: ``greedy`` ignores temperature, top-p and top-k; ``min_new_tokens``
+    forbids the end token before that many (benchmarks use it to sample fixed lengths)."""
 
     n: int = 1
     temperature: float = 1.0
@@ -29,6 +30,7 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 16
     greedy: bool = False
+    min_new_tokens: int = 0
 
 
 @frozen(eq=False)

@@ -140,6 +140,8 @@ class HFRolloutEngine:
                 "top_k": params.top_k,
             }
         )
+        if params.min_new_tokens:  # else the model's generation config decides
+            sampling["min_new_tokens"] = params.min_new_tokens
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
             if seed is not None:
                 torch.manual_seed(seed)

