@@ -118,3 +118,18 @@ def test_embodied_ppo_quick_run_prints_the_expected_json() -> None:
         (run,) = report["results"][side]
         assert run["env_steps"] >= 4096 or run["reached"]
         assert run["startup_s"] >= 0
+
+
+def test_rollout_engines_quick_run_prints_the_expected_json() -> None:
+    report = quick_run("rollout_engines.py", ray=True)
+    assert report["benchmark"] == "rollout_engines"
+    assert report["quick"] is True
+    assert isinstance(report["met"], bool)
+    (size,) = report["sampling"]["by_size"].values()
+    # Both engines sample exactly max_new_tokens per completion: the same token count.
+    assert size["hf"]["completion_tokens_per_call"] == size["vllm"]["completion_tokens_per_call"]
+    assert size["vllm_over_hf"] > 0
+    step = report["grpo_step"]
+    for side in ("rlstack_vllm", "rlstack_hf"):
+        assert step[side]["seconds_per_step_median"] > 0
+    assert isinstance(step["trl_use_vllm_colocate"]["ran"], bool)

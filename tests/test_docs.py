@@ -178,8 +178,10 @@ COVERED_ELSEWHERE = {
         "batches); the full run takes minutes and its figures are in docs/quickstart.md"
     ),
     ".venv/bin/python -m rlshell.train configs/grpo_vllm.py": (
-        "tests/shell/test_vllm_run.py::test_configs_grpo_vllm_runs_from_the_cli runs it for 3 "
-        "steps with an evaluation; the full run's figures are in docs/rollout.md"
+        "tests/shell/test_vllm_run.py::"
+        "test_the_engine_killed_mid_generation_is_named_and_resume_auto_continues runs it for "
+        "4 steps (disaggregated, evaluations at 0, 2, 4) and resumes it; the full run's figures "
+        "are in docs/rollout.md"
     ),
     "make bench": "minutes of benchmarks; their --quick forms below are run by tests",
     ".venv/bin/python benchmarks/core_advantages.py --quick": (
@@ -193,6 +195,9 @@ COVERED_ELSEWHERE = {
     ),
     ".venv/bin/python benchmarks/core_logprobs.py --quick": (
         "tests/test_benchmarks_smoke.py::test_core_logprobs_quick_run_prints_the_expected_json"
+    ),
+    ".venv/bin/python benchmarks/rollout_engines.py --quick": (
+        "tests/test_benchmarks_smoke.py::test_rollout_engines_quick_run_prints_the_expected_json"
     ),
     ".venv/bin/python benchmarks/core_jax.py --quick": (
         "tests/test_benchmarks_smoke.py::test_core_jax_quick_run_prints_the_expected_json"
