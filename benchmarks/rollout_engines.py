@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is the JSON
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_CONFIG = ROOT / "configs" / "grpo_vllm.py"

@@ -31,7 +31,7 @@ from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.runners.reasoning import _interleave_order
 from rlshell.runners.validation import load_config
 from rlshell.tokenizer import prepare_tokenizer, with_tokenizer_ids
-from rlshell.workers.actor import compute_advantages, policy_forward
+from rlshell.workers.actor import compute_advantages, old_logprobs_and_weights, policy_forward
 
 GRPO = Path("configs/grpo.py")
 
@@ -380,3 +380,36 @@ def test_the_custom_trainer_example_trains_and_evaluates() -> None:
     assert lines[0].startswith("75,392 parameters, vocabulary 17")
     assert lines[-1].startswith("step    3  reward")
     assert "held-out accuracy" in lines[-1]
+
+
+def test_old_logprobs_are_recomputed_and_the_gap_and_weights_follow_the_config() -> None:
+    """π_old, the importance weights and the gap metrics of the update, per config."""
+    from rlshell.config import AlgorithmConfig
+
+    generator = torch.Generator().manual_seed(0)
+    logprobs = torch.randn(3, 5, generator=generator).requires_grad_(True)
+    gap = torch.tensor([[0.0, 0.5, -0.1, 2.0, 0.0]]).expand(3, 5)
+    sampled = logprobs.detach() - gap  # ρ = π_old/μ = exp(gap)
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    mask[2, 3:] = False
+    old, weights, metrics = old_logprobs_and_weights(logprobs, sampled, mask, AlgorithmConfig())
+    assert torch.equal(old, logprobs.detach())
+    assert not old.requires_grad
+    assert weights is None
+    assert metrics["rollout/mismatch_abs_diff_max"] == pytest.approx(2.0)
+    assert metrics["rollout/mismatch_kl_k3"] > 0
+    assert not any(key.startswith("rollout/mismatch_is_") for key in metrics)
+
+    rollout = AlgorithmConfig(old_logprobs="rollout", rollout_is="token_mask")
+    old, weights, metrics = old_logprobs_and_weights(logprobs, sampled, mask, rollout)
+    assert torch.equal(old, sampled)
+    assert weights is not None
+    # ρ = e^2 is outside [1/2, 2]: masked where valid; e^0.5 and e^-0.1 are inside.
+    expected = torch.tensor([[1.0, 1.0, 1.0, 0.0, 1.0]]).expand(3, 5) * mask
+    assert torch.equal(weights, expected)
+    assert metrics["rollout/mismatch_is_masked_frac"] == pytest.approx(2 / 13)
+
+    truncate = AlgorithmConfig(rollout_is="token_truncate", rollout_is_threshold=1.5)
+    _, weights, _ = old_logprobs_and_weights(logprobs, sampled, mask, truncate)
+    assert weights is not None
+    assert torch.allclose(weights[0], torch.exp(gap[0]).clamp(max=1.5))

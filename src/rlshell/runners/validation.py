@@ -347,6 +347,9 @@ def _vllm_cpu_head_sizes() -> list[int]:
     """The head sizes the installed vLLM CPU build serves (none known without vLLM)."""
     if not _importable("vllm"):
         return []
+    from rlshell.engines.rollout.vllm import vllm_logging_defaults
+
+    vllm_logging_defaults()
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
     return list(CPUAttentionBackend.get_supported_head_sizes())

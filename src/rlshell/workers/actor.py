@@ -39,7 +39,7 @@ from rlcore.registry import ADVANTAGES, POLICY_LOSSES, Registry
 from rlcore.rollout import balanced_micro_batches, place_on_last_token, position_ids
 from rlcore.types import Advantages
 from rlshell.cluster.worker import Worker
-from rlshell.config import Config, Precision
+from rlshell.config import AlgorithmConfig, Config, Precision
 from rlshell.engines.rollout import RolloutEngine, make_rollout_engine
 from rlshell.engines.rollout.hf import HFRolloutEngine
 from rlshell.engines.training import TrainingBackend, make_training_backend
@@ -59,6 +59,7 @@ __all__ = [
     "NonFiniteLossError",
     "build_rollout_model",
     "compute_advantages",
+    "old_logprobs_and_weights",
     "policy_forward",
     "prompt_prefix_forward",
     "rollout_precision",
@@ -131,6 +132,32 @@ def _read_for(
             section, _, field = key.partition(".")
             values[hyperparameter] = getattr(getattr(config, section), field)
     return values
+
+
+def old_logprobs_and_weights(
+    logprobs: Tensor, sampled: Tensor, mask: Tensor, algorithm: AlgorithmConfig
+) -> tuple[Tensor, Tensor | None, dict[str, float]]:
+    """π_old of the ratio, the importance weights (``algorithm.rollout_is``) and the
+    ``rollout/mismatch_*`` metrics of one micro-batch.
+
+    ``logprobs``: the update's forward; the runner makes one update per batch, so it runs
+    on the weights that predate it, and its values (detached) are the recomputed π_old at
+    no extra pass. ``sampled``: what the rollout engine reported (log μ). The gap between
+    them is measured either way (`rlcore.mismatch`).
+    """
+    recomputed = logprobs.detach()
+    metrics = {
+        f"rollout/mismatch_{key}": float(value)
+        for key, value in logprob_mismatch(recomputed, sampled, mask).items()
+    }
+    weights = None
+    if algorithm.rollout_is is not None:
+        weights, stats = rollout_importance_weights(
+            recomputed, sampled, mask, algorithm.rollout_is, algorithm.rollout_is_threshold
+        )
+        metrics.update({f"rollout/mismatch_is_{key}": float(v) for key, v in stats.items()})
+    old = recomputed if algorithm.old_logprobs == "recompute" else sampled
+    return old, weights, metrics
 
 
 def policy_forward(
@@ -484,26 +511,13 @@ class ActorWorker(Worker):
             share_prompts=self.config.actor.share_prompt_forward,
         )
         mask = micro.response_mask.to(logprobs.device)
-        sampled = micro.logprobs.to(logprobs.device)  # what the rollout engine reported
-        # One update per batch: this forward runs on the weights that predate it, so its
-        # log-probs, detached, are the recomputed π_old at no extra pass.
-        recomputed = logprobs.detach()
-        metrics = {
-            f"rollout/mismatch_{key}": float(value)
-            for key, value in logprob_mismatch(recomputed, sampled, mask).items()
-        }
-        weights = None
-        if algorithm.rollout_is is not None:
-            weights, weight_stats = rollout_importance_weights(
-                recomputed, sampled, mask, algorithm.rollout_is, algorithm.rollout_is_threshold
-            )
-            metrics.update(
-                {f"rollout/mismatch_is_{key}": float(v) for key, v in weight_stats.items()}
-            )
+        old_logprobs, weights, metrics = old_logprobs_and_weights(
+            logprobs, micro.logprobs.to(logprobs.device), mask, algorithm
+        )
         policy_loss = POLICY_LOSSES.get(algorithm.loss_type)(
             PolicyLossBatch(
                 logprobs=logprobs,
-                old_logprobs=recomputed if algorithm.old_logprobs == "recompute" else sampled,
+                old_logprobs=old_logprobs,
                 advantages=advantages.to(logprobs.device),
                 mask=mask,
                 normalizer=normalizer,

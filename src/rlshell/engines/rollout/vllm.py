@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from vllm import LLM
     from vllm.logprobs import Logprob
 
-__all__ = ["VLLMRolloutEngine"]
+__all__ = ["VLLMRolloutEngine", "vllm_logging_defaults"]
 
 _VLLM_DTYPES: dict[torch.dtype, Literal["float32", "bfloat16", "float16"]] = {
     torch.float32: "float32",
@@ -74,9 +74,7 @@ class VLLMRolloutEngine:
     ) -> None:
         from transformers import PreTrainedTokenizerBase
 
-        # vLLM logs every start-up and reload at INFO (read when vllm is first imported); a
-        # run shows its own progress instead.
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        vllm_logging_defaults()
         if not isinstance(tokenizer, PreTrainedTokenizerBase):
             raise TypeError(f"expected a transformers tokenizer, got {type(tokenizer).__name__}")
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
@@ -262,6 +260,16 @@ def _check_head_size(model: nn.Module) -> None:
         )
 
 
+def vllm_logging_defaults() -> None:
+    """Warnings only, to stderr, unless the user's environment says otherwise.
+
+    vLLM logs every start-up and reload at INFO, to stdout; both are read when ``vllm`` is
+    first imported, so this runs before any import of it.
+    """
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
+
 def _check_platform(device: torch.device) -> None:
     """The installed vLLM must be the build for ``device`` (its CPU or its CUDA package)."""
     from vllm.platforms import current_platform
@@ -283,7 +291,7 @@ def _start_llm(
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
-    _quiet_rotary_reload_warning()
+    _quiet_handled_warnings()
     # vLLM's CPU worker replaces torch.set_num_threads with a no-op (it expects to own the
     # process's thread binding); this process's workers size their own pools.
     set_num_threads = torch.set_num_threads
@@ -303,23 +311,36 @@ def _start_llm(
         torch.set_num_threads = set_num_threads
 
 
-class _RotaryReloadFilter(logging.Filter):
-    """Drops vLLM's warning that a reload brought no weights for a rotary embedding.
+# vLLM warnings about what this module already handles, dropped (each is repeated at every
+# start-up or reload): the logger, the message's start, and why it does not apply here.
+_HANDLED_WARNINGS = {
+    # The rotary cos/sin cache is computed, not a checkpoint tensor; vLLM keeps its own.
+    "vllm.model_executor.model_loader.reload.layerwise": "%s: Failed to load weights",
+    # `_start_llm` restores torch.set_num_threads after start-up.
+    "vllm.v1.worker.cpu_worker": "CPU backend doesn't allow to use `torch.set_num_threads`",
+    # `_process_rngs_kept` restores the process's random states around vLLM.
+    "vllm.engine.arg_utils": "The global random seed is set to",
+}
 
-    Its cos/sin cache is computed, not a checkpoint tensor; vLLM keeps the one it has, which
-    is right, but warns at every in-place reload (every weight sync).
-    """
+
+class _HandledWarningFilter(logging.Filter):
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (
-            record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",)
-        )
+        message = str(record.msg)
+        if not message.startswith(self.start):
+            return True
+        # Of the layer-wise reload's warnings, only the rotary embedding's is expected.
+        return "%s" in self.start and record.args != ("RotaryEmbedding",)
 
 
-def _quiet_rotary_reload_warning() -> None:
-    logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-    if not any(isinstance(f, _RotaryReloadFilter) for f in logger.filters):
-        logger.addFilter(_RotaryReloadFilter())
+def _quiet_handled_warnings() -> None:
+    for name, start in _HANDLED_WARNINGS.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _HandledWarningFilter) for f in logger.filters):
+            logger.addFilter(_HandledWarningFilter(start))
 
 
 @contextmanager
