@@ -139,18 +139,21 @@ def test_a_patch_after_one_small_step_moves_a_tenth_of_a_bucket(
             assert torch.equal(engine[name], tensor.to(torch.bfloat16)), name
 
 
-def _rollout_generating(deadline: float) -> int:
-    """The pid of a rollout worker running ``generate`` (Ray titles the process by its call)."""
+def _rollout_generating(ray_tmp: Path, deadline: float) -> int:
+    """The pid of this run's rollout worker while it runs ``generate``: Ray titles a worker
+    process by its call, and the run's processes carry its ``RAY_TMPDIR`` (other tests may
+    run rollout workers of their own meanwhile)."""
+    own = f"RAY_TMPDIR={ray_tmp}".encode()
     while time.monotonic() < deadline:
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit():
                 continue
             try:
-                title = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+                title = (proc / "cmdline").read_bytes()
+                if b"RolloutWorker.generate" in title and own in (proc / "environ").read_bytes():
+                    return int(proc.name)
             except OSError:
                 continue
-            if b"RolloutWorker.generate" in title:
-                return int(proc.name)
         time.sleep(0.005)
     raise AssertionError("no rollout worker was seen generating")
 
@@ -182,7 +185,7 @@ def test_the_engine_killed_mid_generation_is_named_and_resume_auto_continues(
     while not (checkpoints / "global_step_2").is_dir() and run.poll() is None:
         assert time.monotonic() < deadline, "the run made no checkpoint at step 2"
         time.sleep(0.05)
-    os.kill(_rollout_generating(deadline), signal.SIGKILL)
+    os.kill(_rollout_generating(ray_tmp, deadline), signal.SIGKILL)
     stdout, stderr = (part.decode() for part in run.communicate(timeout=300))
     assert run.returncode == 1, stdout[-2000:] + stderr[-2000:]
     assert "component 'rollout' rank 0" in stderr
