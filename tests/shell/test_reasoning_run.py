@@ -39,7 +39,13 @@ SHORT = [
     "algorithm.entropy_coef=0.01",
 ]
 # Wall-clock figures differ between runs; everything else must not.
-CLOCK_KEYS = ("time/", "perf/", "reward/seconds", "rollout/sync_seconds")
+CLOCK_KEYS = (
+    "time/",
+    "perf/",
+    "reward/seconds",
+    "rollout/sync_seconds",
+    "rollout/sync_engine_reload_seconds",
+)
 
 
 def _deterministic(records: list[dict[str, float]]) -> list[dict[str, float]]:
