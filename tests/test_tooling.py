@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,63 @@ def test_a_run_that_collects_no_tests_fails_instead_of_passing() -> None:
     )
     assert result.returncode != 0
     assert "pytest collected no tests: failing" in result.stderr
+
+
+GROUPED = """
+import os
+from pathlib import Path
+
+import pytest
+
+OUT = Path(os.environ["GROUP_PROBE_OUT"])
+
+
+@pytest.mark.xdist_group("probe")
+@pytest.mark.parametrize("i", range(6))
+def test_grouped(i):
+    (OUT / f"grouped-{i}").write_text(os.environ["PYTEST_XDIST_WORKER"])
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_free(i):
+    pass
+"""
+
+
+def test_xdist_groups_hold_under_the_makefiles_pytest_args(tmp_path: Path) -> None:
+    """`make test` runs ``-n 2 --dist loadgroup``: tests of one ``xdist_group`` share a worker.
+
+    pytest 9.2.0 broke this silently (pytest-xdist#1386: the group suffix xdist writes into the
+    node id no longer takes), so grouped module fixtures ran on both workers, twice; the
+    constraints pin a pytest with which it holds.
+    """
+    probe = tmp_path / "test_group_probe.py"
+    probe.write_text(GROUPED)
+    makefile = (ROOT / "Makefile").read_text()
+    assert "PYTEST_ARGS ?= -n 2 --dist loadgroup" in makefile
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "2",
+            "--dist",
+            "loadgroup",
+            "-q",
+            str(probe),
+            "--rootdir",
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "GROUP_PROBE_OUT": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-2000:]
+    workers = {path.read_text() for path in tmp_path.glob("grouped-*")}
+    assert len(list(tmp_path.glob("grouped-*"))) == 6
+    assert len(workers) == 1, f"one xdist_group ran on {sorted(workers)}"
