@@ -33,6 +33,7 @@ __all__ = [
     "EnvConfig",
     "FSDPConfig",
     "LoggerConfig",
+    "MegatronConfig",
     "ModelConfig",
     "OptimConfig",
     "PlacementEntry",
@@ -211,6 +212,28 @@ class FSDPConfig:
 
 
 @frozen
+class MegatronConfig:
+    """Megatron-core parallelism for ``actor.backend=megatron``.
+
+    The actor's ranks form a grid of ``tensor_model_parallel_size`` ×
+    ``pipeline_model_parallel_size`` × data-parallel replicas (the rest of the
+    actor's ranks): tensor ranks split each layer (whole key/value head groups,
+    MLP columns, vocabulary rows), pipeline stages hold consecutive layers and
+    run Megatron's 1F1B schedule over the update's micro-batches. The other
+    four keys name Megatron features this backend does not build; each is
+    refused when set (context and expert parallelism, sequence parallelism,
+    the distributed optimizer).
+    """
+
+    tensor_model_parallel_size: int = field(default=1, metadata=POSITIVE_INT)
+    pipeline_model_parallel_size: int = field(default=1, metadata=POSITIVE_INT)
+    context_parallel_size: int = field(default=1, metadata=POSITIVE_INT)
+    expert_model_parallel_size: int = field(default=1, metadata=POSITIVE_INT)
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = False
+
+
+@frozen
 class ActorConfig:
     """The trained policy: model, optimizer, FSDP and the micro-batch budget.
 
@@ -233,6 +256,7 @@ class ActorConfig:
     optim: OptimConfig = Factory(OptimConfig)
     fsdp_config: FSDPConfig = Factory(FSDPConfig)
     backend: Literal["fsdp", "megatron"] = "fsdp"
+    megatron: MegatronConfig = Factory(MegatronConfig)
     micro_batch_max_tokens: int = field(default=4096, metadata=POSITIVE_INT)
     logprob_chunk_size: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     # Rows repeating a prompt (a group's samples) run it once in the update's forward.

@@ -44,7 +44,6 @@ from rlshell.engines.rollout import RolloutEngine, make_rollout_engine
 from rlshell.engines.rollout.hf import HFRolloutEngine
 from rlshell.engines.training import TrainingBackend, make_training_backend
 from rlshell.engines.training.fsdp import (
-    full_named_tensors,
     gathered_named_tensors,
 )
 from rlshell.models import get_model, torch_dtype
@@ -392,8 +391,11 @@ class ActorWorker(Worker):
         return {name: t.detach().clone() for name, t in self.engine.weight_targets().items()}
 
     def full_weights(self) -> dict[str, Tensor]:
-        """The actor's full weights on every rank (collective)."""
-        return {name: t.detach().clone().cpu() for name, t in full_named_tensors(self.model)}
+        """The actor's full weights in the checkpoint (HF) layout, on every rank (collective)."""
+        with self._manager().unsharded() as model:
+            return {
+                name: t.detach().clone().cpu() for name, t in gathered_named_tensors(model).items()
+            }
 
     # -- training
 
@@ -421,39 +423,30 @@ class ActorWorker(Worker):
         advantages = self.compute_advantages_and_returns(batch, scores).advantages
         horizon = self.config.rollout.max_new_tokens
         normalizer = aggregation_normalizer(batch.response_mask, algorithm.loss_agg_mode, horizon)
-        # Contiguous rows: a rank holds whole groups, whose prompt runs once per micro-batch.
-        mine = list(
-            range(
-                self.rank * batch.rows // self.world_size,
-                (self.rank + 1) * batch.rows // self.world_size,
-            )
-        )
+        # Contiguous rows: a data-parallel share holds whole groups, whose prompt runs once per
+        # micro-batch. FSDP: a share per rank; Megatron: a share per tensor × pipeline grid.
+        share, shares = manager.data_parallel_rank, manager.data_parallel_size
+        mine = list(range(share * batch.rows // shares, (share + 1) * batch.rows // shares))
         micro_batches = self._micro_batches(batch, mine)
         model = self.model
         model.train()
-        totals: dict[str, float] = {}
-        peaks: dict[str, float] = {}
         passes_started = time.perf_counter()
-        for index, rows in enumerate(micro_batches):
-            micro = batch.select(rows)
-            width = micro.response_ids.shape[1]
-            row_index = torch.as_tensor(rows)
-            micro_adv = advantages[row_index, :width]
-            micro_ref = None if ref_logprobs is None else ref_logprobs[row_index, :width]
-            manager.before_micro_batch(model, is_last=index == len(micro_batches) - 1)
-            loss, metrics = self._loss(micro, micro_adv, micro_ref, normalizer)
-            value = float(loss.detach())
-            if not math.isfinite(value):
-                raise NonFiniteLossError(
-                    f"step {self.global_step + 1}: the loss is {value} on actor rank "
-                    f"{self.rank} (micro-batch {index}); stopping before the update"
-                )
-            torch.autograd.backward(loss * self.world_size)
-            for key, value in metrics.items():
-                if key.endswith("_max"):
-                    peaks[key] = max(peaks.get(key, -math.inf), value)
-                else:
-                    totals[key] = totals.get(key, 0.0) + value
+        # Gradients are averaged over the shares: scaled up by their number, the losses (each
+        # normalised by the whole batch) sum to the batch's.
+        inputs = [
+            (batch.select(rows), *self._micro_targets(rows, batch, advantages, ref_logprobs))
+            for rows in micro_batches
+        ]
+        if manager.pipeline_stages > 1:
+            totals, peaks = self._pipeline_passes(inputs, normalizer, scale=float(shares))
+        else:
+            totals, peaks = {}, {}
+            for index, (micro, micro_adv, micro_ref) in enumerate(inputs):
+                manager.before_micro_batch(model, is_last=index == len(inputs) - 1)
+                loss, metrics = self._loss(micro, micro_adv, micro_ref, normalizer)
+                self._check_finite(loss, index)
+                torch.autograd.backward(loss * shares)
+                _accumulate(metrics, totals, peaks)
         optimizer_started = time.perf_counter()
         grad_norm, lrs = manager.optimizer_step()
         if not math.isfinite(grad_norm):
@@ -461,12 +454,13 @@ class ActorWorker(Worker):
                 f"step {self.global_step + 1}: the gradient norm is {grad_norm} on actor rank "
                 f"{self.rank}; the update was skipped"
             )
-        reduced = self._all_reduce(totals, dist.ReduceOp.SUM)
+        group = manager.data_parallel_group
+        reduced = self._all_reduce(totals, dist.ReduceOp.SUM, group)
         # Loss terms are normalised by the whole batch already: their sum is the batch's.
-        # The rest are per-micro-batch means, averaged over every micro-batch of every rank;
+        # The rest are per-micro-batch means, averaged over every micro-batch of every share;
         # maxima are the maxima over all of them.
-        reduced.update(self._all_reduce(peaks, dist.ReduceOp.MAX))
-        passes = len(micro_batches) * self.world_size
+        reduced.update(self._all_reduce(peaks, dist.ReduceOp.MAX, group))
+        passes = len(micro_batches) * shares
         summed = {"pg_loss", "kl_loss", "entropy_loss", "loss"}
         out = {
             # rollout/mismatch_* keep their section; the rest are the actor's train/ metrics.
@@ -485,6 +479,78 @@ class ActorWorker(Worker):
         self.global_step += 1
         return out
 
+    @staticmethod
+    def _micro_targets(
+        rows: list[int], batch: RolloutBatch, advantages: Tensor, ref_logprobs: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """The advantages and reference log-probs of ``rows``, cut to the response width."""
+        width = batch.response_ids.shape[1]
+        index = torch.as_tensor(rows)
+        return (
+            advantages[index, :width],
+            None if ref_logprobs is None else ref_logprobs[index, :width],
+        )
+
+    def _check_finite(self, loss: Tensor, index: int) -> None:
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise NonFiniteLossError(
+                f"step {self.global_step + 1}: the loss is {value} on actor rank "
+                f"{self.rank} (micro-batch {index}); stopping before the update"
+            )
+
+    def _pipeline_passes(
+        self,
+        inputs: list[tuple[RolloutBatch, Tensor, Tensor | None]],
+        normalizer: Tensor,
+        scale: float,
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """Forward and backward of every micro-batch through Megatron's pipeline schedule.
+
+        The last stage computes the same loss as the one-stage path from its
+        logits; the metrics it returns are handed to every stage of its
+        pipeline, so that every rank reduces the same keys.
+        """
+        from megatron.core import parallel_state
+
+        from rlshell.engines.training.megatron.model import pipeline_train_passes
+
+        temperature = self.config.rollout.temperature
+        chunk = self.config.actor.logprob_chunk_size
+
+        def loss_of(index: int, logits: Tensor) -> tuple[Tensor, dict[str, float]]:
+            micro, micro_adv, micro_ref = inputs[index]
+            width = micro.prompt_ids.shape[1]
+            stats = token_stats(
+                logits[:, width - 1 : -1, :].float(),
+                micro.response_ids.to(logits.device),
+                temperature,
+                chunk,
+            )
+            loss, metrics = self._loss(
+                micro, micro_adv, micro_ref, normalizer, forward=(stats.logprobs, stats.entropy)
+            )
+            self._check_finite(loss, index)
+            return loss * scale, metrics
+
+        per_micro = pipeline_train_passes(
+            self.model,
+            [(micro.input_ids, micro.attention_mask) for micro, _, _ in inputs],
+            loss_of,
+        )
+        totals: dict[str, float] = {}
+        peaks: dict[str, float] = {}
+        for metrics in per_micro or []:
+            _accumulate(metrics, totals, peaks)
+        # The last stage's metrics to every stage of this pipeline.
+        shared: list[Any] = [(totals, peaks)]
+        last = parallel_state.get_pipeline_model_parallel_last_rank()
+        dist.broadcast_object_list(
+            shared, src=last, group=parallel_state.get_pipeline_model_parallel_group()
+        )
+        received: tuple[dict[str, float], dict[str, float]] = shared[0]
+        return received
+
     def _micro_batches(self, batch: RolloutBatch, rows: list[int]) -> list[list[int]]:
         lengths = (batch.prompt_mask.sum(1) + batch.response_mask.sum(1))[rows]
         budget = self.config.actor.micro_batch_max_tokens
@@ -500,10 +566,13 @@ class ActorWorker(Worker):
         advantages: Tensor,
         ref_logprobs: Tensor | None,
         normalizer: Tensor,
+        forward: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
+        """The micro-batch's loss and metrics; ``forward``: its (log-probs, entropies) when a
+        pipeline schedule computed them, else this runs `policy_forward`."""
         algorithm = self.config.algorithm
         mode = algorithm.loss_agg_mode
-        logprobs, entropy = policy_forward(
+        logprobs, entropy = forward or policy_forward(
             self.model,
             micro,
             self.config.rollout.temperature,
@@ -545,10 +614,12 @@ class ActorWorker(Worker):
         metrics["loss"] = float(loss.detach())
         return loss, metrics
 
-    def _all_reduce(self, values: dict[str, float], op: Any) -> dict[str, float]:
+    def _all_reduce(
+        self, values: dict[str, float], op: Any, group: dist.ProcessGroup | None = None
+    ) -> dict[str, float]:
         keys = sorted(values)
         tensor = torch.tensor([values[key] for key in keys], dtype=torch.float64)
-        dist.all_reduce(tensor, op=op)
+        dist.all_reduce(tensor, op=op, group=group)
         return dict(zip(keys, tensor.tolist(), strict=True))
 
     # -- checkpoints
@@ -560,7 +631,9 @@ class ActorWorker(Worker):
         target = Path(path) / "actor"
         self.manager.save_checkpoint(target, step)
         if self.rank == 0:
-            config = getattr(self.model, "config", None)
+            # The HF config: the Megatron backend's is its host model's (its module is Megatron's).
+            host = getattr(self.manager, "host", None)
+            config = getattr(host if host is not None else self.model, "config", None)
             if config is not None:
                 config.save_pretrained(Path(path) / "hf_config")
 
@@ -574,3 +647,14 @@ class ActorWorker(Worker):
     def shutdown_distributed(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _accumulate(
+    metrics: dict[str, float], totals: dict[str, float], peaks: dict[str, float]
+) -> None:
+    """Sum a micro-batch's metrics into ``totals``; its ``*_max`` ones into ``peaks`` (max)."""
+    for key, value in metrics.items():
+        if key.endswith("_max"):
+            peaks[key] = max(peaks.get(key, -math.inf), value)
+        else:
+            totals[key] = totals.get(key, 0.0) + value

@@ -6,9 +6,9 @@ backends that implement it, one module each (``actor.backend`` names one;
 
 - ``fsdp``: `rlshell.engines.training.fsdp.FSDPModelManager`, FSDP2 on gloo
   (CPU) or NCCL (GPU);
-- ``megatron`` is named by the config for GPU configs that plan it
-  (``--dry-run``) and refused for a run of this version
-  (`rlshell.runners.validation`).
+- ``megatron``: `rlshell.engines.training.megatron.manager.MegatronModelManager`,
+  Megatron-core tensor, pipeline and data parallelism (``actor.megatron``),
+  on gloo through its CPU shim or on NCCL.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TRAINING_BACKENDS", "TrainingBackend", "make_training_backend"]
 
-TRAINING_BACKENDS = ("fsdp",)
+TRAINING_BACKENDS = ("fsdp", "megatron")
 """The ``actor.backend`` values this installation has a backend for."""
 
 
@@ -49,6 +50,26 @@ class TrainingBackend(Protocol):
 
     @property
     def module(self) -> nn.Module: ...
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """Which share of a batch's rows this rank trains on."""
+        ...
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many shares a batch's rows are split into (ranks in a share see the same rows)."""
+        ...
+
+    @property
+    def data_parallel_group(self) -> dist.ProcessGroup | None:
+        """The ranks holding one share each (None: every rank, the default group)."""
+        ...
+
+    @property
+    def pipeline_stages(self) -> int:
+        """1: `module` is a whole causal LM; more: a pipeline stage Megatron's schedule drives."""
+        ...
 
     def setup_model_and_optimizer(self) -> None: ...
 
@@ -85,6 +106,10 @@ def make_training_backend(
         from rlshell.engines.training.fsdp import FSDPModelManager
 
         return FSDPModelManager(config, total_steps=total_steps, device=device)
+    if config.backend == "megatron":
+        from rlshell.engines.training.megatron.manager import MegatronModelManager
+
+        return MegatronModelManager(config, total_steps=total_steps, device=device)
     raise ValueError(
         f"actor.backend: no '{config.backend}' backend in this installation; backends: "
         f"{', '.join(TRAINING_BACKENDS)}"

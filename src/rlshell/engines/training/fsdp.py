@@ -54,6 +54,8 @@ __all__ = [
     "build_lr_lambda",
     "full_named_tensors",
     "gathered_named_tensors",
+    "move_optimizer_state",
+    "move_parameters",
     "rng_state",
     "set_rng_state",
     "wrap_units",
@@ -269,6 +271,23 @@ class FSDPModelManager:
             raise RuntimeError("call setup_model_and_optimizer() first")
         return self.model
 
+    @property
+    def data_parallel_rank(self) -> int:
+        """Every FSDP rank trains on its own rows."""
+        return dist.get_rank()
+
+    @property
+    def data_parallel_size(self) -> int:
+        return dist.get_world_size()
+
+    @property
+    def data_parallel_group(self) -> dist.ProcessGroup | None:
+        return None  # the default group: every rank
+
+    @property
+    def pipeline_stages(self) -> int:
+        return 1
+
     @contextmanager
     def unsharded(self) -> Iterator[nn.Module]:
         """The model with every unit's full parameters gathered once, for inference.
@@ -405,8 +424,8 @@ class FSDPModelManager:
 
     def _move_params(self, device: torch.device, move_grad: bool) -> None:
         model = self.module
-        leaving = _accelerator_of(model.parameters())
         if any(isinstance(m, FSDPModule) for m in model.modules()):
+            leaving = _accelerator_of(model.parameters())
             # FSDP2 keeps each parameter's shard in storage of its own: Module.to swaps the
             # DTensor parameters in place (the optimizer keeps them) and FSDP re-points its
             # shards at the moved data. It moves the gradients along.
@@ -418,25 +437,37 @@ class FSDPModelManager:
             model.to(device)
             for param, grad in grads.items():
                 param.grad = grad
+            _release(leaving)
         else:
-            for param in model.parameters():
-                param.data = param.data.to(device)
-                if move_grad and param.grad is not None:
-                    param.grad.data = param.grad.data.to(device)
-        _release(leaving)
+            move_parameters(model, device, move_grad)
 
     def _move_optimizer(self, device: torch.device) -> None:
-        if self.optimizer is None:
-            return
-        leaving = None
-        for state in self.optimizer.state.values():
-            for key, value in state.items():
-                # ``step`` stays where the optimizer keeps it (a host scalar, or on the device
-                # for fused and capturable Adam, which step there).
-                if isinstance(value, torch.Tensor) and key != "step":
-                    leaving = leaving or _accelerator_of([value])
-                    state[key] = value.to(device)
-        _release(leaving)
+        if self.optimizer is not None:
+            move_optimizer_state(self.optimizer, device)
+
+
+def move_parameters(model: nn.Module, device: torch.device, move_grad: bool) -> None:
+    """A plain (not FSDP) module's parameters, and with ``move_grad`` their gradients, to
+    ``device``, in place (optimizers keep pointing at them)."""
+    leaving = _accelerator_of(model.parameters())
+    for param in model.parameters():
+        param.data = param.data.to(device)
+        if move_grad and param.grad is not None:
+            param.grad.data = param.grad.data.to(device)
+    _release(leaving)
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """An optimizer's state tensors (Adam's moments) to ``device``."""
+    leaving = None
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            # ``step`` stays where the optimizer keeps it (a host scalar, or on the device
+            # for fused and capturable Adam, which step there).
+            if isinstance(value, torch.Tensor) and key != "step":
+                leaving = leaving or _accelerator_of([value])
+                state[key] = value.to(device)
+    _release(leaving)
 
 
 def _accelerator_of(tensors: Iterable[torch.Tensor]) -> torch.device | None:

@@ -9,10 +9,12 @@ in the project that knows about either:
    `apply_cpu_shim` makes it answer ``"cpu"``, which is a valid ``device=``.
 2. Megatron's RNG tracker forks CUDA generator states for tensor-parallel
    dropout. `seed_model_parallel_rng` sets it up in its inference mode, which
-   tracks without CUDA; dropout is refused on CPU (`MegatronParallel`'s
-   checks), so no random stream is needed there.
-
-3. The pipeline schedules create a few tensors with a literal ``device="cuda"``
+   tracks without CUDA; dropout is refused (`rlshell.engines.training.megatron.model`
+   maps HF configs with no dropout only), so no random stream is needed.
+3. ``torch.cuda.synchronize()`` follows the pipeline's exchange of tensor
+   shapes (a guard for CUDA streams): on CPU there is nothing to wait for,
+   and the shim makes it return.
+4. The pipeline schedules create a few tensors with a literal ``device="cuda"``
    (the token counter of each schedule). `cpu_device_mode` is a
    ``TorchFunctionMode`` that places such factory calls on the CPU; the
    backend runs Megatron's schedules inside it on CPU only.
@@ -39,6 +41,7 @@ __all__ = [
 ]
 
 _ORIGINAL_CURRENT_DEVICE = torch.cuda.current_device
+_ORIGINAL_SYNCHRONIZE = torch.cuda.synchronize
 
 
 def _cpu_current_device() -> str:
@@ -50,7 +53,12 @@ def apply_cpu_shim() -> bool:
     if torch.cuda.is_available():
         return False
     torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]
+    torch.cuda.synchronize = _nothing_to_wait_for
     return True
+
+
+def _nothing_to_wait_for(device: object = None) -> None:
+    """There is no CUDA stream to wait for (the pipeline schedule's p2p exchange calls this)."""
 
 
 def cpu_shim_applied() -> bool:
@@ -71,6 +79,7 @@ def seed_model_parallel_rng(seed: int) -> None:
 def restore_cuda_current_device() -> None:
     """Undo `apply_cpu_shim` (tests)."""
     torch.cuda.current_device = _ORIGINAL_CURRENT_DEVICE
+    torch.cuda.synchronize = _ORIGINAL_SYNCHRONIZE
 
 
 def _on_cuda(device: object) -> bool:

@@ -15,7 +15,7 @@ Needs an initialised Megatron parallel state (`rlshell.engines.training.megatron
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,6 +33,7 @@ __all__ = [
     "attention_mask_4d",
     "build_gpt_stage",
     "pipeline_logits",
+    "pipeline_train_passes",
     "rope_base",
     "transformer_config",
 ]
@@ -105,15 +106,24 @@ def transformer_config(
 
 
 def build_gpt_stage(
-    hf_config: object, layout: GPTLayout, dtype: torch.dtype = torch.float32
+    hf_config: object,
+    layout: GPTLayout,
+    dtype: torch.dtype = torch.float32,
+    padding_idx: int | None = None,
 ) -> GPTModel:
-    """This rank's stage of the GPT model (its tensor-parallel shard of its layers)."""
+    """This rank's stage of the GPT model (its tensor-parallel shard of its layers).
+
+    ``padding_idx``: the token whose embedding the lookup never trains, as
+    ``nn.Embedding(padding_idx=...)`` in the Hugging Face model (Megatron's
+    embedding has no such option): its positions pass no gradient into the
+    embedding table. A model can sample that token, so this matters.
+    """
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     config = transformer_config(hf_config, layout, dtype)
-    return GPTModel(
+    stage = GPTModel(
         config,
         get_gpt_layer_local_spec(normalization="RMSNorm"),
         vocab_size=layout.padded_vocab_size,
@@ -129,6 +139,18 @@ def build_gpt_stage(
         # Logits gathered over tensor ranks: the actor's log-prob code takes the whole vocabulary.
         parallel_output=False,
     )
+    stage.real_vocab_size = layout.vocab_size  # logits past it are the padding rows
+    if padding_idx is not None and stage.pre_process:
+        stage.embedding.word_embeddings.register_forward_hook(_frozen_lookup(padding_idx))
+    return stage
+
+
+def _frozen_lookup(padding_idx: int) -> Callable[[nn.Module, tuple[Any, ...], Tensor], Tensor]:
+    def hook(module: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor:
+        ids: Tensor = args[0]
+        return torch.where((ids == padding_idx).unsqueeze(-1), output.detach(), output)
+
+    return hook
 
 
 def attention_mask_4d(attention_mask: Tensor) -> Tensor:
@@ -219,3 +241,60 @@ def pipeline_logits(
             collect_non_loss_data=True,
         )
     return list(outputs) if parallel_state.is_pipeline_last_stage() else None
+
+
+def pipeline_train_passes(
+    stage: nn.Module,
+    micro_batches: Sequence[tuple[Tensor, Tensor]],
+    loss_of: Callable[[int, Tensor], tuple[Tensor, dict[str, float]]],
+) -> list[dict[str, float]] | None:
+    """Forward and backward of every micro-batch ``(input_ids, attention_mask)`` through
+    Megatron's 1F1B pipeline schedule; gradients accumulate in this stage's parameters.
+
+    On the last stage ``loss_of(index, logits)`` gives micro-batch ``index``'s
+    loss (its logits cover the real vocabulary) and metrics; the gradient is
+    that of the losses' sum. Micro-batches may differ in rows and width (the
+    stages exchange shapes). Returns the metrics on the last stage, None on
+    the others.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from rlshell.engines.training.megatron.cpu_shim import cpu_device_mode
+
+    count = len(micro_batches)
+    vocab = _real_vocab(stage)
+    stage.config.variable_seq_lengths = True  # type: ignore[union-attr]
+
+    def forward_step(data: Iterator[tuple[int, Tensor, Tensor]], model: nn.Module) -> Any:
+        index, ids, mask = next(data)
+        batch, seq = ids.shape
+        positions = torch.arange(seq, device=ids.device).expand(batch, seq)
+        output = model(ids, positions, attention_mask_4d(mask))
+
+        def loss_func(output: Tensor) -> tuple[Tensor, dict[str, float]]:
+            loss, metrics = loss_of(index, output[..., :vocab])
+            # Megatron's schedule divides each micro-batch's loss by their number.
+            return loss * count, metrics
+
+        return output, loss_func
+
+    shapes = [ids.shape for ids, _ in micro_batches]
+    with cpu_device_mode():
+        outputs = get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter([(i, ids, mask) for i, (ids, mask) in enumerate(micro_batches)]),
+            model=[stage],
+            num_microbatches=count,
+            seq_length=max(shape[1] for shape in shapes),
+            micro_batch_size=max(shape[0] for shape in shapes),
+            forward_only=False,
+        )
+    return list(outputs) if parallel_state.is_pipeline_last_stage() else None
+
+
+def _real_vocab(stage: nn.Module) -> int:
+    vocab = getattr(stage, "real_vocab_size", None)
+    if vocab is None:
+        raise ValueError("the stage was not built by build_gpt_stage (no real_vocab_size)")
+    return int(vocab)
