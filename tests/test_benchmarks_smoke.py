@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -133,3 +135,16 @@ def test_rollout_engines_quick_run_prints_the_expected_json() -> None:
     assert step["rlstack_vllm"]["seconds_per_step_median"] > 0
     assert step["rlstack_vllm"]["mismatch_abs_diff_mean"] < 1e-4
     assert isinstance(step["trl_use_vllm_colocate"]["ran"], bool)
+
+
+def test_actor_backends_quick_run_prints_the_expected_json() -> None:
+    pytest.importorskip(
+        "megatron.core", reason="megatron-core is not installed (the megatron extra)"
+    )
+    report = quick_run("actor_backends.py")
+    assert report["benchmark"] == "actor_backends"
+    assert report["quick"] is True
+    (size,) = report["by_size"].values()
+    assert set(size) == {"fsdp", "megatron_tp2", "megatron_dp2"}
+    assert size["fsdp"]["speed_vs_fsdp"] == 1.0
+    assert all(side["seconds_per_step_median"] > 0 for side in size.values())

@@ -479,28 +479,71 @@ def test_an_installed_wandb_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     load_config(GRPO, ['logger.backends=["console","wandb"]'], for_run=True)
 
 
+MEGATRON = ROOT / "configs" / "grpo_megatron.py"
+
+
+def test_a_missing_megatron_core_names_its_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    not_installed(monkeypatch, "megatron", "megatron.core")
+    load_config(MEGATRON, for_run=False)
+    with pytest.raises(ConfigError) as caught:
+        load_config(MEGATRON, for_run=True)
+    assert caught.value.problems == [
+        "actor.backend: 'megatron' needs the megatron-core package, which is not installed: run "
+        "`make install` (or `pip install -e '.[megatron]'`)"
+    ]
+
+
 @pytest.mark.parametrize(
-    ("override", "modules", "expected"),
+    ("override", "expected"),
     [
-        (
-            "actor.backend=megatron",
-            ("megatron.core",),
-            "actor.backend: this version trains with fsdp only; its 'megatron' backend is not "
-            "built yet (it comes behind the same training-backend protocol, "
-            "rlshell.engines.training): use actor.backend=fsdp (its megatron-core package is not "
-            "installed here)",
-        ),
+        ("actor.megatron.context_parallel_size=2", "actor.megatron.context_parallel_size: context"),
+        ("actor.megatron.expert_model_parallel_size=2", "actor.megatron.expert_model_parallel"),
+        ("actor.megatron.sequence_parallel=true", "actor.megatron.sequence_parallel: sequence"),
+        ("actor.megatron.use_distributed_optimizer=true", "actor.megatron.use_distributed_optim"),
+        ("actor.share_prompt_forward=true", "actor.share_prompt_forward: the shared prompt"),
+        ("actor.model.precision=bf16", "actor.model.precision: the Megatron backend trains fp32"),
+        ("actor.model.gradient_checkpointing=true", "actor.model.gradient_checkpointing: the Meg"),
+        ("actor.model.is_lora=true", "actor.model.is_lora: the Megatron backend trains every"),
     ],
 )
-def test_an_engine_not_built_names_its_missing_package_in_one_line(
-    monkeypatch: pytest.MonkeyPatch, override: str, modules: tuple[str, ...], expected: str
+def test_what_the_megatron_backend_does_not_build_is_refused_with_its_key(
+    override: str, expected: str
 ) -> None:
-    not_installed(monkeypatch, *modules)
     with pytest.raises(ConfigError) as caught:
-        load_config(GRPO, [override], for_run=True)
-    key = override.partition("=")[0]
-    assert [p for p in caught.value.problems if "not built yet" in p] == [expected]
-    assert all(p.startswith(f"{key}: ") for p in caught.value.problems)
+        load_config(MEGATRON, [override], for_run=True)
+    assert [p for p in caught.value.problems if not p.startswith("actor.model.lora_rank")] == [
+        p for p in caught.value.problems if p.startswith(expected)
+    ]
+    assert any(p.startswith(expected) for p in caught.value.problems)
+
+
+def test_a_megatron_grid_the_model_or_the_plan_cannot_hold_is_refused() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(MEGATRON, ["actor.megatron.tensor_model_parallel_size=4"], for_run=False)
+    assert caught.value.problems == [
+        "actor.megatron: tensor parallel size 4 must divide the 2 key/value heads (each rank "
+        "holds whole query groups)",
+        "actor.megatron: tensor parallel 4 × pipeline parallel 1 = 4 ranks per model replica, "
+        "but the plan gives the actor 2 ranks (cluster.component_placement): use a multiple of it",
+    ]
+    with pytest.raises(ConfigError) as caught:
+        load_config(MEGATRON, ["actor.megatron.pipeline_model_parallel_size=3"], for_run=False)
+    assert caught.value.problems[0] == (
+        "actor.megatron: pipeline parallel size 3 must divide the 2 layers"
+    )
+    # Tensor × pipeline 2 × 2 over 4 actor ranks plans; over 2 it does not.
+    four = 'cluster.component_placement={"actor": "0:0-3", "rollout": "0:0-1", "reward": "0"}'
+    grid = ["actor.megatron.pipeline_model_parallel_size=2", "cluster.simulate=1x4"]
+    assert validate(load_config(MEGATRON, [*grid, four], for_run=False), for_run=False) == []
+
+
+def test_the_embodied_runners_refuse_the_megatron_backend() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(ROOT / "configs" / "ppo_cartpole.py", ["actor.backend=megatron"])
+    assert (
+        "actor.backend: megatron trains the reasoning runner's causal LMs; the 'embodied' "
+        "runner trains with actor.backend=fsdp"
+    ) in caught.value.problems
 
 
 def test_maniskill_envs_name_their_missing_packages(monkeypatch: pytest.MonkeyPatch) -> None:

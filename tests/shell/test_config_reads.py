@@ -69,6 +69,7 @@ RUNS: dict[str, list[str]] = {
         "checkpoint.interval=0",
         "runner.eval_interval=0",
     ],
+    "grpo_megatron": ["configs/grpo_megatron.py", *TINY_GRPO],
     "ppo_collocated": ["configs/ppo_cartpole.py", *TINY_CARTPOLE],
     "ppo_embodied_grpo": [
         "configs/ppo_cartpole.py",

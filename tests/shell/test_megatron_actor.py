@@ -33,11 +33,13 @@ BASE = [
     "actor.share_prompt_forward=false",  # Megatron's forward has no KV-cache prefix path
     "actor.micro_batch_max_tokens=64",  # several micro-batches: the pipeline schedules them
 ]
+# configs/grpo.py's FSDP wrap policy, back to its default for Megatron (which does not read it).
+MEGATRON = ["actor.backend=megatron", "actor.fsdp_config.wrap_policy.min_num_params=0"]
 BACKENDS: dict[str, list[str]] = {
     "fsdp": [],
-    "megatron_tp1_dp2": ["actor.backend=megatron"],
-    "megatron_tp2": ["actor.backend=megatron", "actor.megatron.tensor_model_parallel_size=2"],
-    "megatron_pp2": ["actor.backend=megatron", "actor.megatron.pipeline_model_parallel_size=2"],
+    "megatron_tp1_dp2": MEGATRON,
+    "megatron_tp2": [*MEGATRON, "actor.megatron.tensor_model_parallel_size=2"],
+    "megatron_pp2": [*MEGATRON, "actor.megatron.pipeline_model_parallel_size=2"],
 }
 ATOL = 1e-5
 

@@ -410,3 +410,19 @@ def test_a_missing_extension_module_fails_the_launch_naming_module_and_rank(
     assert "ModuleNotFoundError: No module named 'rlshell_no_such_extension'" in message
     assert f"on the {plan.name} rank 0 (host" in message
     assert f"component '{plan.name}' rank 0 (node" in message
+
+
+def test_the_rendezvous_port_is_free_and_below_the_ephemeral_range(tmp_path: Path) -> None:
+    import socket
+
+    from rlshell.cluster.worker import rendezvous_port
+
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("32768\t60999\n")
+    ports = {rendezvous_port(ranges) for _ in range(20)}
+    assert all(10_000 <= port < 32768 for port in ports)
+    assert len(ports) > 1  # drawn at random: two launches do not race for one port
+    with socket.socket() as sock:  # free when returned
+        sock.bind(("", ports.pop()))
+    # A machine without the file (not Linux): the kernel's choice.
+    assert rendezvous_port(tmp_path / "missing") > 0

@@ -30,10 +30,12 @@ imports neither, except `Worker.create_group`, which builds a group when called.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sys
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, cast
 
 import ray
@@ -45,7 +47,12 @@ from rlshell.extensions import load_extensions
 if TYPE_CHECKING:
     from rlshell.cluster.group import WorkerGroup
 
-__all__ = ["Worker", "WorkerContext", "WorkerInfo"]
+__all__ = [
+    "Worker",
+    "WorkerContext",
+    "WorkerInfo",
+    "rendezvous_port",
+]
 
 # The frames the start-up hooks of this file add to every constructor error's
 # traceback (the actor class's __init__, then Worker._rlshell_ready re-raising);
@@ -172,15 +179,37 @@ class Worker:
         )
 
     def _rlshell_rendezvous_address(self) -> tuple[str, int]:
-        # Port 0 lets the kernel pick a free port; it is released before torch
-        # binds it, a short race every env:// launcher accepts.
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
-            port = int(sock.getsockname()[1])
-        return self.node_ip, port
+        return self.node_ip, rendezvous_port()
 
     def _rlshell_set_env(self, env: dict[str, str]) -> None:
         os.environ.update(env)
+
+
+def rendezvous_port(
+    ephemeral_range: Path = Path("/proc/sys/net/ipv4/ip_local_port_range"),
+) -> int:
+    """A free TCP port for rank 0's rendezvous store, below the kernel's ephemeral range.
+
+    The port is free when chosen and bound by torch a moment later. A port the
+    kernel hands out for port 0 lies in the ephemeral range, which every
+    outgoing connection on the machine draws from too (Ray opens many): one of
+    them took such a port in that moment in a CI run (EADDRINUSE). Below the
+    range only a process that binds that very port can collide. Where the
+    range is unknown (not Linux), the kernel's choice.
+    """
+    try:
+        low = int(ephemeral_range.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = None
+    candidates = random.Random().sample(range(10_000, low), 64) if low and low > 10_100 else [0]
+    for candidate in candidates:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("", candidate))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise RuntimeError(f"no free TCP port for the rendezvous among {len(candidates)} tried")
 
 
 _ACTOR_CLASSES: dict[type[Worker], Any] = {}

@@ -94,6 +94,7 @@ def validate(config: Config, *, for_run: bool = True) -> list[str]:
     problems += unread_problems(spec, plan)
     if spec.trainer is not None:
         problems += spec.trainer.problems(config, plan)
+    problems += _megatron_problems(spec, plan)
     if for_run:
         problems += _run_only_problems(config)
     return problems
@@ -163,6 +164,15 @@ def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, s
         unread["logger.wandb_project"] = (
             "names the project of the wandb backend, and logger.backends has no 'wandb'"
         )
+    if config.actor.backend == "megatron":
+        unread["actor.fsdp_config"] = (
+            "FSDP2's settings; actor.backend=megatron shards the model with Megatron-core "
+            "(actor.megatron)"
+        )
+    else:
+        unread["actor.megatron"] = (
+            f"Megatron-core's parallel sizes; actor.backend is '{config.actor.backend}'"
+        )
     if config.checkpoint.interval == 0:
         never = "checkpoint.interval is 0: the run saves no checkpoint"
         unread["checkpoint.keep_last"] = f"{never} to keep or prune"
@@ -178,6 +188,80 @@ def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, s
         unread["actor.fsdp_config.wrap_policy"] = alone
         unread["actor.fsdp_config.reshard_after_forward"] = alone
     return unread
+
+
+# Megatron features this backend does not build, each refused when set, with why.
+_MEGATRON_NOT_BUILT = {
+    "context_parallel_size": "context parallelism (each sequence split over ranks) is not built "
+    "in this backend",
+    "expert_model_parallel_size": "expert parallelism is for mixture-of-experts layers; the "
+    "backend maps dense Qwen2 and Llama models",
+    "sequence_parallel": "sequence parallelism is not built in this backend (Megatron's runs on "
+    "Transformer Engine's norms; with torch's it fails on CPU)",
+    "use_distributed_optimizer": "Megatron's distributed optimizer is not built in this backend "
+    "(it needs CUDA); each rank keeps AdamW state for its own shards",
+}
+
+
+def _megatron_problems(spec: RunSpec, plan: PlacementPlan | None) -> list[str]:
+    """``actor.backend=megatron``: what it cannot train, and a grid that does not fit."""
+    config = spec.config
+    actor = config.actor
+    if actor.backend != "megatron" or "actor.backend" in unread_leaves(spec, plan):
+        return []  # a run that reads no backend refuses the key as unread already
+    runner = config.runner.runner_type
+    if runner not in ("reasoning", "probe"):
+        return [
+            f"actor.backend: megatron trains the reasoning runner's causal LMs; the '{runner}' "
+            "runner trains with actor.backend=fsdp"
+        ]
+    megatron = actor.megatron
+    defaults = type(megatron)()
+    problems = [
+        f"actor.megatron.{key}: {reason}"
+        for key, reason in _MEGATRON_NOT_BUILT.items()
+        if getattr(megatron, key) != getattr(defaults, key)
+    ]
+    if actor.share_prompt_forward:
+        problems.append(
+            "actor.share_prompt_forward: the shared prompt forward runs Hugging Face's KV cache, "
+            "which Megatron's model has not; set actor.share_prompt_forward=false"
+        )
+    model = actor.model
+    unsupported = {
+        "model_type": (model.model_type != "hf_causal_lm", "maps hf_causal_lm models only"),
+        "is_lora": (model.is_lora, "trains every weight; LoRA adapters are not built for it"),
+        "gradient_checkpointing": (
+            model.gradient_checkpointing,
+            "does not map it to Megatron's activation recomputation in this version",
+        ),
+        "precision": (model.precision != "fp32", "trains fp32 weights in this version"),
+    }
+    problems += [
+        f"actor.model.{key}: the Megatron backend {reason}"
+        for key, (refused, reason) in unsupported.items()
+        if refused
+    ]
+    tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
+    if not unsupported["model_type"][0]:
+        from rlshell.engines.training.megatron.layout import GPTLayout
+        from rlshell.models.hf_causal_lm import hf_model_config
+
+        try:
+            GPTLayout.of(hf_model_config(model), tp=tp, pp=pp)
+        except ValueError as error:
+            problems.append(f"actor.megatron: {error}")
+        except OSError:
+            pass  # a model that cannot be read is actor.model.path's own problem
+    if plan is not None and any(c.name == "actor" for c in plan.components):
+        ranks = plan.component("actor").world_size
+        if ranks % (tp * pp):
+            problems.append(
+                f"actor.megatron: tensor parallel {tp} × pipeline parallel {pp} = {tp * pp} "
+                f"ranks per model replica, but the plan gives the actor {ranks} ranks "
+                "(cluster.component_placement): use a multiple of it"
+            )
+    return problems
 
 
 def _unsharded_actor(config: Config, plan: PlacementPlan) -> bool:
@@ -618,15 +702,6 @@ def _run_only_problems(config: Config) -> list[str]:
     resume = config.checkpoint.resume
     if resume not in (None, "auto") and not Path(resume).is_dir():
         problems.append(f"checkpoint.resume: no checkpoint directory at {resume}")
-    if config.cluster.address is None and config.cluster.simulate is None:
-        from rlshell.cluster.ray_cluster import local_cluster_spec
-
-        gpus = sum(node.gpus for node in local_cluster_spec().nodes)
-        needs = []
-        if config.actor.backend == "megatron":
-            needs.append("actor.backend: megatron needs a GPU")
-        if gpus == 0:
-            problems += [f"{need}, and this machine has none" for need in needs]
     return problems
 
 
@@ -644,7 +719,13 @@ _OPTIONAL_PACKAGES: tuple[tuple[str, str, str, str, str], ...] = (
         "machine vLLM's CUDA package comes with `pip install -e '.[gpu]'`",
     ),
     ("rollout.backend", "sglang", "sglang", "sglang", _GPU_ENVIRONMENT),
-    ("actor.backend", "megatron", "megatron.core", "megatron-core", _GPU_ENVIRONMENT),
+    (
+        "actor.backend",
+        "megatron",
+        "megatron.core",
+        "megatron-core",
+        "run `make install` (or `pip install -e '.[megatron]'`)",
+    ),
     ("env.env_type", "maniskill", "mani_skill", "mani-skill", "`pip install -e '.[maniskill]'`"),
     ("env.env_type", "maniskill", "sapien", "sapien", "`pip install -e '.[maniskill]'`"),
 )

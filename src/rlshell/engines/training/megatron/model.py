@@ -100,6 +100,7 @@ def transformer_config(
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
         sequence_parallel=False,
+        cuda_graph_scope=[],  # no CUDA graphs (Megatron's default value, "full", is deprecated)
         # Megatron's guard against an old batch_isend_irecv race is a torch.cuda.synchronize().
         batch_p2p_sync=torch.cuda.is_available(),
     )

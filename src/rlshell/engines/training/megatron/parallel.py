@@ -9,6 +9,8 @@ its RNG tracker.
 
 from __future__ import annotations
 
+import os
+
 import attrs
 import torch.distributed as dist
 
@@ -41,6 +43,9 @@ def init_model_parallel(tp: int, pp: int, seed: int = 0) -> MegatronRanks:
             f"{world} ranks do not split into tensor parallel {tp} × pipeline parallel {pp} "
             "× a whole number of data-parallel replicas"
         )
+    # Megatron's advice for its asynchronous tensor-parallel all-reduce on GPUs (it warns on
+    # every rank without it); nothing reads it on CPU.
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     apply_cpu_shim()
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
