@@ -10,7 +10,9 @@ workers). The model is configs/grpo.py's tiny Qwen2 (fp32), or a ~5M one
 backend gets the same two processes with one torch thread each, one after
 the other; the first two steps are a warm-up, the rest are timed (median).
 
-- baseline: ``actor.backend=fsdp``, two FSDP2 ranks (each trains half the rows);
+- baseline: ``actor.backend=fsdp``, two FSDP2 ranks (each trains half the rows), in
+  its best configuration (``actor.share_prompt_forward``: a group's prompt runs once);
+- ``fsdp_unshared_prompts``: the same without that, the forward Megatron runs;
 - ``megatron_tp2``: one model split over the two ranks (tensor parallel 2);
 - ``megatron_dp2``: two whole replicas (Megatron at TP=1; gradients averaged).
 
@@ -40,14 +42,19 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parents[1]
 GRPO = ROOT / "configs" / "grpo.py"
 
-# configs/grpo.py's FSDP wrap policy, back to its default for Megatron (which does not read it).
-MEGATRON = ["actor.backend=megatron", "actor.fsdp_config.wrap_policy.min_num_params=0"]
+# Megatron's forward has no shared-prompt (KV-cache) path; configs/grpo.py's FSDP wrap policy,
+# back to its default (Megatron does not read it).
+MEGATRON = [
+    "actor.backend=megatron",
+    "actor.share_prompt_forward=false",
+    "actor.fsdp_config.wrap_policy.min_num_params=0",
+]
 BACKENDS: dict[str, list[str]] = {
-    "fsdp": [],
+    "fsdp": [],  # the baseline in its best configuration: each group's prompt runs once
+    "fsdp_unshared_prompts": ["actor.share_prompt_forward=false"],  # Megatron's forward
     "megatron_tp2": [*MEGATRON, "actor.megatron.tensor_model_parallel_size=2"],
     "megatron_dp2": MEGATRON,
 }
-COMMON = ["actor.share_prompt_forward=false"]  # the same forward for every backend
 SIZES: dict[str, list[str]] = {
     "grpo.py (0.1M)": [],
     "5M": [
@@ -66,7 +73,7 @@ def _config(size: str, backend: str, tokenizer_dir: str) -> Any:
     from rlshell.runners.validation import load_config
     from rlshell.tokenizer import with_tokenizer_ids
 
-    overrides = [*COMMON, *SIZES[size], *BACKENDS[backend]]
+    overrides = [*SIZES[size], *BACKENDS[backend]]
     return with_tokenizer_ids(load_config(GRPO, overrides), tokenizer_dir)
 
 

@@ -145,6 +145,6 @@ def test_actor_backends_quick_run_prints_the_expected_json() -> None:
     assert report["benchmark"] == "actor_backends"
     assert report["quick"] is True
     (size,) = report["by_size"].values()
-    assert set(size) == {"fsdp", "megatron_tp2", "megatron_dp2"}
+    assert set(size) == {"fsdp", "fsdp_unshared_prompts", "megatron_tp2", "megatron_dp2"}
     assert size["fsdp"]["speed_vs_fsdp"] == 1.0
     assert all(side["seconds_per_step_median"] > 0 for side in size.values())

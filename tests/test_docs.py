@@ -183,6 +183,15 @@ COVERED_ELSEWHERE = {
         "4 steps (disaggregated, evaluations at 0, 2, 4) and resumes it; the full run's figures "
         "are in docs/rollout.md"
     ),
+    ".venv/bin/python -m rlshell.train configs/grpo_megatron.py": (
+        "tests/shell/test_config_reads.py runs it for 2 steps (tensor parallel 2) and "
+        "tests/shell/test_megatron_run.py::test_a_pipeline_parallel_run_resumes_and_exports runs "
+        "it on two pipeline stages, resumes and exports it; the full run's figures are in "
+        "docs/megatron.md"
+    ),
+    ".venv/bin/python benchmarks/actor_backends.py --quick": (
+        "tests/test_benchmarks_smoke.py::test_actor_backends_quick_run_prints_the_expected_json"
+    ),
     "make bench": "minutes of benchmarks; their --quick forms below are run by tests",
     ".venv/bin/python benchmarks/core_advantages.py --quick": (
         "tests/test_benchmarks_smoke.py::test_core_advantages_quick_run_prints_the_expected_json"

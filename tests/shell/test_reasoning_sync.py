@@ -42,13 +42,28 @@ def _assert_synced(trainer: ReasoningTrainer) -> dict[str, torch.Tensor]:
     return actor
 
 
-@pytest.mark.parametrize("mode", ["bucket", "patch"])
-@pytest.mark.parametrize("placement", [COLLOCATED, DISAGGREGATED], ids=["collocated", "disagg"])
+MEGATRON_TP2 = [
+    "actor.backend=megatron",
+    "actor.megatron.tensor_model_parallel_size=2",
+    "actor.share_prompt_forward=false",
+    "actor.fsdp_config.wrap_policy.min_num_params=0",
+]
+SYNC_CASES = [
+    pytest.param(mode, placement, [], id=f"{name}-{mode}")
+    for mode in ("bucket", "patch")
+    for placement, name in ((COLLOCATED, "collocated"), (DISAGGREGATED, "disagg"))
+]
+# Megatron's tensor shards, gathered to HF names on the fly, into a patch sync (the bucket sync
+# runs in tests/shell/test_megatron_run.py and the config-read run of configs/grpo_megatron.py).
+SYNC_CASES.append(pytest.param("patch", COLLOCATED, MEGATRON_TP2, id="megatron_tp2-patch"))
+
+
+@pytest.mark.parametrize(("mode", "placement", "backend"), SYNC_CASES)
 def test_rollout_weights_equal_the_actors_after_every_sync(
-    ray_cluster: Cluster, tmp_path: Path, mode: str, placement: str
+    ray_cluster: Cluster, tmp_path: Path, mode: str, placement: str, backend: list[str]
 ) -> None:
     overrides = [*TINY, f"rollout.weight_sync={mode}", f"cluster.component_placement={placement}"]
-    config = load_config(Path("configs/grpo.py"), overrides)
+    config = load_config(Path("configs/grpo.py"), [*overrides, *backend])
     plan = plan_for(config, ray_cluster.spec())
     spec = resolve_spec(config)
     assert spec.rollout_in_actor == (placement == COLLOCATED)
