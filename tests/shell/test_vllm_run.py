@@ -77,17 +77,35 @@ def _prompts(trainer: ReasoningTrainer) -> list[str]:
     return [example.prompt for example in arithmetic_task("train", task)[:4]]
 
 
-def test_after_every_sync_vllm_samples_what_the_actor_computes(
-    ray_cluster: Cluster, tmp_path: Path
-) -> None:
-    """Collocated, bucket sync: an engine in each of the two actor processes, synced in memory.
+MEGATRON_TP2 = [
+    "actor.backend=megatron",
+    "actor.megatron.tensor_model_parallel_size=2",
+    "actor.share_prompt_forward=false",
+    "actor.fsdp_config.wrap_policy.min_num_params=0",
+]
 
-    The disaggregated placement and the patch sync are checked by the tests below (the
+
+@pytest.mark.parametrize(
+    ("sync", "backend"),
+    [("bucket", []), ("patch", MEGATRON_TP2)],
+    ids=["fsdp-bucket", "megatron_tp2-patch"],
+)
+def test_after_every_sync_vllm_samples_what_the_actor_computes(
+    ray_cluster: Cluster, tmp_path: Path, sync: str, backend: list[str]
+) -> None:
+    """Collocated: an engine in each of the two actor processes, synced in memory, from FSDP's
+    shards (bucket sync) and from Megatron's tensor-parallel shards gathered to HF names (patch).
+
+    The disaggregated placement and the FSDP patch sync are checked by the tests below (the
     engine's host copy equals the actor's weights after a patch; the kill test's run holds
     the gap under LOGPROB_ATOL at every step), and the reload from the host copy by
     tests/shell/test_vllm_engine.py.
     """
-    overrides = ["rollout.weight_sync=bucket", f"cluster.component_placement={COLLOCATED}"]
+    overrides = [
+        f"rollout.weight_sync={sync}",
+        f"cluster.component_placement={COLLOCATED}",
+        *backend,
+    ]
     with closing(_launch(tmp_path, ray_cluster, overrides)) as trainer:
         prompts = _prompts(trainer)
         task = arithmetic_task("train", ArithmeticTask.of(trainer.config.data))[:4]

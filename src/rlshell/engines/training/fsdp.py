@@ -51,6 +51,7 @@ from rlshell.models import get_model, torch_dtype
 
 __all__ = [
     "FSDPModelManager",
+    "build_adamw",
     "build_lr_lambda",
     "full_named_tensors",
     "gathered_named_tensors",
@@ -124,6 +125,18 @@ def build_lr_lambda(optim: OptimConfig, total_steps: int) -> Callable[[int], flo
         return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return multiplier
+
+
+def build_adamw(parameters: Iterable[nn.Parameter], optim: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over ``parameters`` with ``actor.optim``'s settings (every training backend's)."""
+    return torch.optim.AdamW(
+        parameters,
+        lr=optim.lr,
+        betas=(optim.adam_beta1, optim.adam_beta2),
+        eps=optim.adam_eps,
+        weight_decay=optim.weight_decay,
+        fused=optim.fused,
+    )
 
 
 def full_named_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -214,15 +227,7 @@ class FSDPModelManager:
             enable()
         model.to(self.device)
         self.model = self._shard(model)
-        optim = self.cfg.optim
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=optim.lr,
-            betas=(optim.adam_beta1, optim.adam_beta2),
-            eps=optim.adam_eps,
-            weight_decay=optim.weight_decay,
-            fused=optim.fused,
-        )
+        self.optimizer = build_adamw(self.model.parameters(), self.cfg.optim)
         self.lr_scheduler = self.build_lr_scheduler(self.optimizer)
         self.grad_scaler = self.build_grad_scaler(self.cfg.fsdp_config.mixed_precision == "fp16")
 

@@ -170,15 +170,9 @@ def megatron_shard(
         src, dst = _LAYER.format(i=i), _MEGATRON_LAYER.format(i=local)
         attn = src + "self_attn."
         out[dst + "input_layernorm.weight"] = hf[src + "input_layernorm.weight"]
-        out[dst + "self_attention.linear_qkv.weight"] = _fused_qkv(
-            hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"], hf[attn + "v_proj.weight"],
-            layout, tp_rank,
-        )  # fmt: skip
-        if layout.qkv_bias:
-            out[dst + "self_attention.linear_qkv.bias"] = _fused_qkv(
-                hf[attn + "q_proj.bias"], hf[attn + "k_proj.bias"], hf[attn + "v_proj.bias"],
-                layout, tp_rank,
-            )  # fmt: skip
+        for kind in ("weight", "bias") if layout.qkv_bias else ("weight",):
+            q, k, v = (hf[f"{attn}{head}_proj.{kind}"] for head in "qkv")
+            out[f"{dst}self_attention.linear_qkv.{kind}"] = _fused_qkv(q, k, v, layout, tp_rank)
         out[dst + "self_attention.linear_proj.weight"] = _split(
             hf[attn + "o_proj.weight"], tp, tp_rank, dim=1
         )
@@ -228,25 +222,11 @@ def hf_from_shards(
             src, dst = _MEGATRON_LAYER.format(i=local), _LAYER.format(i=i)
             attn = dst + "self_attn."
             hf[dst + "input_layernorm.weight"] = shards[(0, p)][src + "input_layernorm.weight"]
-            q, k, v = _unfused_qkv(
-                [
-                    shards[(t, p)][src + "self_attention.linear_qkv.weight"]
-                    for t in range(layout.tp)
-                ],
-                layout,
-            )
-            hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"] = q, k
-            hf[attn + "v_proj.weight"] = v
-            if layout.qkv_bias:
-                qb, kb, vb = _unfused_qkv(
-                    [
-                        shards[(t, p)][src + "self_attention.linear_qkv.bias"]
-                        for t in range(layout.tp)
-                    ],
-                    layout,
-                )
-                hf[attn + "q_proj.bias"], hf[attn + "k_proj.bias"] = qb, kb
-                hf[attn + "v_proj.bias"] = vb
+            for kind in ("weight", "bias") if layout.qkv_bias else ("weight",):
+                name = f"{src}self_attention.linear_qkv.{kind}"
+                fused = [shards[(t, p)][name] for t in range(layout.tp)]
+                for head, tensor in zip("qkv", _unfused_qkv(fused, layout), strict=True):
+                    hf[f"{attn}{head}_proj.{kind}"] = tensor
             hf[attn + "o_proj.weight"] = gathered(src + "self_attention.linear_proj.weight", p, 1)
             hf[dst + "post_attention_layernorm.weight"] = shards[(0, p)][
                 src + "pre_mlp_layernorm.weight"

@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from rlshell.config import ActorConfig
 from rlshell.engines.training.fsdp import (
+    build_adamw,
     build_lr_lambda,
     move_optimizer_state,
     move_parameters,
@@ -114,17 +115,9 @@ class MegatronModelManager:
         self.stage = stage.to(self.device)
         self.host = host.eval().requires_grad_(False)
         self._module = MegatronCausalLM(stage, self.layout) if self.layout.pp == 1 else stage
-        optim = self.cfg.optim
-        self.optimizer = torch.optim.AdamW(
-            self.stage.parameters(),
-            lr=optim.lr,
-            betas=(optim.adam_beta1, optim.adam_beta2),
-            eps=optim.adam_eps,
-            weight_decay=optim.weight_decay,
-            fused=optim.fused,
-        )
+        self.optimizer = build_adamw(self.stage.parameters(), self.cfg.optim)
         self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, build_lr_lambda(optim, self.total_steps)
+            self.optimizer, build_lr_lambda(self.cfg.optim, self.total_steps)
         )
 
     def _load_stage(self, stage: nn.Module, hf_state: dict[str, torch.Tensor]) -> None:
