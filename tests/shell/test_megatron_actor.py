@@ -93,7 +93,27 @@ def _worker(rank: int, port: int, work: str) -> None:
             worker.run_training(batch, scores)
             fresh.run_training(batch, scores)
             results["second_step"] = (worker.full_weights(), fresh.full_weights())
+        if name == "megatron_pp2":  # another grid than the checkpoint's: refused, named
+            results["other_grid"] = _error_of(worker.load_checkpoint, str(Path(work) / "ckpt"))
+        if name == "fsdp":
+            worker.save_checkpoint(str(Path(work) / "fsdp_ckpt"), step=1)
+            fsdp_worker = worker
+    # Each backend refuses the other's checkpoint, saying what it found.
+    results["fsdp_reads_megatron"] = _error_of(
+        fsdp_worker.load_checkpoint, str(Path(work) / "ckpt")
+    )
+    results["megatron_reads_fsdp"] = _error_of(
+        worker.load_checkpoint, str(Path(work) / "fsdp_ckpt")
+    )
     torch.save(results, Path(work) / f"rank{rank}.pt")
+
+
+def _error_of(load: Any, path: str) -> str:
+    try:
+        load(path)
+    except (ValueError, FileNotFoundError) as error:
+        return f"{type(error).__name__}: {error}"
+    return "loaded"
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +160,16 @@ def test_a_megatron_checkpoint_resumes_bit_for_bit(results: list[dict[str, Any]]
         continued, resumed = rank["second_step"]
         for weight, tensor in continued.items():
             assert torch.equal(resumed[weight], tensor), weight
+
+
+def test_a_checkpoint_of_another_grid_or_backend_is_refused_by_name(
+    results: list[dict[str, Any]],
+) -> None:
+    rank0 = results[0]
+    assert rank0["other_grid"].startswith("ValueError: checkpoint ")
+    assert "was saved by a Megatron grid" in rank0["other_grid"]
+    assert "resume with the same actor placement and actor.megatron sizes" in rank0["other_grid"]
+    assert rank0["fsdp_reads_megatron"].startswith("FileNotFoundError: checkpoint ")
+    assert "no extra_state_rank0.pt" in rank0["fsdp_reads_megatron"]
+    assert rank0["megatron_reads_fsdp"].startswith("FileNotFoundError: checkpoint ")
+    assert "no megatron_rank0.pt: not a Megatron actor checkpoint" in rank0["megatron_reads_fsdp"]
