@@ -101,24 +101,37 @@ class MegatronModelManager:
                 f"actor.model builds a {type(host).__name__}"
             )
         self.layout = GPTLayout.of(config, tp=self.ranks.tp, pp=self.ranks.pp)
-        embeddings = host.get_input_embeddings()  # type: ignore[operator]
-        stage = build_gpt_stage(
-            config,
-            self.layout,
-            torch_dtype(self.cfg.model.precision),
-            padding_idx=getattr(embeddings, "padding_idx", None),
+        self.host = host.eval().requires_grad_(False)
+        stage = self.model_provider_func(
+            pre_process=self.ranks.pp_rank == 0,
+            post_process=self.ranks.pp_rank == self.ranks.pp - 1,
         )
         self._load_stage(stage, host.state_dict())
         if self._tied_copy(stage) is not None:
             # Megatron's grad-norm helpers skip parameters marked shared: count the copy once.
             self._tied_copy(stage).shared = True  # type: ignore[union-attr]
         self.stage = stage.to(self.device)
-        self.host = host.eval().requires_grad_(False)
         self._module = MegatronCausalLM(stage, self.layout) if self.layout.pp == 1 else stage
         self.optimizer = build_adamw(self.stage.parameters(), self.cfg.optim)
         self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, build_lr_lambda(self.cfg.optim, self.total_steps)
         )
+
+    def model_provider_func(self, pre_process: bool, post_process: bool) -> nn.Module:
+        """This rank's GPT stage, unloaded (RLinf's and Megatron's name): with the embedding
+        when ``pre_process``, with the final norm and output layer when ``post_process``."""
+        if self.host is None or self.layout is None:
+            raise RuntimeError("model_provider_func needs the HF model; it runs in setup")
+        embeddings = self.host.get_input_embeddings()  # type: ignore[operator]
+        stage: nn.Module = build_gpt_stage(
+            self.host.config,
+            self.layout,
+            torch_dtype(self.cfg.model.precision),
+            padding_idx=getattr(embeddings, "padding_idx", None),
+            pre_process=pre_process,
+            post_process=post_process,
+        )
+        return stage
 
     def _load_stage(self, stage: nn.Module, hf_state: dict[str, torch.Tensor]) -> None:
         assert self.layout is not None

@@ -111,8 +111,15 @@ def build_gpt_stage(
     layout: GPTLayout,
     dtype: torch.dtype = torch.float32,
     padding_idx: int | None = None,
+    *,
+    pre_process: bool | None = None,
+    post_process: bool | None = None,
 ) -> GPTModel:
     """This rank's stage of the GPT model (its tensor-parallel shard of its layers).
+
+    ``pre_process`` / ``post_process``: whether the stage holds the embedding /
+    the final norm and output layer (Megatron's names); by default, whether
+    this rank is the first / the last pipeline stage.
 
     ``padding_idx``: the token whose embedding the lookup never trains, as
     ``nn.Embedding(padding_idx=...)`` in the Hugging Face model (Megatron's
@@ -129,8 +136,12 @@ def build_gpt_stage(
         get_gpt_layer_local_spec(normalization="RMSNorm"),
         vocab_size=layout.padded_vocab_size,
         max_sequence_length=int(getattr(hf_config, "max_position_embeddings", 4096)),
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
+        pre_process=(
+            parallel_state.is_pipeline_first_stage() if pre_process is None else pre_process
+        ),
+        post_process=(
+            parallel_state.is_pipeline_last_stage() if post_process is None else post_process
+        ),
         # Tied embeddings over several stages: the last stage's output layer is its own copy
         # (Megatron's layout), built untied here because Megatron's own tying step moves the
         # copy with `.cuda()`; the training backend sums the two copies' gradients.
