@@ -537,6 +537,23 @@ def test_a_megatron_grid_the_model_or_the_plan_cannot_hold_is_refused() -> None:
     assert validate(load_config(MEGATRON, [*grid, four], for_run=False), for_run=False) == []
 
 
+def test_model_features_the_megatron_mapping_does_not_carry_are_refused() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(
+            MEGATRON,
+            [
+                "actor.model.model_kwargs.attention_dropout=0.1",
+                "actor.model.model_kwargs.hidden_act=gelu",
+            ],
+        )
+    assert caught.value.problems == [
+        "actor.model: the Megatron backend cannot train this model: hidden_act 'gelu': the "
+        "mapping is for SwiGLU (silu)",
+        "actor.model: the Megatron backend cannot train this model: attention_dropout must be "
+        "0: dropout is not wired through Megatron's RNG tracker here",
+    ]
+
+
 def test_the_embodied_runners_refuse_the_megatron_backend() -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(ROOT / "configs" / "ppo_cartpole.py", ["actor.backend=megatron"])

@@ -245,14 +245,21 @@ def _megatron_problems(spec: RunSpec, plan: PlacementPlan | None) -> list[str]:
     tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
     if not unsupported["model_type"][0]:
         from rlshell.engines.training.megatron.layout import GPTLayout
+        from rlshell.engines.training.megatron.model import unmapped_features
         from rlshell.models.hf_causal_lm import hf_model_config
 
         try:
-            GPTLayout.of(hf_model_config(model), tp=tp, pp=pp)
+            hf_config = hf_model_config(model)
+            GPTLayout.of(hf_config, tp=tp, pp=pp)
         except ValueError as error:
             problems.append(f"actor.megatron: {error}")
         except OSError:
             pass  # a model that cannot be read is actor.model.path's own problem
+        else:
+            problems += [
+                f"actor.model: the Megatron backend cannot train this model: {feature}"
+                for feature in unmapped_features(hf_config)
+            ]
     if plan is not None and any(c.name == "actor" for c in plan.components):
         ranks = plan.component("actor").world_size
         if ranks % (tp * pp):

@@ -36,6 +36,7 @@ __all__ = [
     "pipeline_train_passes",
     "rope_base",
     "transformer_config",
+    "unmapped_features",
 ]
 
 
@@ -55,21 +56,34 @@ def rope_base(hf_config: object) -> int:
     return int(theta)
 
 
+def unmapped_features(hf_config: object) -> list[str]:
+    """What ``hf_config`` uses that the mapping to Megatron does not carry (empty: none)."""
+    found = []
+    activation = getattr(hf_config, "hidden_act", "silu")
+    if activation != "silu":
+        found.append(f"hidden_act {activation!r}: the mapping is for SwiGLU (silu)")
+    if float(getattr(hf_config, "attention_dropout", 0.0) or 0.0) != 0.0:
+        found.append(
+            "attention_dropout must be 0: dropout is not wired through Megatron's RNG tracker here"
+        )
+    if getattr(hf_config, "use_sliding_window", False):
+        found.append("sliding-window attention is not mapped to Megatron by this backend")
+    try:
+        rope_base(hf_config)
+    except ValueError as error:
+        found.append(str(error))
+    return found
+
+
 def transformer_config(
     hf_config: object, layout: GPTLayout, dtype: torch.dtype = torch.float32
 ) -> TransformerConfig:
     """Megatron's config for the model ``hf_config`` describes, split as ``layout`` says."""
     from megatron.core.transformer import TransformerConfig
 
-    activation = getattr(hf_config, "hidden_act", "silu")
-    if activation != "silu":
-        raise ValueError(f"hidden_act {activation!r}: the mapping is for SwiGLU (silu)")
-    if float(getattr(hf_config, "attention_dropout", 0.0) or 0.0) != 0.0:
-        raise ValueError(
-            "attention_dropout must be 0: dropout is not wired through Megatron's RNG tracker here"
-        )
-    if getattr(hf_config, "use_sliding_window", False):
-        raise ValueError("sliding-window attention is not mapped to Megatron by this backend")
+    unmapped = unmapped_features(hf_config)
+    if unmapped:
+        raise ValueError("; ".join(unmapped))
     return TransformerConfig(
         num_layers=layout.num_layers,
         hidden_size=layout.hidden_size,
