@@ -35,13 +35,8 @@ from torch.overrides import TorchFunctionMode
 __all__ = [
     "apply_cpu_shim",
     "cpu_device_mode",
-    "cpu_shim_applied",
-    "restore_cuda_current_device",
     "seed_model_parallel_rng",
 ]
-
-_ORIGINAL_CURRENT_DEVICE = torch.cuda.current_device
-_ORIGINAL_SYNCHRONIZE = torch.cuda.synchronize
 
 
 def _cpu_current_device() -> str:
@@ -61,10 +56,6 @@ def _nothing_to_wait_for(device: object = None) -> None:
     """There is no CUDA stream to wait for (the pipeline schedule's p2p exchange calls this)."""
 
 
-def cpu_shim_applied() -> bool:
-    return torch.cuda.current_device is _cpu_current_device  # type: ignore[comparison-overlap]
-
-
 def seed_model_parallel_rng(seed: int) -> None:
     """Megatron's model-parallel RNG tracker, seeded; on CPU its CUDA-free (inference) mode."""
     from megatron.core import tensor_parallel
@@ -74,12 +65,6 @@ def seed_model_parallel_rng(seed: int) -> None:
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
     else:
         tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
-
-
-def restore_cuda_current_device() -> None:
-    """Undo `apply_cpu_shim` (tests)."""
-    torch.cuda.current_device = _ORIGINAL_CURRENT_DEVICE
-    torch.cuda.synchronize = _ORIGINAL_SYNCHRONIZE
 
 
 def _on_cuda(device: object) -> bool:

@@ -107,9 +107,10 @@ class MegatronModelManager:
             post_process=self.ranks.pp_rank == self.ranks.pp - 1,
         )
         self._load_stage(stage, host.state_dict())
-        if self._tied_copy(stage) is not None:
+        tied_copy = self._tied_copy(stage)
+        if tied_copy is not None:
             # Megatron's grad-norm helpers skip parameters marked shared: count the copy once.
-            self._tied_copy(stage).shared = True  # type: ignore[union-attr]
+            tied_copy.shared = True  # type: ignore[attr-defined]
         self.stage = stage.to(self.device)
         self._module = MegatronCausalLM(stage, self.layout) if self.layout.pp == 1 else stage
         self.optimizer = build_adamw(self.stage.parameters(), self.cfg.optim)

@@ -166,6 +166,11 @@ def build_gpt_stage(
         parallel_output=False,
     )
     stage.real_vocab_size = layout.vocab_size  # logits past it are the padding rows
+    if layout.pp > 1:
+        # Stages exchange each micro-batch's shape (micro-batches differ in rows and width). Set
+        # on the built config: TransformerConfig's own checks refuse it for the (unused) MoE
+        # token dispatcher.
+        stage.config.variable_seq_lengths = True
     if padding_idx is not None and stage.pre_process:
         stage.embedding.word_embeddings.register_forward_hook(_frozen_lookup(padding_idx))
     return stage
@@ -290,7 +295,6 @@ def pipeline_train_passes(
 
     count = len(micro_batches)
     vocab = _real_vocab(stage)
-    stage.config.variable_seq_lengths = True  # type: ignore[union-attr]
 
     def forward_step(data: Iterator[tuple[int, Tensor, Tensor]], model: nn.Module) -> Any:
         index, ids, mask = next(data)
