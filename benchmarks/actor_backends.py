@@ -99,7 +99,7 @@ def _batch(size: str, prompts: int, tokenizer_dir: str) -> tuple[Any, torch.Tens
 
 
 def _rank(rank: int, port: int, work: str, plan: dict[str, Any]) -> None:
-    from rlshell.workers.actor import ActorWorker
+    from rlshell.workers.actor import ActorWorker, compute_advantages
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -117,7 +117,9 @@ def _rank(rank: int, port: int, work: str, plan: dict[str, Any]) -> None:
             seconds = []
             for step in range(plan["warmup"] + plan["steps"]):
                 started = time.perf_counter()
-                metrics = worker.run_training(batch, scores)
+                metrics = worker.run_training(
+                    batch, compute_advantages(batch, scores, worker.config).advantages
+                )
                 if step >= plan["warmup"]:
                     seconds.append(time.perf_counter() - started)
             out[f"{size}/{backend}"] = {

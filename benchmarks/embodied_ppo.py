@@ -100,7 +100,7 @@ def sb3_settings() -> dict[str, Any]:
         "n_envs": config.env.num_envs,
         "n_steps": config.runner.rollout_steps,
         "batch_size": samples // algorithm.num_minibatches,
-        "n_epochs": algorithm.update_epochs,
+        "n_epochs": algorithm.ppo_epochs,
         "gae_lambda": algorithm.lam,
         "gamma": algorithm.gamma,
         "clip_range": algorithm.clip_low if algorithm.clip_low is not None else 0.2,

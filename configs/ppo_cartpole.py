@@ -33,7 +33,7 @@ config = Config(
         gamma=0.98,
         lam=0.8,
         clip_low=0.2,
-        update_epochs=20,
+        ppo_epochs=20,
         num_minibatches=1,
         entropy_coef=0.0,
         # rlcore's value loss is ½ (V − R)²; SB3 (rl-zoo's 0.5) weights the plain squared error.

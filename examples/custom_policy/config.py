@@ -44,7 +44,7 @@ config = Config(
         gamma=0.99,
         lam=0.95,
         clip_low=0.2,
-        update_epochs=10,
+        ppo_epochs=10,
         num_minibatches=4,
     ),
     runner=RunnerConfig(

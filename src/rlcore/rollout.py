@@ -23,6 +23,7 @@ __all__ = [
     "balanced_micro_batches",
     "broadcast_to_tokens",
     "filter_informative_groups",
+    "group_mini_batches",
     "overlong_penalty",
     "pack_sequences",
     "place_on_last_token",
@@ -174,6 +175,44 @@ def unpack_sequences(
     out = packed.new_zeros((*valid.shape, *packed.shape[1:]))
     out[valid] = packed
     return out
+
+
+def group_mini_batches(
+    rows: int, group_size: int, groups_per_mini_batch: int, seed: int | None = None
+) -> list[list[int]]:
+    """Split ``rows`` rows (consecutive groups of ``group_size``) into mini-batches of whole
+    groups, ``groups_per_mini_batch`` each: one optimizer step per mini-batch (PPO epochs).
+
+    The groups are visited in a random order drawn from ``seed`` (a new seed per epoch gives
+    each epoch its own split); None keeps them in order. Every row lands in exactly one
+    mini-batch, its group's rows together and in order; ``groups_per_mini_batch`` must divide
+    the number of groups, so every mini-batch (and so every optimizer step) has the same size.
+    """
+    if group_size < 1 or groups_per_mini_batch < 1:
+        raise ValueError(
+            f"group_size and groups_per_mini_batch must be at least 1, got {group_size} and "
+            f"{groups_per_mini_batch}"
+        )
+    if rows % group_size:
+        raise ValueError(f"{rows} rows are not whole groups of {group_size}")
+    groups = rows // group_size
+    if groups % groups_per_mini_batch:
+        raise ValueError(
+            f"{groups} groups do not split into mini-batches of {groups_per_mini_batch} groups"
+        )
+    if seed is None:
+        order = list(range(groups))
+    else:
+        generator = torch.Generator().manual_seed(seed)
+        order = torch.randperm(groups, generator=generator).tolist()
+    return [
+        [
+            row
+            for group in order[start : start + groups_per_mini_batch]
+            for row in range(group * group_size, (group + 1) * group_size)
+        ]
+        for start in range(0, groups, groups_per_mini_batch)
+    ]
 
 
 @typecheck

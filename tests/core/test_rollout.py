@@ -12,6 +12,7 @@ from rlcore.rollout import (
     balanced_micro_batches,
     broadcast_to_tokens,
     filter_informative_groups,
+    group_mini_batches,
     overlong_penalty,
     pack_sequences,
     place_on_last_token,
@@ -203,3 +204,40 @@ def test_wrong_shapes_name_the_argument_and_dimension() -> None:
         broadcast_to_tokens(torch.ones(2), torch.ones(3, 4, dtype=torch.bool))
     with pytest.raises(TypeCheckError, match=r"argument 'tokens'.*dtype float32"):
         response_mask(torch.ones(2, 3), eos_id=1)
+
+
+# --- group_mini_batches ---------------------------------------------------------------------
+
+
+@given(
+    groups=st.integers(1, 12),
+    group_size=st.integers(1, 5),
+    per_mini=st.integers(1, 12),
+    seed=st.none() | st.integers(0, 2**31 - 1),
+)
+def test_mini_batches_partition_the_rows_into_equal_sets_of_whole_groups(
+    groups: int, group_size: int, per_mini: int, seed: int | None
+) -> None:
+    rows = groups * group_size
+    if groups % per_mini:
+        with pytest.raises(ValueError, match="do not split into mini-batches"):
+            group_mini_batches(rows, group_size, per_mini, seed)
+        return
+    batches = group_mini_batches(rows, group_size, per_mini, seed)
+    assert sorted(row for batch in batches for row in batch) == list(range(rows))
+    assert {len(batch) for batch in batches} == {per_mini * group_size}
+    for batch in batches:
+        for start in range(0, len(batch), group_size):
+            chunk = batch[start : start + group_size]
+            assert chunk[0] % group_size == 0
+            assert chunk == list(range(chunk[0], chunk[0] + group_size))
+    if seed is None:
+        assert [row for batch in batches for row in batch] == list(range(rows))
+    assert batches == group_mini_batches(rows, group_size, per_mini, seed)  # deterministic
+
+
+def test_mini_batches_shuffle_groups_with_the_seed_and_refuse_partial_groups() -> None:
+    splits = {str(group_mini_batches(32, 2, 4, seed)) for seed in range(5)}
+    assert len(splits) > 1
+    with pytest.raises(ValueError, match="7 rows are not whole groups of 2"):
+        group_mini_batches(7, 2, 1)

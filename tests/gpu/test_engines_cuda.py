@@ -157,7 +157,7 @@ def test_the_compiled_ppo_step_matches_the_eager_one_on_cuda() -> None:
         advantages=torch.randn(32, device=CUDA),
         returns=torch.randn(32, device=CUDA),
     )
-    settings = PPOSettings(update_epochs=2, num_minibatches=2, max_grad_norm=0.5)
+    settings = PPOSettings(ppo_epochs=2, num_minibatches=2, max_grad_norm=0.5)
     eager_policy = copy.deepcopy(policy)
     eager_optimizer = torch.optim.AdamW(eager_policy.parameters(), lr=1e-3)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)

@@ -140,7 +140,7 @@ def test_ppo_trains_on_pixel_cartpole(action_type: str, control_mode: str | None
             policy,
             optimizer,
             buffer.finish(gamma=0.99, lam=0.95),
-            PPOSettings(update_epochs=2, num_minibatches=2),
+            PPOSettings(ppo_epochs=2, num_minibatches=2),
             generator,
         )
         assert all(torch.isfinite(torch.tensor(value)) for value in metrics.values())

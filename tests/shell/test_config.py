@@ -303,15 +303,40 @@ def test_shared_weights_need_the_hf_engine_in_the_actors_processes_and_dtype() -
     assert any("placed by 'rollout'" in p for p in problems)
 
 
-def test_the_reasoning_runner_refuses_ppo_epochs_it_would_ignore() -> None:
+def test_the_reasoning_runner_reads_ppo_epochs_and_refuses_embodied_minibatches() -> None:
     problems = problems_of(
-        ["algorithm.update_epochs=4", "algorithm.num_minibatches=2", "algorithm.value_clip=0.2"]
+        ["algorithm.ppo_epochs=4", "algorithm.num_minibatches=2", "algorithm.value_clip=0.2"]
     )
     assert [p.split(":")[0] for p in problems] == [
-        "algorithm.update_epochs",
         "algorithm.num_minibatches",
         "algorithm.value_clip",
     ]
+    assert "mini-batches of actor.mini_batch_size prompts" in problems[0]
+
+
+def test_mini_batches_must_split_the_batch_and_give_every_rank_rows() -> None:
+    (uneven,) = problems_of(["runner.prompts_per_step=16", "actor.mini_batch_size=5"])
+    assert uneven.startswith("actor.mini_batch_size: mini-batches of 5 prompts must split")
+    (too_few,) = problems_of(
+        [
+            "runner.prompts_per_step=2",
+            "algorithm.adv_type=reinforce_pp",
+            "algorithm.group_size=1",
+            "actor.mini_batch_size=1",
+        ]
+    )
+    assert "has 1 rows, fewer than the actor's 2 data-parallel ranks" in too_few
+
+
+def test_decoupled_ppo_is_accepted_and_refuses_a_second_importance_correction() -> None:
+    load_config(GRPO, ["algorithm.loss_type=decoupled_ppo", "algorithm.behavior_weight_cap=5"])
+    (twice,) = problems_of(["algorithm.loss_type=decoupled_ppo", "algorithm.rollout_is=token_mask"])
+    assert twice.startswith("algorithm.rollout_is: decoupled_ppo already weights")
+    (unread,) = problems_of(["algorithm.loss_type=decoupled_ppo", "algorithm.old_logprobs=rollout"])
+    assert unread.startswith("algorithm.old_logprobs")
+    (cap,) = problems_of(["algorithm.behavior_weight_cap=5"])
+    assert cap.startswith("algorithm.behavior_weight_cap")
+    assert "'ppo'" in cap
 
 
 def test_a_placement_that_does_not_fit_the_cluster_is_an_error() -> None:

@@ -55,7 +55,7 @@ TINY_GRPO = [
     "runner.eval_interval=1",
     "checkpoint.interval=1",
 ]
-TINY_CARTPOLE = ["runner.max_steps=2", "runner.rollout_steps=8", "algorithm.update_epochs=2"]
+TINY_CARTPOLE = ["runner.max_steps=2", "runner.rollout_steps=8", "algorithm.ppo_epochs=2"]
 
 RUNS: dict[str, list[str]] = {
     "grpo_collocated": ["configs/grpo.py", *TINY_GRPO],

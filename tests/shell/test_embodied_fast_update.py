@@ -28,7 +28,7 @@ from rlshell.workers.embodied_update import (
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs" / "ppo_cartpole.py")
 CARTPOLE = MLPPolicySpec.from_kwargs({"obs_dim": 4, "action_dim": 2, "action_type": "discrete"})
-SETTINGS = PPOSettings(update_epochs=2, num_minibatches=2, clip_vloss=0.2, ent_coef=0.01)
+SETTINGS = PPOSettings(ppo_epochs=2, num_minibatches=2, clip_vloss=0.2, ent_coef=0.01)
 
 
 def _window(policy: MLPPolicy) -> Samples:
@@ -92,7 +92,7 @@ def test_start_up_compiles_without_changing_weights_gradients_optimizer_or_rng()
     rng = torch.get_rng_state()
     overrides = [
         "actor.compile=true",
-        "algorithm.update_epochs=2",
+        "algorithm.ppo_epochs=2",
         "algorithm.num_minibatches=2",
         "algorithm.value_clip=0.2",
         "algorithm.entropy_coef=0.01",

@@ -51,7 +51,7 @@ FAULTY = [
     "env.env_type=faulty_gymnasium",
     "runner.max_steps=4",
     "runner.rollout_steps=8",
-    "algorithm.update_epochs=2",
+    "algorithm.ppo_epochs=2",
     "checkpoint.interval=1",
 ]
 # With 8 steps per rollout, an env's 17th step is the first of runner step 3.
@@ -128,7 +128,7 @@ def _update(policy: MLPPolicy) -> dict[str, float]:
     collect_rollout(policy, stepper, buffer, stepper.reset(seed=0), steps=4)
     samples = buffer.finish(gamma=0.99, lam=0.95)
     optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3)
-    settings = PPOSettings(update_epochs=1, num_minibatches=1)
+    settings = PPOSettings(ppo_epochs=1, num_minibatches=1)
     return ppo_update(policy, optimizer, samples, settings, torch.Generator().manual_seed(0))
 
 

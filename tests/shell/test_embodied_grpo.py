@@ -88,7 +88,7 @@ def test_a_group_size_that_does_not_divide_the_envs_is_refused() -> None:
 def test_embodied_grpo_learns_cartpole_without_a_critic() -> None:
     policy, stepper = _cartpole(num_envs=16)
     optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
-    settings = PPOSettings(update_epochs=4, num_minibatches=4, vf_coef=0.0, norm_adv=False)
+    settings = PPOSettings(ppo_epochs=4, num_minibatches=4, vf_coef=0.0, norm_adv=False)
     generator = torch.Generator().manual_seed(0)
     returns = []
     for window_index in range(14):
@@ -112,7 +112,7 @@ def test_the_runner_trains_embodied_grpo_from_the_cli(tmp_path: Path) -> None:
         "algorithm.vf_coef=0.5",
         "runner.rollout_steps=200",
         "runner.max_steps=3",
-        "algorithm.update_epochs=2",
+        "algorithm.ppo_epochs=2",
         f"runner.output_dir={tmp_path}",
         env=env,
         timeout=300,

@@ -317,7 +317,7 @@ def test_a_hybrid_cartpole_run_in_two_stages_logs_overlap_metrics_and_resumes(
         'cluster.component_placement={"actor": "0:0", "rollout": "0:0", "env": "0:0"}',
         "rollout.pipeline_stage_num=2",
         "runner.rollout_steps=16",
-        "algorithm.update_epochs=4",
+        "algorithm.ppo_epochs=4",
         "checkpoint.interval=2",
         f"runner.output_dir={out}",
     ]

@@ -70,7 +70,7 @@ def test_ppo_learns_cartpole_to_475(seed: int) -> None:
     torch.manual_seed(seed)
     policy, stepper = _policy(seed), _stepper(8, seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3, eps=1e-5)
-    settings = PPOSettings(update_epochs=20, num_minibatches=1, ent_coef=0.0)
+    settings = PPOSettings(ppo_epochs=20, num_minibatches=1, ent_coef=0.0)
     buffer, generator = TrajectoryBuffer(8), torch.Generator().manual_seed(seed)
     obs = stepper.reset(seed)
     iterations, recent = 40_000 // 256, []

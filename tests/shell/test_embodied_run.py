@@ -83,7 +83,7 @@ def test_a_short_halfcheetah_run_normalises_and_resumes_its_reward_scaler(tmp_pa
         "configs/ppo_halfcheetah.py",
         "runner.rollout_steps=16",
         "algorithm.num_minibatches=4",
-        "algorithm.update_epochs=2",
+        "algorithm.ppo_epochs=2",
         "checkpoint.interval=2",
         f"runner.output_dir={out}",
     ]

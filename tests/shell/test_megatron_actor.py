@@ -67,7 +67,7 @@ def _batch(config: Config, tokenizer_dir: str) -> tuple[Any, torch.Tensor]:
 
 
 def _worker(rank: int, port: int, work: str) -> None:
-    from rlshell.workers.actor import ActorWorker
+    from rlshell.workers.actor import ActorWorker, compute_advantages
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -79,7 +79,9 @@ def _worker(rank: int, port: int, work: str) -> None:
         worker.rank, worker.world_size = rank, 2
         worker.init_worker(tokenizer_dir)
         before = worker.full_weights()
-        metrics = worker.run_training(batch, scores)
+        metrics = worker.run_training(
+            batch, compute_advantages(batch, scores, worker.config).advantages
+        )
         after = worker.full_weights()
         results[name] = {"metrics": metrics, "before": before, "after": after}
         if name == "megatron_tp2":
@@ -90,8 +92,8 @@ def _worker(rank: int, port: int, work: str) -> None:
             results["resumed_step"] = fresh.load_checkpoint(str(Path(work) / "ckpt"))
             results["resumed"] = fresh.full_weights()
             # The optimizer state came back too: a second step from both is the same step.
-            worker.run_training(batch, scores)
-            fresh.run_training(batch, scores)
+            worker.run_training(batch, compute_advantages(batch, scores, worker.config).advantages)
+            fresh.run_training(batch, compute_advantages(batch, scores, fresh.config).advantages)
             results["second_step"] = (worker.full_weights(), fresh.full_weights())
         if name == "megatron_pp2":  # another grid than the checkpoint's: refused, named
             results["other_grid"] = _error_of(worker.load_checkpoint, str(Path(work) / "ckpt"))

@@ -392,16 +392,19 @@ def test_old_logprobs_are_recomputed_and_the_gap_and_weights_follow_the_config()
     sampled = logprobs.detach() - gap  # ρ = π_old/μ = exp(gap)
     mask = torch.ones(3, 5, dtype=torch.bool)
     mask[2, 3:] = False
-    old, weights, metrics = old_logprobs_and_weights(logprobs, sampled, mask, AlgorithmConfig())
+    old, proximal, weights, metrics = old_logprobs_and_weights(
+        logprobs.detach(), sampled, mask, AlgorithmConfig()
+    )
     assert torch.equal(old, logprobs.detach())
     assert not old.requires_grad
     assert weights is None
+    assert proximal is None
     assert metrics["rollout/mismatch_abs_diff_max"] == pytest.approx(2.0)
     assert metrics["rollout/mismatch_kl_k3"] > 0
     assert not any(key.startswith("rollout/mismatch_is_") for key in metrics)
 
     rollout = AlgorithmConfig(old_logprobs="rollout", rollout_is="token_mask")
-    old, weights, metrics = old_logprobs_and_weights(logprobs, sampled, mask, rollout)
+    old, _, weights, metrics = old_logprobs_and_weights(logprobs.detach(), sampled, mask, rollout)
     assert torch.equal(old, sampled)
     assert weights is not None
     # ρ = e^2 is outside [1/2, 2]: masked where valid; e^0.5 and e^-0.1 are inside.
@@ -410,6 +413,16 @@ def test_old_logprobs_are_recomputed_and_the_gap_and_weights_follow_the_config()
     assert metrics["rollout/mismatch_is_masked_frac"] == pytest.approx(2 / 13)
 
     truncate = AlgorithmConfig(rollout_is="token_truncate", rollout_is_threshold=1.5)
-    _, weights, _ = old_logprobs_and_weights(logprobs, sampled, mask, truncate)
+    _, _, weights, _ = old_logprobs_and_weights(logprobs.detach(), sampled, mask, truncate)
     assert weights is not None
     assert torch.allclose(weights[0], torch.exp(gap[0]).clamp(max=1.5))
+
+    # decoupled PPO: the ratio against the recomputed (proximal), weighted against μ.
+    decoupled = AlgorithmConfig(loss_type="decoupled_ppo")
+    behaviour, proximal, weights, _ = old_logprobs_and_weights(
+        logprobs.detach(), sampled, mask, decoupled
+    )
+    assert torch.equal(behaviour, sampled)
+    assert weights is None
+    assert proximal is not None
+    assert torch.equal(proximal, logprobs.detach())

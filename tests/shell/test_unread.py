@@ -83,7 +83,11 @@ def test_an_estimator_registered_without_saying_is_taken_to_read_everything() ->
         (["algorithm.kl_kind=k1"], ["algorithm.kl_kind"]),
         (["rollout.weight_sync=shared", "rollout.bucket_size_mb=8"], ["rollout.bucket_size_mb"]),
         (["runner.rollout_steps=64", "env.num_envs=4"], ["env.num_envs", "runner.rollout_steps"]),
-        (["algorithm.update_epochs=2", "algorithm.norm_adv=false"], None),
+        (["algorithm.num_minibatches=2", "algorithm.norm_adv=false"], None),
+        (
+            ["actor.mini_batch_size=4", "algorithm.behavior_weight_cap=3"],
+            ["algorithm.behavior_weight_cap"],
+        ),
         (["algorithm.sac.tau=0.01"], ["algorithm.sac.tau"]),
     ],
 )

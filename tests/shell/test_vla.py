@@ -298,7 +298,7 @@ def test_ppo_trains_the_vla_on_pixel_cartpole() -> None:
             policy,
             optimizer,
             buffer.finish(gamma=0.99, lam=0.95),
-            PPOSettings(update_epochs=2, num_minibatches=2),
+            PPOSettings(ppo_epochs=2, num_minibatches=2),
             generator,
         )
         assert all(torch.isfinite(torch.tensor(value)) for value in metrics.values())

@@ -258,6 +258,9 @@ class ActorConfig:
     backend: Literal["fsdp", "megatron"] = "fsdp"
     megatron: MegatronConfig = Factory(MegatronConfig)
     micro_batch_max_tokens: int = field(default=4096, metadata=POSITIVE_INT)
+    # Prompts (each with its algorithm.group_size samples) per optimizer step of the
+    # reasoning runner's update; null: the whole batch, one step per epoch.
+    mini_batch_size: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     logprob_chunk_size: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     # Rows repeating a prompt (a group's samples) run it once in the update's forward.
     share_prompt_forward: bool = True
@@ -412,8 +415,11 @@ class SACConfig:
 class AlgorithmConfig:
     """Advantage estimator and policy loss (names from rlcore's registries) and their terms.
 
-    PPO's update (embodied runner): ``update_epochs`` passes over each
-    rollout in ``num_minibatches`` shuffled minibatches, the value loss
+    PPO's update: ``ppo_epochs`` passes over each rollout batch; the
+    embodied runner splits each pass into ``num_minibatches`` shuffled
+    minibatches, the reasoning runner into mini-batches of
+    ``actor.mini_batch_size`` prompts (verl's ``ppo_epochs`` and
+    ``ppo_mini_batch_size``), one optimizer step each. The embodied runner's value loss is
     weighted by ``vf_coef`` (clipped around the old values by ``value_clip``
     when set), advantages standardised per minibatch when ``norm_adv``,
     rewards divided by the running std of the discounted return when
@@ -439,12 +445,13 @@ class AlgorithmConfig:
     old_logprobs: OldLogprobs = "recompute"
     rollout_is: RolloutISMode | None = None
     rollout_is_threshold: float = field(default=2.0, metadata=POSITIVE)
+    behavior_weight_cap: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     kl_coef: float = field(default=0.0, metadata=NON_NEGATIVE)
     kl_kind: KLKind = "k3"
     entropy_coef: float = field(default=0.0, metadata=NON_NEGATIVE)
     gamma: float = field(default=1.0, metadata=UNIT_CLOSED)
     lam: float = field(default=1.0, metadata=UNIT_CLOSED)
-    update_epochs: int = field(default=1, metadata=POSITIVE_INT)
+    ppo_epochs: int = field(default=1, metadata=POSITIVE_INT)
     num_minibatches: int = field(default=1, metadata=POSITIVE_INT)
     vf_coef: float = field(default=0.5, metadata=NON_NEGATIVE)
     value_clip: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)

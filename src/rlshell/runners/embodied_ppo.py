@@ -8,7 +8,7 @@ steps its share of ``env.num_envs`` envs with its own copy of the policy for
 FSDP2 ranks. One Ray call per rank per step:
 
     rollout (collect_rollout, parameters gathered once) → GAE (rlcore) →
-    update_epochs × num_minibatches PPO steps (rlcore's losses) → metrics
+    ppo_epochs × num_minibatches PPO steps (rlcore's losses) → metrics
 
 With a group estimator as ``algorithm.adv_type`` (no critic) the rollout is
 one episode per env from group-seeded resets and the advantages are

@@ -45,7 +45,7 @@ from rlshell.runners.unread import (
     stages_unread,
 )
 from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
-from rlshell.workers.actor import ActorWorker
+from rlshell.workers.actor import ActorWorker, compute_advantages, optimizer_steps_per_batch
 from rlshell.workers.reward import RewardWorker
 from rlshell.workers.rollout import ReferenceWorker, RolloutWorker
 
@@ -55,7 +55,6 @@ __all__ = ["ReasoningTrainer"]
 # log-probs.
 UNSUPPORTED = {
     "algorithm.adv_type": {"gae": "a value model", "opd": "teacher log-probs"},
-    "algorithm.loss_type": {"decoupled_ppo": "proximal log-probs"},
 }
 
 
@@ -137,6 +136,7 @@ class ReasoningTrainer:
                 )
         if config.rollout.weight_sync == "shared":
             problems += _shared_weight_problems(config)
+        problems += _update_problems(config, plan)
         if plan is not None:
             problems += offload_problems(config, plan)
         return problems
@@ -144,9 +144,6 @@ class ReasoningTrainer:
     @classmethod
     def unread(cls, config: Config) -> dict[str, str]:
         who = "the reasoning runner"
-        one_step = (
-            f"{who} makes one optimizer step per batch; it needs the embodied runner's PPO update"
-        )
         no_critic = f"{who} trains no critic"
         unread = {
             **compile_unread(f"{who} does not read it"),
@@ -156,8 +153,8 @@ class ReasoningTrainer:
             "environments",
             "runner.rollout_steps": "env steps per env in an embodied step; a reasoning step is "
             "runner.prompts_per_step prompts × algorithm.group_size samples",
-            "algorithm.update_epochs": one_step,
-            "algorithm.num_minibatches": one_step,
+            "algorithm.num_minibatches": f"{who} splits each epoch into mini-batches of "
+            "actor.mini_batch_size prompts",
             "algorithm.value_clip": f"{no_critic}: there is no value loss to clip",
             "algorithm.vf_coef": f"{no_critic}: there is no value loss to weight",
             "algorithm.norm_adv": "standardises embodied PPO's minibatch advantages; "
@@ -166,6 +163,12 @@ class ReasoningTrainer:
             f"std; {who}'s rewards are reward.reward_type's scores",
             **hyperparameters_unread(config),
         }
+        if config.algorithm.loss_type == "decoupled_ppo":
+            unread["algorithm.old_logprobs"] = (
+                "decoupled_ppo takes its ratio against the recomputed log-probs (the proximal "
+                "policy) and weights by their ratio to the rollout's (the behaviour policy): it "
+                "uses both, whatever old_logprobs says"
+            )
         if config.algorithm.kl_coef == 0:
             unread.update(reference_unread(f"with algorithm.kl_coef 0 {who}"))
         data = config.data
@@ -215,7 +218,8 @@ class ReasoningTrainer:
         )
         timeout = config.cluster.call_timeout_s
         started = time.perf_counter()
-        self.actor = ActorWorker.create_group(config, config.runner.max_steps, self.hybrid).launch(
+        total_updates = config.runner.max_steps * optimizer_steps_per_batch(config)
+        self.actor = ActorWorker.create_group(config, total_updates, self.hybrid).launch(
             cluster, plan.component("actor"), call_timeout_s=timeout
         )
         self.reward = RewardWorker.create_group(config.reward).launch(
@@ -281,9 +285,16 @@ class ReasoningTrainer:
         if self.reference is not None:
             with timed(metrics, "time/reference"):
                 ref_logprobs = self._reference_logprobs(batch)
+        self._update_phase()
+        old_logprobs = None
+        if optimizer_steps_per_batch(config) > 1:
+            with timed(metrics, "time/old_logprobs"):
+                old_logprobs = self._actor().compute_logprobs(batch).wait()[0]
+        advantages = compute_advantages(batch, scores, config).advantages
         with timed(metrics, "time/update"):
-            self._update_phase()
-            train = self._actor().run_training(batch, scores, ref_logprobs).wait()[0]
+            train = (
+                self._actor().run_training(batch, advantages, ref_logprobs, old_logprobs).wait()[0]
+            )
         with timed(metrics, "time/sync"):
             sync = self.sync_weights(full=False)
         step_time = time.perf_counter() - started
@@ -501,6 +512,48 @@ def _rollout_metrics(batch: RolloutBatch, scores: torch.Tensor, n: int) -> dict[
         "rollout/groups_solved": float(solved),
         "rollout/groups_uniform": float(uniform),
     }
+
+
+def _update_problems(config: Config, plan: PlacementPlan | None) -> list[str]:
+    """``actor.mini_batch_size`` against the batch and the actor's ranks; what the update
+    cannot combine."""
+    algorithm, actor, prompts = config.algorithm, config.actor, config.runner.prompts_per_step
+    problems = []
+    mini = actor.mini_batch_size
+    if mini is not None and (mini > prompts or prompts % mini):
+        problems.append(
+            f"actor.mini_batch_size: mini-batches of {mini} prompts must split "
+            f"runner.prompts_per_step ({prompts}) evenly, so that every optimizer step has "
+            "the same size"
+        )
+    elif plan is not None and any(c.name == "actor" for c in plan.components):
+        ranks = len(plan.component("actor").workers)
+        if actor.backend == "megatron":
+            grid = actor.megatron.tensor_model_parallel_size
+            ranks //= grid * actor.megatron.pipeline_model_parallel_size
+        rows = (mini or prompts) * algorithm.group_size
+        if rows < ranks:
+            problems.append(
+                f"actor.mini_batch_size: a mini-batch of {mini or prompts} prompts × "
+                f"{algorithm.group_size} samples has {rows} rows, fewer than the actor's "
+                f"{ranks} data-parallel ranks; every rank needs a share"
+            )
+    several = optimizer_steps_per_batch(config) > 1
+    if several and actor.backend == "megatron" and actor.megatron.pipeline_model_parallel_size > 1:
+        problems.append(
+            "algorithm.ppo_epochs / actor.mini_batch_size: several optimizer steps per batch "
+            "need the log-probs before the update, which the Megatron backend does not "
+            "compute through a pipeline (pipeline_model_parallel_size > 1); use one step per "
+            "batch or pipeline_model_parallel_size 1"
+        )
+    if algorithm.loss_type == "decoupled_ppo" and algorithm.rollout_is is not None:
+        problems.append(
+            f"algorithm.rollout_is: decoupled_ppo already weights each token by π_prox/μ "
+            f"(recomputed over rollout log-probs), the correction '{algorithm.rollout_is}' "
+            "would apply a second time; cap decoupled_ppo's weights with "
+            "algorithm.behavior_weight_cap instead"
+        )
+    return problems
 
 
 def _shared_weight_problems(config: Config) -> list[str]:

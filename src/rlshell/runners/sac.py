@@ -134,7 +134,7 @@ class SACTrainer(EmbodiedTrainer):
             "loss_agg_mode",
             "entropy_coef",
             "lam",
-            "update_epochs",
+            "ppo_epochs",
             "num_minibatches",
             "vf_coef",
             "value_clip",

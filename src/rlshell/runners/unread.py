@@ -132,6 +132,10 @@ def embodied_unread(config: Config, who: str) -> dict[str, str]:
         "rollout.cpu_kv_cache_mb": generation,
         "actor.micro_batch_max_tokens": f"budgets the reasoning actor's token micro-batches; "
         f"{who} splits its update by algorithm.num_minibatches",
+        "actor.mini_batch_size": f"sizes the reasoning actor's mini-batches in prompts; {who} "
+        "splits each epoch by algorithm.num_minibatches",
+        "algorithm.behavior_weight_cap": f"caps decoupled PPO's behaviour weights in the "
+        f"reasoning runner; {who}'s update is rlcore's ppo_policy_loss",
         "actor.logprob_chunk_size": f"chunks the reasoning actor's vocabulary log-probs; {who} "
         "reads no token logits",
         "actor.share_prompt_forward": f"shares a prompt's forward among its samples in the "

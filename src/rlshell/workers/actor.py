@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,12 @@ from rlcore.losses import PolicyLossBatch, PolicyLossConfig, entropy_loss, kl_es
 from rlcore.masked import aggregate, aggregation_normalizer, masked_mean
 from rlcore.mismatch import logprob_mismatch, rollout_importance_weights
 from rlcore.registry import ADVANTAGES, POLICY_LOSSES, Registry
-from rlcore.rollout import balanced_micro_batches, place_on_last_token, position_ids
+from rlcore.rollout import (
+    balanced_micro_batches,
+    group_mini_batches,
+    place_on_last_token,
+    position_ids,
+)
 from rlcore.types import Advantages
 from rlshell.cluster.worker import Worker
 from rlshell.config import AlgorithmConfig, Config, Precision
@@ -59,9 +65,11 @@ __all__ = [
     "build_rollout_model",
     "compute_advantages",
     "old_logprobs_and_weights",
+    "optimizer_steps_per_batch",
     "policy_forward",
     "prompt_prefix_forward",
     "rollout_precision",
+    "update_schedule",
     "worker_device",
 ]
 
@@ -73,6 +81,7 @@ LOSS_KEYS = {
     "algorithm.clip_low": "clip_low",
     "algorithm.clip_high": "clip_high",
     "algorithm.dual_clip": "dual_clip",
+    "algorithm.behavior_weight_cap": "behavior_weight_cap",
 }
 """Config keys → the `rlcore.losses.PolicyLossConfig` field each sets (``loss_agg_mode``
 sets ``agg`` for every loss: the actor aggregates the KL and entropy terms with it too)."""
@@ -99,12 +108,16 @@ def build_rollout_model(config: Config) -> nn.Module:
     return get_model(model_cfg)
 
 
-def compute_advantages(batch: RolloutBatch, scores: Tensor, config: Config) -> Advantages:
-    """Token advantages of a batch from its outcome scores, by ``algorithm.adv_type``.
+def compute_advantages(
+    batch: RolloutBatch, scores: Tensor, config: Config, values: Tensor | None = None
+) -> Advantages:
+    """Token advantages (and returns) of a batch from its outcome scores, by
+    ``algorithm.adv_type``.
 
     The score of each response is placed on its last valid token
     (`rlcore.rollout.place_on_last_token`) and the registered estimator does
-    the rest (GRPO: (s − mean_group)/(std_group + ε) on every token).
+    the rest (GRPO: (s − mean_group)/(std_group + ε) on every token; GAE: the
+    critic's ``values`` of the response tokens, the returns are its targets).
     """
     algorithm = config.algorithm
     token_rewards = place_on_last_token(scores.to(torch.float32), batch.response_mask)
@@ -114,6 +127,7 @@ def compute_advantages(batch: RolloutBatch, scores: Tensor, config: Config) -> A
             token_rewards=token_rewards,
             mask=batch.response_mask,
             group_size=batch.group_size,
+            values=None if values is None else values.to(torch.float32),
         ),
         AdvantageConfig(**_read_for(ADVANTAGES, algorithm.adv_type, config, ESTIMATOR_KEYS)),
     )
@@ -134,17 +148,20 @@ def _read_for(
 
 
 def old_logprobs_and_weights(
-    logprobs: Tensor, sampled: Tensor, mask: Tensor, algorithm: AlgorithmConfig
-) -> tuple[Tensor, Tensor | None, dict[str, float]]:
-    """π_old of the ratio, the importance weights (``algorithm.rollout_is``) and the
-    ``rollout/mismatch_*`` metrics of one micro-batch.
+    recomputed: Tensor, sampled: Tensor, mask: Tensor, algorithm: AlgorithmConfig
+) -> tuple[Tensor, Tensor | None, Tensor | None, dict[str, float]]:
+    """The log-probs the policy ratio is taken against, the proximal log-probs (decoupled
+    PPO), the importance weights (``algorithm.rollout_is``) and the ``rollout/mismatch_*``
+    metrics of one micro-batch.
 
-    ``logprobs``: the update's forward; the runner makes one update per batch, so it runs
-    on the weights that predate it, and its values (detached) are the recomputed π_old at
-    no extra pass. ``sampled``: what the rollout engine reported (log μ). The gap between
-    them is measured either way (`rlcore.mismatch`).
+    ``recomputed``: the actor's log-probs of the batch under the weights before the update
+    (`ActorWorker.compute_logprobs`, or, with one optimizer step per batch, that step's own
+    forward, detached: it runs on the same weights, at no extra pass). ``sampled``: what the
+    rollout engine reported (log μ). The gap between them is measured either way
+    (`rlcore.mismatch`). ``decoupled_ppo`` takes its ratio against ``recomputed`` as the
+    proximal policy and weights by π_prox/μ against ``sampled``, the behaviour policy; the
+    other losses take their ratio against ``algorithm.old_logprobs``.
     """
-    recomputed = logprobs.detach()
     metrics = {
         f"rollout/mismatch_{key}": float(value)
         for key, value in logprob_mismatch(recomputed, sampled, mask).items()
@@ -155,8 +172,10 @@ def old_logprobs_and_weights(
             recomputed, sampled, mask, algorithm.rollout_is, algorithm.rollout_is_threshold
         )
         metrics.update({f"rollout/mismatch_is_{key}": float(v) for key, v in stats.items()})
+    if algorithm.loss_type == "decoupled_ppo":
+        return sampled, recomputed, weights, metrics
     old = recomputed if algorithm.old_logprobs == "recompute" else sampled
-    return old, weights, metrics
+    return old, None, weights, metrics
 
 
 def policy_forward(
@@ -399,52 +418,122 @@ class ActorWorker(Worker):
 
     # -- training
 
-    def compute_advantages_and_returns(self, batch: RolloutBatch, scores: Tensor) -> Advantages:
-        return compute_advantages(batch, scores, self.config)
+    @torch.no_grad()
+    def compute_logprobs(self, batch: RolloutBatch) -> Tensor:
+        """π_old: the log-probs of the batch's response tokens under the weights before the
+        update (``[rows, response width]``, 0 at padding), on every rank (collective).
+
+        Each data-parallel share runs the forward on its rows, in the micro-batches the update
+        uses; one SUM all-reduce over the data-parallel group fills in the others'. Runs
+        where the update makes several optimizer steps per batch (`optimizer_steps_per_batch`)
+        or needs π_old before it (a KL penalty in the reward): every step's ratio is then taken
+        against these, not against weights an earlier step already moved.
+        """
+        manager = self._manager()
+        if manager.pipeline_stages > 1:
+            raise NotImplementedError(
+                "log-probs before the update through a Megatron pipeline are not built: "
+                "validation refuses several optimizer steps per batch with "
+                "pipeline_model_parallel_size > 1"
+            )
+        model = self.model
+        model.train()  # the mode the update's forward runs in: the first ratio is exactly 1
+        mine = self._data_parallel_rows(list(range(batch.rows)))
+        out = torch.zeros(batch.response_ids.shape, dtype=torch.float32)
+        for rows in self._micro_batches(batch, mine):
+            logprobs, _ = self._policy_forward(batch.select(rows))
+            out[torch.as_tensor(rows), : logprobs.shape[1]] = logprobs.float().cpu()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=manager.data_parallel_group)
+        return out
 
     def run_training(
         self,
         batch: RolloutBatch,
-        scores: Tensor,
+        advantages: Tensor,
         ref_logprobs: Tensor | None = None,
+        old_logprobs: Tensor | None = None,
     ) -> dict[str, float]:
-        """One update on this rank's rows of ``batch``; returns the step's ``train/`` metrics.
+        """The update on ``batch``: ``algorithm.ppo_epochs`` passes over mini-batches of
+        ``actor.mini_batch_size`` prompts, one optimizer step each; the ``train/`` metrics.
 
-        Losses of micro-batches and ranks are normalised by the whole batch's
-        aggregation normaliser, so the gradient is the full batch's whatever
-        the split (`rlcore.masked.aggregate`); FSDP averages gradients over
-        ranks, hence the factor of the world size.
+        ``advantages``: the batch's token advantages (`compute_advantages`, run by the
+        trainer). ``old_logprobs``: π_old from `compute_logprobs`; without them (one
+        optimizer step per batch) the step's own forward, detached, is π_old at no extra
+        pass. Each mini-batch's losses, over micro-batches and data-parallel ranks, are
+        normalised by the mini-batch's aggregation normaliser, so its gradient is the whole
+        mini-batch's whatever the split (`rlcore.masked.aggregate`). Metrics are means over
+        the optimizer steps (``*_max`` their maxima); with several epochs
+        ``train/clipfrac_epoch<e>`` and ``train/approx_kl_epoch<e>`` follow each pass.
         """
-        manager = self.manager
-        if manager is None:
-            raise RuntimeError("init_worker() has not run")
         started = time.perf_counter()
         algorithm = self.config.algorithm
-        advantages = self.compute_advantages_and_returns(batch, scores).advantages
-        horizon = self.config.rollout.max_new_tokens
-        normalizer = aggregation_normalizer(batch.response_mask, algorithm.loss_agg_mode, horizon)
-        # Contiguous rows: a data-parallel share holds whole groups, whose prompt runs once per
-        # micro-batch. FSDP: a share per rank; Megatron: a share per tensor × pipeline grid.
+        steps = update_schedule(self.config, batch.rows, batch.group_size, self.global_step)
+        if old_logprobs is None and len(steps) > 1:
+            raise ValueError(
+                f"{len(steps)} optimizer steps on one batch need π_old from before the first "
+                "(ActorWorker.compute_logprobs)"
+            )
+        self.model.train()
+        per_step: list[tuple[int, dict[str, float]]] = []
+        for epoch, rows in steps:
+            per_step.append(
+                (epoch, self._optimizer_step(batch, rows, advantages, ref_logprobs, old_logprobs))
+            )
+        out = _combine_steps(per_step, algorithm.ppo_epochs)
+        out["train/optimizer_steps"] = float(len(steps))
+        out["time/actor_prepare"] = out.pop("time/actor_prepare_step") * len(steps)
+        out["time/actor_forward_backward"] *= len(steps)
+        out["time/actor_optimizer"] *= len(steps)
+        out["time/actor_update"] = time.perf_counter() - started
+        self.global_step += 1
+        return out
+
+    def _data_parallel_rows(self, rows: list[int]) -> list[int]:
+        """This rank's contiguous share of ``rows``: a data-parallel share holds whole groups
+        where it can, whose prompt runs once per micro-batch. FSDP: a share per rank;
+        Megatron: a share per tensor × pipeline grid."""
+        manager = self._manager()
         share, shares = manager.data_parallel_rank, manager.data_parallel_size
-        mine = list(range(share * batch.rows // shares, (share + 1) * batch.rows // shares))
-        micro_batches = self._micro_batches(batch, mine)
+        return rows[share * len(rows) // shares : (share + 1) * len(rows) // shares]
+
+    def _optimizer_step(
+        self,
+        batch: RolloutBatch,
+        rows: list[int],
+        advantages: Tensor,
+        ref_logprobs: Tensor | None,
+        old_logprobs: Tensor | None,
+    ) -> dict[str, float]:
+        """Forward, backward and one optimizer step on the mini-batch ``rows`` of ``batch``."""
+        manager = self._manager()
+        started = time.perf_counter()
+        algorithm = self.config.algorithm
+        horizon = self.config.rollout.max_new_tokens
+        index = torch.as_tensor(rows)
+        normalizer = aggregation_normalizer(
+            batch.response_mask[index], algorithm.loss_agg_mode, horizon
+        )
+        shares = manager.data_parallel_size
+        micro_batches = self._micro_batches(batch, self._data_parallel_rows(rows))
         model = self.model
-        model.train()
         passes_started = time.perf_counter()
         # Gradients are averaged over the shares: scaled up by their number, the losses (each
-        # normalised by the whole batch) sum to the batch's.
+        # normalised by the whole mini-batch) sum to the mini-batch's.
         inputs = [
-            (batch.select(rows), *self._micro_targets(rows, batch, advantages, ref_logprobs))
-            for rows in micro_batches
+            (
+                batch.select(micro),
+                *self._micro_targets(micro, batch, advantages, ref_logprobs, old_logprobs),
+            )
+            for micro in micro_batches
         ]
         if manager.pipeline_stages > 1:
             totals, peaks = self._pipeline_passes(inputs, normalizer, scale=float(shares))
         else:
             totals, peaks = {}, {}
-            for index, (micro, micro_adv, micro_ref) in enumerate(inputs):
-                manager.before_micro_batch(model, is_last=index == len(inputs) - 1)
-                loss, metrics = self._loss(micro, micro_adv, micro_ref, normalizer)
-                self._check_finite(loss, index)
+            for position, (micro, micro_adv, micro_ref, micro_old) in enumerate(inputs):
+                manager.before_micro_batch(model, is_last=position == len(inputs) - 1)
+                loss, metrics = self._loss(micro, micro_adv, micro_ref, micro_old, normalizer)
+                self._check_finite(loss, position)
                 torch.autograd.backward(loss * shares)
                 _accumulate(metrics, totals, peaks)
         optimizer_started = time.perf_counter()
@@ -456,7 +545,7 @@ class ActorWorker(Worker):
             )
         group = manager.data_parallel_group
         reduced = self._all_reduce(totals, dist.ReduceOp.SUM, group)
-        # Loss terms are normalised by the whole batch already: their sum is the batch's.
+        # Loss terms are normalised by the whole mini-batch already: their sum is its loss.
         # The rest are per-micro-batch means, averaged over every micro-batch of every share;
         # maxima are the maxima over all of them.
         reduced.update(self._all_reduce(peaks, dist.ReduceOp.MAX, group))
@@ -473,22 +562,27 @@ class ActorWorker(Worker):
         out["train/lr"] = lrs[0]
         out["train/micro_batches"] = float(len(micro_batches))
         # This rank's own clock (rank 0's is what the runner logs).
-        out["time/actor_prepare"] = passes_started - started
+        out["time/actor_prepare_step"] = passes_started - started
         out["time/actor_forward_backward"] = optimizer_started - passes_started
         out["time/actor_optimizer"] = time.perf_counter() - optimizer_started
-        self.global_step += 1
         return out
 
     @staticmethod
     def _micro_targets(
-        rows: list[int], batch: RolloutBatch, advantages: Tensor, ref_logprobs: Tensor | None
-    ) -> tuple[Tensor, Tensor | None]:
-        """The advantages and reference log-probs of ``rows``, cut to the response width."""
+        rows: list[int],
+        batch: RolloutBatch,
+        advantages: Tensor,
+        ref_logprobs: Tensor | None,
+        old_logprobs: Tensor | None,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """The advantages, reference and old log-probs of ``rows``, cut to the response
+        width."""
         width = batch.response_ids.shape[1]
         index = torch.as_tensor(rows)
         return (
             advantages[index, :width],
             None if ref_logprobs is None else ref_logprobs[index, :width],
+            None if old_logprobs is None else old_logprobs[index, :width],
         )
 
     def _check_finite(self, loss: Tensor, index: int) -> None:
@@ -501,7 +595,7 @@ class ActorWorker(Worker):
 
     def _pipeline_passes(
         self,
-        inputs: list[tuple[RolloutBatch, Tensor, Tensor | None]],
+        inputs: list[tuple[RolloutBatch, Tensor, Tensor | None, Tensor | None]],
         normalizer: Tensor,
         scale: float,
     ) -> tuple[dict[str, float], dict[str, float]]:
@@ -519,7 +613,7 @@ class ActorWorker(Worker):
         chunk = self.config.actor.logprob_chunk_size
 
         def loss_of(index: int, logits: Tensor) -> tuple[Tensor, dict[str, float]]:
-            micro, micro_adv, micro_ref = inputs[index]
+            micro, micro_adv, micro_ref, micro_old = inputs[index]
             width = micro.prompt_ids.shape[1]
             stats = token_stats(
                 logits[:, width - 1 : -1, :].float(),
@@ -528,14 +622,19 @@ class ActorWorker(Worker):
                 chunk,
             )
             loss, metrics = self._loss(
-                micro, micro_adv, micro_ref, normalizer, forward=(stats.logprobs, stats.entropy)
+                micro,
+                micro_adv,
+                micro_ref,
+                micro_old,
+                normalizer,
+                forward=(stats.logprobs, stats.entropy),
             )
             self._check_finite(loss, index)
             return loss * scale, metrics
 
         per_micro = pipeline_train_passes(
             self.model,
-            [(micro.input_ids, micro.attention_mask) for micro, _, _ in inputs],
+            [(micro.input_ids, micro.attention_mask) for micro, *_ in inputs],
             loss_of,
         )
         totals: dict[str, float] = {}
@@ -560,35 +659,43 @@ class ActorWorker(Worker):
         local = balanced_micro_batches(lengths, budget, min_micro_batches=int(count))
         return [[rows[i] for i in micro] for micro in local]
 
-    def _loss(
-        self,
-        micro: RolloutBatch,
-        advantages: Tensor,
-        ref_logprobs: Tensor | None,
-        normalizer: Tensor,
-        forward: tuple[Tensor, Tensor] | None = None,
-    ) -> tuple[Tensor, dict[str, float]]:
-        """The micro-batch's loss and metrics; ``forward``: its (log-probs, entropies) when a
-        pipeline schedule computed them, else this runs `policy_forward`."""
-        algorithm = self.config.algorithm
-        mode = algorithm.loss_agg_mode
-        logprobs, entropy = forward or policy_forward(
+    def _policy_forward(self, micro: RolloutBatch) -> tuple[Tensor, Tensor]:
+        """(log-probs, entropies) of ``micro``'s response tokens under the actor's module."""
+        return policy_forward(
             self.model,
             micro,
             self.config.rollout.temperature,
             self.config.actor.logprob_chunk_size,
             share_prompts=self.config.actor.share_prompt_forward,
         )
+
+    def _loss(
+        self,
+        micro: RolloutBatch,
+        advantages: Tensor,
+        ref_logprobs: Tensor | None,
+        old_logprobs: Tensor | None,
+        normalizer: Tensor,
+        forward: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, dict[str, float]]:
+        """The micro-batch's loss and metrics; ``old_logprobs``: π_old from before the update
+        (None: this forward's, detached); ``forward``: its (log-probs, entropies) when a
+        pipeline schedule computed them, else this runs `policy_forward`."""
+        algorithm = self.config.algorithm
+        mode = algorithm.loss_agg_mode
+        logprobs, entropy = forward or self._policy_forward(micro)
         mask = micro.response_mask.to(logprobs.device)
-        old_logprobs, weights, metrics = old_logprobs_and_weights(
-            logprobs, micro.logprobs.to(logprobs.device), mask, algorithm
+        recomputed = logprobs.detach() if old_logprobs is None else old_logprobs.to(logprobs)
+        ratio_base, proximal, weights, metrics = old_logprobs_and_weights(
+            recomputed, micro.logprobs.to(logprobs.device), mask, algorithm
         )
         policy_loss = POLICY_LOSSES.get(algorithm.loss_type)(
             PolicyLossBatch(
                 logprobs=logprobs,
-                old_logprobs=old_logprobs,
+                old_logprobs=ratio_base,
                 advantages=advantages.to(logprobs.device),
                 mask=mask,
+                proximal_logprobs=proximal,
                 normalizer=normalizer,
                 weights=weights,
             ),
@@ -658,3 +765,59 @@ def _accumulate(
             peaks[key] = max(peaks.get(key, -math.inf), value)
         else:
             totals[key] = totals.get(key, 0.0) + value
+
+
+def optimizer_steps_per_batch(config: Config) -> int:
+    """Optimizer steps the reasoning update makes per batch: ``algorithm.ppo_epochs`` ×
+    (``runner.prompts_per_step`` / ``actor.mini_batch_size``)."""
+    mini = config.actor.mini_batch_size or config.runner.prompts_per_step
+    return config.algorithm.ppo_epochs * max(1, config.runner.prompts_per_step // mini)
+
+
+def update_schedule(
+    config: Config, rows: int, group_size: int, step: int
+) -> list[tuple[int, list[int]]]:
+    """(epoch, rows) of each optimizer step of the update on a batch of ``rows`` rows, in
+    groups of ``group_size`` (a prompt's samples).
+
+    Each epoch visits the batch's groups in an order drawn from (``runner.seed``, the step,
+    the epoch), ``actor.mini_batch_size`` prompts per mini-batch
+    (`rlcore.rollout.group_mini_batches`); the same on every rank. One mini-batch per epoch
+    keeps the rows in order.
+    """
+    groups = rows // group_size
+    per_mini = min(config.actor.mini_batch_size or groups, groups)
+    schedule = []
+    for epoch in range(config.algorithm.ppo_epochs):
+        seed = None if per_mini == groups else _update_seed(config.runner.seed, step, epoch)
+        for mini in group_mini_batches(rows, group_size, per_mini, seed):
+            schedule.append((epoch, mini))
+    return schedule
+
+
+def _update_seed(*parts: int) -> int:
+    return zlib.crc32(repr(("update", *parts)).encode()) & 0x7FFFFFFF
+
+
+def _combine_steps(per_step: list[tuple[int, dict[str, float]]], epochs: int) -> dict[str, float]:
+    """One update's metrics from its optimizer steps': means (``*_max``: maxima; ``train/lr``:
+    the last step's); with several epochs, each epoch's clip fraction and approximate KL."""
+    keys = list(per_step[0][1])
+    out: dict[str, float] = {}
+    for key in keys:
+        values = [metrics[key] for _, metrics in per_step]
+        if key.endswith("_max"):
+            out[key] = max(values)
+        elif key == "train/lr":
+            out[key] = values[-1]
+        else:
+            out[key] = sum(values) / len(values)
+    if epochs > 1:
+        for name in ("clipfrac", "approx_kl"):
+            key = f"train/{name}"
+            if key not in keys:
+                continue
+            for epoch in range(epochs):
+                values = [m[key] for e, m in per_step if e == epoch]
+                out[f"train/{name}_epoch{epoch}"] = sum(values) / len(values)
+    return out

@@ -76,7 +76,7 @@ def _positive(instance: object, attribute: object, value: float) -> None:
 class PPOSettings:
     """PPO's update hyperparameters (the names CleanRL uses)."""
 
-    update_epochs: int = field(default=10, validator=_positive)
+    ppo_epochs: int = field(default=10, validator=_positive)
     num_minibatches: int = field(default=4, validator=_positive)
     clip_coef: float = field(default=0.2, validator=_positive)
     clip_vloss: float | None = None
@@ -91,7 +91,7 @@ class PPOSettings:
         GRPO) the value loss weighs nothing."""
         algorithm = config.algorithm
         return cls(
-            update_epochs=algorithm.update_epochs,
+            ppo_epochs=algorithm.ppo_epochs,
             num_minibatches=algorithm.num_minibatches,
             clip_coef=algorithm.clip_low if algorithm.clip_low is not None else 0.2,
             clip_vloss=algorithm.value_clip if critic else None,
@@ -103,8 +103,8 @@ class PPOSettings:
 
     @property
     def steps_per_window(self) -> int:
-        """Optimizer steps on one window: ``update_epochs × num_minibatches``."""
-        return self.update_epochs * self.num_minibatches
+        """Optimizer steps on one window: ``ppo_epochs × num_minibatches``."""
+        return self.ppo_epochs * self.num_minibatches
 
 
 def collect_rollout(
@@ -189,7 +189,7 @@ def ppo_update(
     settings: PPOSettings,
     generator: torch.Generator,
 ) -> dict[str, float]:
-    """``update_epochs`` passes of ``num_minibatches`` steps each; the last pass's mean metrics.
+    """``ppo_epochs`` passes of ``num_minibatches`` steps each; the last pass's mean metrics.
 
     ``step`` runs one minibatch (an `UpdateStep`: `EagerPPOStep`, or the
     compiled `CompiledPPOStep`); a torch optimizer is taken as the eager step
@@ -202,8 +202,8 @@ def ppo_update(
     step.prepare(policy)
     totals: dict[str, float] = {}
     steps = 0
-    for epoch in range(settings.update_epochs):
-        last = epoch == settings.update_epochs - 1
+    for epoch in range(settings.ppo_epochs):
+        last = epoch == settings.ppo_epochs - 1
         for minibatch in samples.minibatches(settings.num_minibatches, generator):
             parts, grad_norm = step(minibatch)
             if last:

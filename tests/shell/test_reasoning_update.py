@@ -1,0 +1,163 @@
+"""The reasoning actor's update in one process: PPO epochs over mini-batches against a fixed π_old.
+
+An `ActorWorker` on one gloo rank (FSDP2 over one rank, as every actor rank
+runs it) is checked against a plain-torch oracle built from the same seed:
+the same Hugging Face model, torch's AdamW and gradient clipping, and rlcore's
+PPO loss, stepped over the mini-batches `update_schedule` draws. The oracle
+holds the maths the update must do; the worker is what the runner runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from attrs import evolve
+
+from rlcore.losses import ppo_policy_loss
+from rlcore.masked import aggregation_normalizer
+from rlshell.config import Config
+from rlshell.engines.rollout.hf import HFRolloutEngine
+from rlshell.models import get_model
+from rlshell.rollout import RolloutBatch, SamplingParams
+from rlshell.runners.validation import load_config
+from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
+from rlshell.workers.actor import (
+    ActorWorker,
+    compute_advantages,
+    optimizer_steps_per_batch,
+    policy_forward,
+    update_schedule,
+)
+
+GRPO = Path("configs/grpo.py")
+# Plain AdamW in both (the fused kernel rounds in another order); a lr large enough that a
+# second epoch's ratios leave the clip range.
+BASE = [
+    "algorithm.group_size=4",
+    "runner.prompts_per_step=4",
+    "actor.optim.fused=false",
+    "actor.optim.lr=0.01",
+    "rollout.max_new_tokens=4",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return prepare_tokenizer(load_config(GRPO, BASE), tmp_path_factory.mktemp("run"))
+
+
+def _config(tokenizer_dir: str, overrides: list[str]) -> Config:
+    return with_tokenizer_ids(load_config(GRPO, [*BASE, *overrides]), tokenizer_dir)
+
+
+def _batch(config: Config, tokenizer_dir: str) -> tuple[RolloutBatch, torch.Tensor]:
+    torch.manual_seed(config.actor.seed)
+    engine = HFRolloutEngine(
+        get_model(config.actor.model), load_tokenizer(tokenizer_dir), torch.device("cpu")
+    )
+    prompts = ["1+2+3=", "4+4=", "9+9+9=", "7+0+1="]
+    batch = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=4), seed=5)
+    scores = torch.linspace(0.0, 1.0, batch.rows).roll(3)  # unequal within every group
+    return batch, scores
+
+
+def _worker(config: Config, tokenizer_dir: str) -> ActorWorker:
+    worker = ActorWorker(config, total_steps=optimizer_steps_per_batch(config), hybrid=False)
+    worker.rank, worker.world_size = 0, 1
+    worker.init_worker(tokenizer_dir)
+    return worker
+
+
+def _oracle(
+    config: Config, batch: RolloutBatch, advantages: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The update as plain torch does it: π_old once, then one AdamW step per mini-batch."""
+    torch.manual_seed(config.actor.seed)
+    model = get_model(config.actor.model)
+    optim = config.actor.optim
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=optim.lr,
+        betas=(optim.adam_beta1, optim.adam_beta2),
+        eps=optim.adam_eps,
+        weight_decay=optim.weight_decay,
+    )
+    temperature = config.rollout.temperature
+    with torch.no_grad():
+        old, _ = policy_forward(model, batch, temperature, None)
+    for _, rows in update_schedule(config, batch.rows, batch.group_size, step=0):
+        index = torch.as_tensor(rows)
+        mini = batch.select(rows)
+        logprobs, _ = policy_forward(model, mini, temperature, None)
+        mask = mini.response_mask
+        normalizer = aggregation_normalizer(mask, "token-mean")
+        loss = ppo_policy_loss(
+            logprobs, old[index], advantages[index], mask, normalizer=normalizer
+        ).loss
+        optimizer.zero_grad()
+        loss.backward()
+        assert optim.clip_grad is not None
+        torch.nn.utils.clip_grad_norm_(model.parameters(), optim.clip_grad)
+        optimizer.step()
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def test_epochs_over_mini_batches_step_once_per_mini_batch_against_the_first_log_probs(
+    tokenizer_dir: str, process_group: None
+) -> None:
+    config = _config(tokenizer_dir, ["algorithm.ppo_epochs=2", "actor.mini_batch_size=2"])
+    batch, scores = _batch(config, tokenizer_dir)
+    advantages = compute_advantages(batch, scores, config).advantages
+    schedule = update_schedule(config, batch.rows, batch.group_size, step=0)
+    # 4 prompts × 4 samples in mini-batches of 2 prompts, twice: 4 steps of 8 whole-group rows.
+    assert [len(rows) for _, rows in schedule] == [8, 8, 8, 8]
+    assert [epoch for epoch, _ in schedule] == [0, 0, 1, 1]
+    assert optimizer_steps_per_batch(config) == 4
+
+    worker = _worker(config, tokenizer_dir)
+    old = worker.compute_logprobs(batch)
+    metrics = worker.run_training(batch, advantages, old_logprobs=old)
+    assert metrics["train/optimizer_steps"] == 4
+    # By the second epoch the policy has moved away from π_old: ratios leave the clip range.
+    assert metrics["train/approx_kl_epoch1"] > 0
+    assert metrics["train/clipfrac_epoch1"] > 0
+
+    expected = _oracle(config, batch, advantages)
+    weights = worker.full_weights()
+    assert weights.keys() == expected.keys()
+    torch.manual_seed(config.actor.seed)
+    initial = dict(get_model(config.actor.model).named_parameters())
+    # Four AdamW steps of lr 0.01 move each weight by up to 0.04; float32 rounding in another
+    # order moves the two apart by at most ~3e-5 (Adam rescales near-zero gradients, such as
+    # the key biases', to full steps). A wrong π_old or schedule moves them 1e-3 and more apart.
+    for name, value in expected.items():
+        assert float((value - initial[name]).detach().abs().max()) > 100 * 1e-4, name
+        torch.testing.assert_close(weights[name], value, rtol=0, atol=1e-4, msg=name)
+
+    # Several steps without π_old from before the first would drift: refused.
+    with pytest.raises(ValueError, match="4 optimizer steps on one batch need π_old"):
+        worker.run_training(batch, advantages)
+
+
+def test_one_step_against_the_prepass_log_probs_is_the_fused_step(
+    tokenizer_dir: str, process_group: None
+) -> None:
+    """π_old from `compute_logprobs` and π_old as the step's own detached forward are one
+    and the same step (the runner skips the extra pass when there is one step per batch)."""
+    config = _config(tokenizer_dir, [])
+    batch, scores = _batch(config, tokenizer_dir)
+    advantages = compute_advantages(batch, scores, config).advantages
+    fused = _worker(config, tokenizer_dir)
+    fused_metrics = fused.run_training(batch, advantages)
+    fused_weights = fused.full_weights()
+    prepass = _worker(evolve(config), tokenizer_dir)
+    old = prepass.compute_logprobs(batch)
+    # The pre-pass is the sampled batch's recompute: it matches the engine's log-probs.
+    torch.testing.assert_close(old * batch.response_mask, batch.logprobs * batch.response_mask)
+    metrics = prepass.run_training(batch, advantages, old_logprobs=old)
+    assert metrics["train/optimizer_steps"] == fused_metrics["train/optimizer_steps"] == 1
+    assert metrics["train/pg_loss"] == pytest.approx(fused_metrics["train/pg_loss"], abs=1e-6)
+    for name, value in prepass.full_weights().items():
+        torch.testing.assert_close(value, fused_weights[name], rtol=0, atol=1e-6, msg=name)
