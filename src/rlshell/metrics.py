@@ -71,7 +71,7 @@ __all__ = [
     "tokens_per_second",
 ]
 
-NAMESPACES = ("train/", "rollout/", "reward/", "eval/", "time/", "perf/", "env/")
+NAMESPACES = ("train/", "critic/", "rollout/", "reward/", "eval/", "time/", "perf/", "env/")
 BACKENDS = ("console", "jsonl", "tensorboard", "wandb")
 METRICS_FILE = "metrics.jsonl"
 WANDB_RUN_FILE = "wandb_run.json"

@@ -248,7 +248,7 @@ def test_every_problem_is_reported_at_once_each_naming_its_key() -> None:
         "algorithm.adv_type: unknown advantage estimator 'gpro' (did you mean 'grpo' or "
         "'rloo'?); registered: dr_grpo, gae, grpo, opd, reinforce_pp, reinforce_pp_baseline, rloo",
         "cluster.component_placement.actr: unknown component 'actr' (did you mean 'actor'?); "
-        "components: actor, rollout, reference, reward, env",
+        "components: actor, rollout, reference, critic, reward, env",
     ]
 
 

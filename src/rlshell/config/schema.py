@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 # The components a placement can name, in the order plans list them.
-COMPONENTS = ("actor", "rollout", "reference", "reward", "env")
+COMPONENTS = ("actor", "rollout", "reference", "critic", "reward", "env")
 
 Precision = Literal["fp32", "bf16", "fp16"]
 AggregationMode = Literal[
@@ -271,6 +271,35 @@ class ActorConfig:
     reference_cpus_per_worker: float = field(default=0.125, metadata=POSITIVE)
     seed: int = 0
     compile: bool = False
+
+
+@frozen
+class CriticConfig:
+    """The reasoning runner's value model, trained beside the actor when
+    ``algorithm.adv_type='gae'`` (PPO with a critic).
+
+    ``model``: null is the actor's model (its path or kwargs) with a one-output
+    token head instead of the LM head (``hf_value_model``:
+    ``AutoModelForTokenClassification``, ``num_labels=1``); the head starts from
+    ``actor.seed``. It runs in worker processes of its own (placement key
+    ``critic``, by default the actor's devices), sharded by FSDP2 with
+    ``fsdp_config``, stepped by AdamW with ``optim`` over the actor's epochs and
+    mini-batches (``algorithm.ppo_epochs``, ``actor.mini_batch_size``), in
+    micro-batches of ``micro_batch_max_tokens`` tokens. Its loss is rlcore's
+    ``value_loss`` against the GAE returns, clipped around the values it
+    predicted before the update by ``algorithm.value_clip``. ``warmup_steps``:
+    the first that many steps train the critic only (the actor waits for
+    values worth following; verl's ``critic_warmup``).
+    """
+
+    model: ModelConfig | None = None
+    optim: OptimConfig = Factory(lambda: OptimConfig(lr=1e-3))
+    fsdp_config: FSDPConfig = Factory(FSDPConfig)
+    micro_batch_max_tokens: int = field(default=4096, metadata=POSITIVE_INT)
+    warmup_steps: int = field(default=0, metadata=NON_NEGATIVE_INT)
+    # Ray's reservation: the critic computes between and beside the actor's phases on the
+    # actor's cores (by default), like the reference.
+    cpus_per_worker: float = field(default=0.125, metadata=POSITIVE)
 
 
 @frozen
@@ -524,6 +553,7 @@ class Config:
 
     cluster: ClusterConfig = Factory(ClusterConfig)
     actor: ActorConfig = Factory(ActorConfig)
+    critic: CriticConfig = Factory(CriticConfig)
     rollout: RolloutConfig = Factory(RolloutConfig)
     reward: RewardConfig = Factory(RewardConfig)
     env: EnvConfig = Factory(EnvConfig)

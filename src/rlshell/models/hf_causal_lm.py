@@ -17,7 +17,7 @@ from torch import nn
 
 from rlshell.config import ModelConfig
 
-__all__ = ["build_hf_causal_lm", "hf_model_config"]
+__all__ = ["build_hf_causal_lm", "build_hf_value_model", "hf_model_config"]
 
 
 def hf_model_config(cfg: ModelConfig) -> object:
@@ -56,6 +56,40 @@ def build_hf_causal_lm(cfg: ModelConfig, torch_dtype: torch.dtype) -> nn.Module:
         return model
     config = hf_model_config(cfg)
     built: nn.Module = transformers.AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+        config, dtype=torch_dtype
+    )
+    return built
+
+
+def build_hf_value_model(cfg: ModelConfig, torch_dtype: torch.dtype) -> nn.Module:
+    """The ``hf_value_model`` type: ``cfg``'s causal LM with a one-output token head (a
+    critic): ``AutoModelForTokenClassification`` with ``num_labels=1``, whose logits
+    ``[batch, time, 1]`` are the value of each position's state.
+
+    From ``cfg.path`` the transformer comes from the checkpoint and the head is new (as
+    verl's critic starts from the actor's weights); from ``cfg.model_kwargs`` the whole
+    model is new. The head's dropout is off: a value is regressed, not classified.
+    """
+    import transformers
+
+    options: dict[str, object] = {"num_labels": 1, "classifier_dropout": 0.0}
+    if cfg.path is not None:
+        from rlshell.hub import hub_id, pretrained_source
+
+        if hub_id(cfg.path) is None and not (Path(cfg.path) / "config.json").is_file():
+            raise FileNotFoundError(
+                f"critic.model.path: {cfg.path} is not a Hugging Face model directory "
+                "(no config.json there) nor a Hub id (org/name)"
+            )
+        source, hub_options = pretrained_source(cfg.path)
+        model: nn.Module = transformers.AutoModelForTokenClassification.from_pretrained(
+            source, dtype=torch_dtype, **hub_options, **options
+        )
+        return model
+    config = hf_model_config(cfg)
+    for key, value in options.items():
+        setattr(config, key, value)
+    built: nn.Module = transformers.AutoModelForTokenClassification.from_config(  # type: ignore[no-untyped-call]
         config, dtype=torch_dtype
     )
     return built

@@ -46,6 +46,7 @@ from rlshell.runners.unread import (
 )
 from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
 from rlshell.workers.actor import ActorWorker, compute_advantages, optimizer_steps_per_batch
+from rlshell.workers.critic import CriticWorker
 from rlshell.workers.reward import RewardWorker
 from rlshell.workers.rollout import ReferenceWorker, RolloutWorker
 
@@ -54,7 +55,7 @@ __all__ = ["ReasoningTrainer"]
 # What the reasoning trainer cannot feed a loss or estimator: values, teacher or proximal
 # log-probs.
 UNSUPPORTED = {
-    "algorithm.adv_type": {"gae": "a value model", "opd": "teacher log-probs"},
+    "algorithm.adv_type": {"opd": "teacher log-probs"},
 }
 
 
@@ -104,6 +105,7 @@ class ReasoningTrainer:
         self.rollout: WorkerGroup[Any] | None = None
         self.reward: WorkerGroup[RewardWorker] | None = None
         self.reference: WorkerGroup[ReferenceWorker] | None = None
+        self.critic: WorkerGroup[CriticWorker] | None = None
         self.pad_id = 0
         self.train_set: list[PromptExample] = []
         self.val_set: list[PromptExample] = []
@@ -137,6 +139,14 @@ class ReasoningTrainer:
         if config.rollout.weight_sync == "shared":
             problems += _shared_weight_problems(config)
         problems += _update_problems(config, plan)
+        layout = ProcessLayout.of(config.cluster.component_placement)
+        critic_key = layout.key_of("critic")
+        if critic_key is not None and "," in critic_key:
+            problems.append(
+                f"cluster.component_placement.{critic_key}: the critic runs in processes of "
+                "its own; give it a key of its own (it may name the actor's devices: "
+                "{'critic': '0:0-1'})"
+            )
         if plan is not None:
             problems += offload_problems(config, plan)
         return problems
@@ -144,7 +154,8 @@ class ReasoningTrainer:
     @classmethod
     def unread(cls, config: Config) -> dict[str, str]:
         who = "the reasoning runner"
-        no_critic = f"{who} trains no critic"
+        gae = trains_critic(config)
+        no_critic = f"'{config.algorithm.adv_type}' (algorithm.adv_type) trains no critic"
         unread = {
             **compile_unread(f"{who} does not read it"),
             **stages_unread(config, who),
@@ -155,14 +166,17 @@ class ReasoningTrainer:
             "runner.prompts_per_step prompts × algorithm.group_size samples",
             "algorithm.num_minibatches": f"{who} splits each epoch into mini-batches of "
             "actor.mini_batch_size prompts",
-            "algorithm.value_clip": f"{no_critic}: there is no value loss to clip",
-            "algorithm.vf_coef": f"{no_critic}: there is no value loss to weight",
+            "algorithm.vf_coef": f"{who}'s critic has an optimizer of its own (critic.optim): "
+            "a weight on its loss would only rescale its gradient",
             "algorithm.norm_adv": "standardises embodied PPO's minibatch advantages; "
             f"{who}'s advantages are algorithm.adv_type's",
             "algorithm.norm_reward": "scales embodied PPO's env rewards by a running return "
             f"std; {who}'s rewards are reward.reward_type's scores",
             **hyperparameters_unread(config),
         }
+        if not gae:
+            unread["critic"] = f"{no_critic}; critic.* configures the value model of 'gae'"
+            unread["algorithm.value_clip"] = f"{no_critic}: there is no value loss to clip"
         if config.algorithm.loss_type == "decoupled_ppo":
             unread["algorithm.old_logprobs"] = (
                 "decoupled_ppo takes its ratio against the recomputed log-probs (the proximal "
@@ -233,11 +247,18 @@ class ReasoningTrainer:
             self.reference = ReferenceWorker.create_group(config).launch(
                 cluster, plan.component("reference"), call_timeout_s=timeout
             )
+        if trains_critic(config):
+            critic_updates = config.runner.max_steps * optimizer_steps_per_batch(config)
+            self.critic = CriticWorker.create_group(config, critic_updates).launch(
+                cluster, plan.component("critic"), call_timeout_s=timeout
+            )
         calls = [self.actor.init_worker(self.tokenizer_dir)]
         if self.rollout is not None:
             calls.append(self.rollout.init_worker(self.tokenizer_dir))
         if self.reference is not None:
             calls.append(self.reference.init_worker())
+        if self.critic is not None:
+            calls.append(self.critic.init_worker())
         for call in calls:
             call.wait()
         if self.rollout is None:
@@ -281,22 +302,39 @@ class ReasoningTrainer:
         self._report_failures(scored, f"step {step}")
         self.reward_watch.check(step, scored)  # before the update: no step on rewards of 0 only
         scores = torch.tensor(scored.scores, dtype=torch.float32)
+        # The critic's values (its own processes) while the reference and actor compute theirs.
+        values_call = None if self.critic is None else self.critic.compute_values(batch)
         ref_logprobs = None
         if self.reference is not None:
             with timed(metrics, "time/reference"):
                 ref_logprobs = self._reference_logprobs(batch)
         self._update_phase()
         old_logprobs = None
-        if optimizer_steps_per_batch(config) > 1:
+        actor_trains = step > config.critic.warmup_steps or self.critic is None
+        if actor_trains and optimizer_steps_per_batch(config) > 1:
             with timed(metrics, "time/old_logprobs"):
                 old_logprobs = self._actor().compute_logprobs(batch).wait()[0]
-        advantages = compute_advantages(batch, scores, config).advantages
+        values = None
+        if values_call is not None:
+            with timed(metrics, "time/values"):
+                values = values_call.wait()[0]
+        estimate = compute_advantages(batch, scores, config, values)
         with timed(metrics, "time/update"):
-            train = (
-                self._actor().run_training(batch, advantages, ref_logprobs, old_logprobs).wait()[0]
-            )
+            critic_call = None
+            if self.critic is not None and values is not None:
+                critic_call = self.critic.run_training(batch, estimate.returns, values)
+            train: dict[str, float] = {}
+            if actor_trains:
+                actor_call = self._actor().run_training(
+                    batch, estimate.advantages, ref_logprobs, old_logprobs
+                )
+                train = actor_call.wait()[0]
+            if critic_call is not None:
+                assert values is not None
+                train.update(critic_call.wait()[0])
+                train.update(_value_metrics(values, estimate.returns, batch.response_mask))
         with timed(metrics, "time/sync"):
-            sync = self.sync_weights(full=False)
+            sync = self.sync_weights(full=False) if actor_trains else {}
         step_time = time.perf_counter() - started
         metrics.update(train)
         metrics.update(scored.metrics())
@@ -424,7 +462,12 @@ class ReasoningTrainer:
 
     def save(self, directory: Path, step: int) -> TrainerState:
         self._update_phase()  # the actor's state where it trains
+        critic_saved = (
+            None if self.critic is None else self.critic.save_checkpoint(str(directory), step)
+        )
         self._actor().save_checkpoint(str(directory), step).wait()
+        if critic_saved is not None:
+            critic_saved.wait()
         if Path(self.tokenizer_dir).is_dir():
             shutil.copytree(self.tokenizer_dir, directory / "tokenizer")
         else:  # a Hub id: the files as transformers loads them
@@ -440,6 +483,8 @@ class ReasoningTrainer:
     def load(self, checkpoint: Path, state: TrainerState) -> int:
         self._update_phase()
         step = int(self._actor().load_checkpoint(str(checkpoint)).wait()[0])
+        if self.critic is not None:
+            self.critic.load_checkpoint(str(checkpoint)).wait()
         self._sampler().load_state(SamplerState(state.sampler_epoch, state.sampler_position))
         self._synced = False
         return step
@@ -467,7 +512,7 @@ class ReasoningTrainer:
         return self.sampler
 
     def close(self) -> None:
-        groups = [self.reference, self.reward, self.actor]
+        groups = [self.reference, self.critic, self.reward, self.actor]
         if self.rollout is not None and self.rollout is not self.actor:
             groups.append(self.rollout)
         for group in groups:
@@ -498,6 +543,28 @@ def _interleave_order(counts: Sequence[int], n: int) -> list[int]:
         start = (offsets[rank] + index) * n
         order.extend(range(start, start + n))
     return order
+
+
+def trains_critic(config: Config) -> bool:
+    """Whether a reasoning run trains a value model: GAE reads its values."""
+    return config.algorithm.adv_type == "gae"
+
+
+def _value_metrics(
+    values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """How well the values before the update predicted the returns: their mean, the
+    returns' mean and the explained variance 1 − Var[G − V] / Var[G] over valid tokens."""
+    from rlcore.masked import masked_mean, masked_var
+
+    residual = masked_var(returns - values, mask)
+    spread = masked_var(returns, mask)
+    explained = 1.0 - float(residual) / float(spread) if float(spread) > 0 else 0.0
+    return {
+        "critic/values_mean": float(masked_mean(values, mask)),
+        "critic/returns_mean": float(masked_mean(returns, mask)),
+        "critic/explained_variance": explained,
+    }
 
 
 def _rollout_metrics(batch: RolloutBatch, scores: torch.Tensor, n: int) -> dict[str, float]:

@@ -132,6 +132,8 @@ def embodied_unread(config: Config, who: str) -> dict[str, str]:
         "rollout.cpu_kv_cache_mb": generation,
         "actor.micro_batch_max_tokens": f"budgets the reasoning actor's token micro-batches; "
         f"{who} splits its update by algorithm.num_minibatches",
+        "critic": f"configures the reasoning runner's value model (algorithm.adv_type 'gae'); "
+        f"{who}'s policy carries its own value head",
         "actor.mini_batch_size": f"sizes the reasoning actor's mini-batches in prompts; {who} "
         "splits each epoch by algorithm.num_minibatches",
         "algorithm.behavior_weight_cap": f"caps decoupled PPO's behaviour weights in the "

@@ -481,6 +481,8 @@ def required_components(config: Config) -> tuple[str, ...]:
         needed = ["actor", "rollout", "env"]
     if runner == "reasoning" and config.algorithm.kl_coef > 0:
         needed.append("reference")  # only the reasoning runner has a KL term
+    if runner == "reasoning" and config.algorithm.adv_type == "gae":
+        needed.append("critic")  # the embodied policies carry their own value heads
     return tuple(needed)
 
 
@@ -508,8 +510,17 @@ def placement_requests(config: Config) -> tuple[list[ComponentRequest], list[str
             else:
                 entries[name] = (key, entry)
     required = required_components(config)
-    if "reference" in required and "reference" not in entries and "actor" in entries:
-        entries["reference"] = entries["actor"]  # the frozen reference shares the actor's devices
+    # The frozen reference and the critic default to the actor's devices, in processes of
+    # their own.
+    for beside in ("reference", "critic"):
+        if beside in required and beside not in entries and "actor" in entries:
+            entries[beside] = entries["actor"]
+    if "critic" in entries and "critic" not in required:
+        problems.append(
+            f"{key_root}.{entries['critic'][0]}: places a critic, which only a reasoning run "
+            "with algorithm.adv_type='gae' trains (embodied policies carry their own value "
+            "heads)"
+        )
     for name in required:
         if name not in entries:
             problems.append(
@@ -525,6 +536,7 @@ def _request(config: Config, name: str, entry: PlacementEntry) -> ComponentReque
     sections: dict[str, Any] = {
         "actor": config.actor,
         "reference": config.actor,
+        "critic": config.critic,
         "rollout": config.rollout,
         "reward": config.reward,
         "env": config.env,
@@ -536,7 +548,7 @@ def _request(config: Config, name: str, entry: PlacementEntry) -> ComponentReque
         placement=entry.placement,
         node_group=entry.node_group,
         cpus_per_worker=cpus,
-        uses_gpus=name in ("actor", "reference", "rollout")
+        uses_gpus=name in ("actor", "reference", "critic", "rollout")
         or (name == "env" and config.env.uses_gpus),
         tensor_parallel_size=config.rollout.tensor_parallel_size if name == "rollout" else 1,
         shares_devices=_shares_devices(config, name),

@@ -438,9 +438,9 @@ class ActorWorker(Worker):
             )
         model = self.model
         model.train()  # the mode the update's forward runs in: the first ratio is exactly 1
-        mine = self._data_parallel_rows(list(range(batch.rows)))
+        mine = data_parallel_rows(manager, list(range(batch.rows)))
         out = torch.zeros(batch.response_ids.shape, dtype=torch.float32)
-        for rows in self._micro_batches(batch, mine):
+        for rows in token_micro_batches(batch, mine, self.config.actor.micro_batch_max_tokens):
             logprobs, _ = self._policy_forward(batch.select(rows))
             out[torch.as_tensor(rows), : logprobs.shape[1]] = logprobs.float().cpu()
         dist.all_reduce(out, op=dist.ReduceOp.SUM, group=manager.data_parallel_group)
@@ -488,14 +488,6 @@ class ActorWorker(Worker):
         self.global_step += 1
         return out
 
-    def _data_parallel_rows(self, rows: list[int]) -> list[int]:
-        """This rank's contiguous share of ``rows``: a data-parallel share holds whole groups
-        where it can, whose prompt runs once per micro-batch. FSDP: a share per rank;
-        Megatron: a share per tensor × pipeline grid."""
-        manager = self._manager()
-        share, shares = manager.data_parallel_rank, manager.data_parallel_size
-        return rows[share * len(rows) // shares : (share + 1) * len(rows) // shares]
-
     def _optimizer_step(
         self,
         batch: RolloutBatch,
@@ -514,7 +506,9 @@ class ActorWorker(Worker):
             batch.response_mask[index], algorithm.loss_agg_mode, horizon
         )
         shares = manager.data_parallel_size
-        micro_batches = self._micro_batches(batch, self._data_parallel_rows(rows))
+        micro_batches = token_micro_batches(
+            batch, data_parallel_rows(manager, rows), self.config.actor.micro_batch_max_tokens
+        )
         model = self.model
         passes_started = time.perf_counter()
         # Gradients are averaged over the shares: scaled up by their number, the losses (each
@@ -544,11 +538,11 @@ class ActorWorker(Worker):
                 f"{self.rank}; the update was skipped"
             )
         group = manager.data_parallel_group
-        reduced = self._all_reduce(totals, dist.ReduceOp.SUM, group)
+        reduced = all_reduce_metrics(totals, dist.ReduceOp.SUM, group)
         # Loss terms are normalised by the whole mini-batch already: their sum is its loss.
         # The rest are per-micro-batch means, averaged over every micro-batch of every share;
         # maxima are the maxima over all of them.
-        reduced.update(self._all_reduce(peaks, dist.ReduceOp.MAX, group))
+        reduced.update(all_reduce_metrics(peaks, dist.ReduceOp.MAX, group))
         passes = len(micro_batches) * shares
         summed = {"pg_loss", "kl_loss", "entropy_loss", "loss"}
         out = {
@@ -650,15 +644,6 @@ class ActorWorker(Worker):
         received: tuple[dict[str, float], dict[str, float]] = shared[0]
         return received
 
-    def _micro_batches(self, batch: RolloutBatch, rows: list[int]) -> list[list[int]]:
-        lengths = (batch.prompt_mask.sum(1) + batch.response_mask.sum(1))[rows]
-        budget = self.config.actor.micro_batch_max_tokens
-        count = torch.tensor([len(balanced_micro_batches(lengths, budget))])
-        # Every rank must run as many forward/backward passes (FSDP's collectives pair up).
-        dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        local = balanced_micro_batches(lengths, budget, min_micro_batches=int(count))
-        return [[rows[i] for i in micro] for micro in local]
-
     def _policy_forward(self, micro: RolloutBatch) -> tuple[Tensor, Tensor]:
         """(log-probs, entropies) of ``micro``'s response tokens under the actor's module."""
         return policy_forward(
@@ -720,14 +705,6 @@ class ActorWorker(Worker):
                 loss = loss + algorithm.kl_coef * kl_loss
         metrics["loss"] = float(loss.detach())
         return loss, metrics
-
-    def _all_reduce(
-        self, values: dict[str, float], op: Any, group: dist.ProcessGroup | None = None
-    ) -> dict[str, float]:
-        keys = sorted(values)
-        tensor = torch.tensor([values[key] for key in keys], dtype=torch.float64)
-        dist.all_reduce(tensor, op=op, group=group)
-        return dict(zip(keys, tensor.tolist(), strict=True))
 
     # -- checkpoints
 
@@ -821,3 +798,32 @@ def _combine_steps(per_step: list[tuple[int, dict[str, float]]], epochs: int) ->
                 values = [m[key] for e, m in per_step if e == epoch]
                 out[f"train/{name}_epoch{epoch}"] = sum(values) / len(values)
     return out
+
+
+def data_parallel_rows(manager: TrainingBackend, rows: list[int]) -> list[int]:
+    """This rank's contiguous share of ``rows``: a data-parallel share holds whole groups
+    where it can, whose prompt runs once per micro-batch. FSDP: a share per rank; Megatron:
+    a share per tensor × pipeline grid."""
+    share, shares = manager.data_parallel_rank, manager.data_parallel_size
+    return rows[share * len(rows) // shares : (share + 1) * len(rows) // shares]
+
+
+def token_micro_batches(batch: RolloutBatch, rows: list[int], budget: int) -> list[list[int]]:
+    """``rows`` of ``batch`` in micro-batches of at most ``budget`` valid tokens
+    (`rlcore.rollout.balanced_micro_batches`), as many on every rank (collective: FSDP's
+    collectives pair up pass by pass)."""
+    lengths = (batch.prompt_mask.sum(1) + batch.response_mask.sum(1))[rows]
+    count = torch.tensor([len(balanced_micro_batches(lengths, budget))])
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    local = balanced_micro_batches(lengths, budget, min_micro_batches=int(count))
+    return [[rows[i] for i in micro] for micro in local]
+
+
+def all_reduce_metrics(
+    values: dict[str, float], op: Any, group: dist.ProcessGroup | None = None
+) -> dict[str, float]:
+    """``values`` reduced with ``op`` over ``group`` (every rank holds the same keys)."""
+    keys = sorted(values)
+    tensor = torch.tensor([values[key] for key in keys], dtype=torch.float64)
+    dist.all_reduce(tensor, op=op, group=group)
+    return dict(zip(keys, tensor.tolist(), strict=True))
