@@ -85,6 +85,9 @@ RUN_HERE = {
     "algorithm.kl_coef=0.001 algorithm.kl_kind=k2 runner.experiment_name=reinforce_pp_kl",
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run rollout.weight_sync=shared "
     "runner.experiment_name=shared",
+    ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run "
+    """'reward.weights={"math": 1.0, "format": 0.1, "length_penalty": 0.1}' """
+    "runner.experiment_name=weighted_rewards",
     # docs/extending.md
     "PYTHONPATH=examples/extension RLSHELL_EXT_MODULE=rlshell_example_ext .venv/bin/python -m "
     "rlshell.train configs/grpo.py --dry-run reward.reward_type=contains_answer "

@@ -1,7 +1,8 @@
 """Pure transforms between generated token batches and the tensors training needs.
 
 Masks, positions, reward placement, DAPO's overlong penalty and dynamic-sampling
-filter, variable-length packing (``cu_seqlens``, as flash-attention and
+filter, Kimi k1.5's length penalty, the weighted total of several rewards,
+variable-length packing (``cu_seqlens``, as flash-attention and
 padding-free HF models take it) and token-budget micro-batching.
 """
 
@@ -22,8 +23,10 @@ __all__ = [
     "PackedSequences",
     "balanced_micro_batches",
     "broadcast_to_tokens",
+    "combine_rewards",
     "filter_informative_groups",
     "group_mini_batches",
+    "length_penalty",
     "overlong_penalty",
     "pack_sequences",
     "place_on_last_token",
@@ -131,6 +134,50 @@ def filter_informative_groups(
     """
     spread = scores.amax(dim=-1) - scores.amin(dim=-1)
     return spread > tolerance
+
+
+@typecheck
+def length_penalty(
+    lengths: Int[Tensor, "groups group_size"], correct: Bool[Tensor, "groups group_size"]
+) -> Float[Tensor, "groups group_size"]:
+    """Kimi k1.5's length reward (Kimi Team 2025, arXiv:2501.12599, §2.3.3 "Length Penalty").
+
+    Within a group of responses to one prompt, with Lᵢ the length of response
+    i and L_min, L_max the group's shortest and longest:
+
+    λᵢ = 0.5 − (Lᵢ − L_min) / (L_max − L_min)
+    Rᵢ = λᵢ             if response i is correct
+       = min(0, λᵢ)     otherwise
+
+    and Rᵢ = 0 throughout a group whose responses all have one length. So
+    Rᵢ ∈ [−0.5, 0.5]: the shortest correct responses gain 0.5, the longest of
+    the group lose 0.5 whether right or wrong, and a wrong response is never
+    rewarded for being short (it would teach the policy to give up early).
+    Lengths enter only through (Lᵢ − L_min) / (L_max − L_min), so the penalty
+    does not change when every length of a group is shifted or scaled.
+    Added to the task reward with a weight.
+    """
+    length = lengths.to(torch.get_default_dtype())
+    shortest = length.amin(dim=-1, keepdim=True)
+    spread = length.amax(dim=-1, keepdim=True) - shortest
+    # Integer lengths: a spread that is not 0 is at least 1, so the clamp only guards 0 / 0.
+    lam = 0.5 - (length - shortest) / spread.clamp(min=1.0)
+    lam = torch.where(spread > 0, lam, 0.0)
+    return torch.where(correct, lam, lam.clamp(max=0.0))
+
+
+@typecheck
+def combine_rewards(
+    scores: Float[Tensor, "rewards batch"], weights: Float[Tensor, "rewards"]
+) -> Float[Tensor, "batch"]:
+    """The weighted total of several reward functions' scores of one batch.
+
+    sᵢ = Σₖ wₖ sₖᵢ, with sₖᵢ the score of reward function k on sample i (TRL's
+    ``reward_funcs`` with ``reward_weights``). A weight of 0 leaves its
+    function out of the total; one function with weight 1 gives its scores
+    unchanged.
+    """
+    return (weights.to(scores.dtype).unsqueeze(-1) * scores).sum(dim=0)
 
 
 @attrs.frozen(eq=False)

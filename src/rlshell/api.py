@@ -18,9 +18,9 @@ pickled to every process the run starts (Ray workers, their reward
 processes) in ``RLSHELL_EXT_OBJECTS`` (`rlshell.extensions`). A function
 defined in a notebook, a script or a test module, a lambda and a closure all
 travel; extension modules named by ``RLSHELL_EXT_MODULE`` load as they do for
-the command line. The config names the object to use (``reward.reward_type``,
-``env.env_type``, ``actor.model.model_type``); an object it does not name is
-refused, so what runs is what the config says.
+the command line. The config names the object to use (``reward.reward_type``, or the names
+of ``reward.weights``; ``env.env_type``, ``actor.model.model_type``); an
+object it does not name is refused, so what runs is what the config says.
 
 The command line is a thin wrapper over these functions (`rlshell.train`):
 the same validation, the same run directory, the same run loop. Where the
@@ -156,19 +156,27 @@ class _Objects:
     def unnamed(self, config: Config) -> list[str]:
         """An object the config does not name: the run would not use it."""
         problems = []
+        reward = config.reward
         for keyword, names, key, named in (
-            ("rewards", self.rewards, "reward.reward_type", config.reward.reward_type),
+            ("rewards", self.rewards, "reward.reward_type", reward.reward_type),
             ("envs", self.envs, "env.env_type", config.env.env_type),
             ("models", self.models, "actor.model.model_type", config.actor.model.model_type),
         ):
             for name in names:
-                if name != named:
+                if keyword == "rewards" and reward.weights:
+                    if name not in reward.weights:
+                        problems.append(
+                            f"reward.weights: {list(reward.weights)}, while rewards= passes "
+                            f"{name!r}, which this run would never call; give it a weight in "
+                            "reward.weights"
+                        )
+                elif name != named:
                     problems.append(
                         f"{key}: {named!r}, while {keyword}= passes {name!r}, which this run "
                         f"would never call; set {key}={name!r}"
                         + (
-                            " (a run is scored by one reward function: to combine several, "
-                            "pass one function that combines them)"
+                            " (or, to combine several rewards, name each with its weight in "
+                            "reward.weights)"
                             if keyword == "rewards"
                             else ""
                         )

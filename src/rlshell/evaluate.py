@@ -11,7 +11,9 @@ given with ``--config``; ``key.path=value`` overrides apply) says which
 runner made it, and `EVALUATORS` maps the runner type to its evaluation:
 
 - ``reasoning``: greedy decoding on the held-out split, scored by the run's
-  reward, so the accuracy is the ``eval/accuracy`` the training run logs
+  correctness reward, ``reward.reward_type`` (alone, also when
+  ``reward.weights`` trains on several), so the accuracy is the
+  ``eval/accuracy`` the training run logs
   (``--limit N`` takes the first N examples); the first reward failure of
   each kind is printed to stderr with its traceback, and the share of failed
   calls is ``reward/failed_frac``;

@@ -11,8 +11,10 @@ from jaxtyping import TypeCheckError
 from rlcore.rollout import (
     balanced_micro_batches,
     broadcast_to_tokens,
+    combine_rewards,
     filter_informative_groups,
     group_mini_batches,
+    length_penalty,
     overlong_penalty,
     pack_sequences,
     place_on_last_token,
@@ -120,6 +122,120 @@ def test_informative_groups_are_exactly_those_with_spread(scores: torch.Tensor) 
     keep = filter_informative_groups(scores)
     for group, kept in zip(scores, keep, strict=True):
         assert bool(kept) == (len(set(group.tolist())) > 1)
+
+
+# --- Kimi k1.5's length penalty ---------------------------------------------------------------
+
+
+@st.composite
+def length_groups(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor]:
+    """Response lengths ``[groups, group_size]`` (ties common) and which responses are correct."""
+    groups, size = draw(st.integers(1, 4)), draw(st.integers(1, 6))
+    cells = st.lists(st.integers(1, 12), min_size=size, max_size=size)
+    lengths = torch.tensor(draw(st.lists(cells, min_size=groups, max_size=groups)))
+    flags = st.lists(st.booleans(), min_size=size, max_size=size)
+    correct = torch.tensor(draw(st.lists(flags, min_size=groups, max_size=groups)))
+    return lengths, correct
+
+
+@given(length_groups())
+def test_length_penalty_is_bounded_never_rewards_a_wrong_answer_and_ignores_one_length(
+    case: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    lengths, correct = case
+    penalty = length_penalty(lengths, correct)
+    assert torch.all(penalty.abs() <= 0.5)
+    assert torch.all(penalty[~correct] <= 0)
+    for group_lengths, group_penalty, group_correct in zip(lengths, penalty, correct, strict=True):
+        if group_lengths.min() == group_lengths.max():
+            assert torch.all(group_penalty == 0)
+            continue
+        longest = group_lengths == group_lengths.max()
+        assert torch.all(group_penalty[longest] == -0.5)
+        shortest_correct = (group_lengths == group_lengths.min()) & group_correct
+        assert torch.all(group_penalty[shortest_correct] == 0.5)
+
+
+@given(length_groups())
+def test_length_penalty_falls_with_length_and_never_favours_a_wrong_answer(
+    case: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    lengths, correct = case
+    penalty = length_penalty(lengths, correct)
+    flipped = length_penalty(lengths, ~correct)
+    assert torch.all(torch.where(correct, penalty >= flipped, penalty <= flipped))
+    # Among responses that are all right (or all wrong), a longer one never scores more.
+    for flag in (True, False):
+        same = length_penalty(lengths, torch.full_like(correct, flag))
+        ordered = same.gather(-1, torch.argsort(lengths, dim=-1))
+        assert torch.all(ordered[:, 1:] <= ordered[:, :-1])
+
+
+@given(length_groups(), st.integers(1, 5), st.integers(0, 100))
+def test_length_penalty_is_unchanged_by_shifting_or_scaling_a_groups_lengths(
+    case: tuple[torch.Tensor, torch.Tensor], scale: int, shift: int
+) -> None:
+    lengths, correct = case
+    torch.testing.assert_close(
+        length_penalty(lengths * scale + shift, correct), length_penalty(lengths, correct)
+    )
+
+
+def test_length_penalty_hand_example() -> None:
+    lengths = torch.tensor([[2, 4, 6, 10], [3, 3, 3, 3]])
+    correct = torch.tensor([[True, True, False, False], [True, False, True, False]])
+    # λ = 0.5 − (L − 2) / 8 in the first group: 0.5, 0.25, 0.0, −0.5.
+    expected = torch.tensor([[0.5, 0.25, 0.0, -0.5], [0.0, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(length_penalty(lengths, correct), expected)
+    # Wrong instead: no gain for being short.
+    torch.testing.assert_close(
+        length_penalty(lengths[:1], torch.zeros(1, 4, dtype=torch.bool)),
+        torch.tensor([[0.0, 0.0, 0.0, -0.5]]),
+    )
+
+
+def test_length_penalty_checks_its_shapes() -> None:
+    with pytest.raises(TypeCheckError):
+        length_penalty(torch.tensor([[1, 2]]), torch.tensor([[True, False, True]]))
+
+
+# --- the weighted total of several rewards ----------------------------------------------------
+
+
+@st.composite
+def reward_scores(draw: st.DrawFn) -> torch.Tensor:
+    """Scores ``[rewards, batch]`` of a few reward functions on one batch."""
+    rewards, batch = draw(st.integers(1, 4)), draw(st.integers(1, 6))
+    value = st.floats(-10, 10, allow_nan=False, width=32)
+    rows = st.lists(st.lists(value, min_size=batch, max_size=batch), min_size=rewards)
+    return torch.tensor(draw(rows.filter(lambda r: len(r) == rewards)), dtype=torch.float64)
+
+
+@given(reward_scores(), st.data())
+def test_combined_rewards_are_linear_in_the_weights_and_a_unit_weight_picks_one(
+    scores: torch.Tensor, data: st.DataObject
+) -> None:
+    count, f64 = scores.shape[0], torch.float64
+    weight = st.floats(-3, 3, allow_nan=False)
+    first = torch.tensor(data.draw(st.lists(weight, min_size=count, max_size=count)), dtype=f64)
+    second = torch.tensor(data.draw(st.lists(weight, min_size=count, max_size=count)), dtype=f64)
+    factor = data.draw(weight)
+    torch.testing.assert_close(
+        combine_rewards(scores, factor * first + second),
+        factor * combine_rewards(scores, first) + combine_rewards(scores, second),
+    )
+    picked = data.draw(st.integers(0, count - 1))
+    unit = torch.zeros(count, dtype=torch.float64)
+    unit[picked] = 1.0
+    assert torch.equal(combine_rewards(scores, unit), scores[picked])
+
+
+def test_combined_rewards_hand_example() -> None:
+    scores = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 0.0], [0.5, -0.5, 0.0]])
+    total = combine_rewards(scores, torch.tensor([1.0, 0.2, 0.1]))
+    torch.testing.assert_close(total, torch.tensor([1.25, 0.15, 1.0]))
+    with pytest.raises(TypeCheckError):
+        combine_rewards(scores, torch.tensor([1.0, 0.2]))
 
 
 # --- packing --------------------------------------------------------------------------------

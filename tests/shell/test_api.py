@@ -96,9 +96,23 @@ def test_a_reward_the_config_does_not_name_is_refused_not_ignored() -> None:
         load_config("configs/grpo.py", rewards=marker_reward)
     assert caught.value.problems == [
         "reward.reward_type: 'math', while rewards= passes 'marker_reward', which this run "
-        "would never call; set reward.reward_type='marker_reward' (a run is scored by one "
-        "reward function: to combine several, pass one function that combines them)"
+        "would never call; set reward.reward_type='marker_reward' (or, to combine several "
+        "rewards, name each with its weight in reward.weights)"
     ]
+    weighted = ['reward.weights={"math": 1.0, "format": 0.5}']
+    with pytest.raises(ConfigError) as caught:
+        load_config("configs/grpo.py", weighted, rewards=marker_reward)
+    assert caught.value.problems == [
+        "reward.weights: ['math', 'format'], while rewards= passes 'marker_reward', which this "
+        "run would never call; give it a weight in reward.weights"
+    ]
+    assert_nothing_left("marker_reward")
+
+
+def test_a_reward_passed_as_an_object_can_be_one_of_several_weighted_rewards() -> None:
+    overrides = ['reward.weights={"math": 1.0, "marker_reward": 0.5}']
+    config = load_config("configs/grpo.py", overrides, rewards=marker_reward)
+    assert config.reward.weights == {"math": 1.0, "marker_reward": 0.5}
     assert_nothing_left("marker_reward")
 
 

@@ -68,6 +68,8 @@ RUNS: dict[str, list[str]] = {
         "algorithm.kl_coef=0.1",
         "checkpoint.interval=0",
         "runner.eval_interval=0",
+        # Several rewards: the same run traces the weighted path.
+        'reward.weights={"math": 1.0, "format": 0.1, "length_penalty": 0.1}',
     ],
     "grpo_megatron": ["configs/grpo_megatron.py", *TINY_GRPO],
     "ppo_collocated": ["configs/ppo_cartpole.py", *TINY_CARTPOLE],

@@ -4,7 +4,9 @@ The rewards come from `reward_ext_chaos` (an extension module beside this
 file, loaded by the driver and every worker through ``RLSHELL_EXT_MODULE``):
 ``always_fails`` raises on every call, ``every_other`` on every other call of
 its process. One reward process, so every other call is exactly half of
-every step's four samples.
+every step's four samples. The second run weighs ``every_other`` with
+``format`` and the length penalty: the failing reward's term is lost on half
+the samples, the others score on, and the run goes on.
 """
 
 from __future__ import annotations
@@ -118,12 +120,13 @@ def test_a_reward_that_always_raises_stops_the_run_naming_it_with_its_traceback_
     ) in evaluated.stderr
 
 
-def test_a_reward_that_fails_half_the_time_trains_on_and_shows_the_failure_rate(
+def test_one_of_several_rewards_failing_half_the_time_trains_on_and_shows_its_failure_rate(
     tmp_path: Path, ray_tmp: Path
 ) -> None:
     result = train(
         *TINY,
         "reward.reward_type=every_other",
+        'reward.weights={"every_other": 1.0, "format": 0.5, "length_penalty": 0.1}',
         "runner.eval_interval=4",
         "data.num_val=4",
         "checkpoint.interval=0",
@@ -142,8 +145,17 @@ def test_a_reward_that_fails_half_the_time_trains_on_and_shows_the_failure_rate(
         "step 0 on 2 of 4 samples, 2 of them: KeyError at reward_ext_chaos.py:"
     ) in err
     assert "KeyError: 'odd call 1'" in err
+    # Half of every_other's calls failed: a quarter of the step's calls of two rewards.
     last_bar = [line for line in err.splitlines() if "4/4" in line][-1]
-    assert "fail=50%" in last_bar, last_bar
+    assert "fail=25%" in last_bar, last_bar
     records = read_metrics(tmp_path / "grpo" / "metrics.jsonl")
-    assert [r.get("reward/failed_frac") for r in records] == [None, 0.5, 0.5, 0.5, 0.5]
+    assert [r.get("reward/failed_frac") for r in records] == [None, 0.25, 0.25, 0.25, 0.25]
+    assert [r.get("reward/every_other/failed_frac") for r in records[1:]] == [0.5] * 4
+    assert [r.get("reward/format/failed_frac") for r in records[1:]] == [0.0] * 4
+    # The evaluation scores the correctness reward, reward.reward_type, alone.
     assert [r.get("eval/reward_failed_frac") for r in records] == [0.5, None, None, None, 0.5]
+    for record in records[1:]:
+        total = record["reward/every_other/mean"] + 0.5 * record["reward/format/mean"]
+        total += 0.1 * record["reward/length_penalty/mean"]
+        assert record["reward/mean"] == pytest.approx(total)
+        assert abs(record["reward/length_penalty/mean"]) <= 0.5

@@ -187,6 +187,55 @@ def test_a_process_that_dies_mid_call_fails_that_sample_and_is_replaced(
     assert chaos_pool.score(["b"], ["b"]).scores == (1.0,)
 
 
+# ------------------------------------------------------------- several rewards in one pool
+
+
+@pytest.fixture(scope="module")
+def mixed_pool(chaos_extension: None) -> Iterator[RewardPool]:
+    """Three rewards in one process: a hang in the second kills the process mid-batch."""
+    names = ["exact_match", "chaos", "format"]
+    with RewardPool(names, timeout_s=TIMEOUT_S, num_processes=1, failure_score=FAILED) as pool:
+        yield pool
+
+
+def test_a_hang_in_one_of_several_rewards_fails_that_reward_alone(mixed_pool: RewardPool) -> None:
+    responses, answers = ["a", "HANG", "12", "BOOM"], ["a", "-", "12", "x"]
+    results = mixed_pool.score_each(responses, answers)
+    assert list(results) == ["exact_match", "chaos", "format"]
+    exact, chaos, form = results.values()
+    assert exact.scores == (1.0, 0.0, 1.0, 0.0)
+    assert form.scores == (0.0, 0.0, 1.0, 0.0)
+    assert exact.failed == form.failed == ()
+    assert chaos.scores == (1.0, FAILED, 1.0, FAILED)
+    assert (chaos.timeouts, chaos.errors, chaos.failed) == (1, 1, (1, 3))
+    hang, boom = chaos.failures
+    assert (hang.kind, hang.index, hang.response) == (TIMEOUT, 1, "HANG")
+    assert hang.details.startswith("reward_ext_chaos.chaos_reward did not return within")
+    assert (boom.index, boom.response, boom.last_line) == (3, "BOOM", "ValueError: boom on 'x'")
+    assert chaos.error_examples == (
+        "sample 1: timed out after 1 s",
+        "sample 3: ValueError: boom on 'x'",
+    )
+    # The replacement process holds every reward; some of them can be asked for, in any order.
+    again = mixed_pool.score_each(["12", "b"], ["12", "c"], ["format", "exact_match"])
+    assert list(again) == ["format", "exact_match"]
+    assert (again["format"].scores, again["exact_match"].scores) == ((1.0, 0.0), (1.0, 0.0))
+
+
+def test_a_pool_of_several_rewards_names_them_where_one_is_expected(
+    mixed_pool: RewardPool,
+) -> None:
+    assert mixed_pool.functions["format"] == "rlshell.rewards.rule_based.format_reward"
+    with pytest.raises(ValueError, match=r"scores 3 rewards \(exact_match, chaos, format\); "):
+        mixed_pool.score(["a"], ["a"])
+    with pytest.raises(ValueError, match="use score_each and functions"):
+        _ = mixed_pool.function
+    with pytest.raises(ValueError, match=r"expected distinct rewards of this pool .*\['math'\]"):
+        mixed_pool.score_each(["a"], ["a"], ["math"])
+    with pytest.raises(ValueError, match="several distinct ones"):
+        RewardPool(["math", "math"], timeout_s=1.0, num_processes=1)
+
+
 def test_mismatched_lengths_and_empty_batches(chaos_pool: RewardPool) -> None:
     with pytest.raises(ValueError, match="got 2 responses and 1 answers"):
         chaos_pool.score(["a", "b"], ["a"])
@@ -226,7 +275,8 @@ def test_a_reward_worker_scores_in_a_ray_worker_with_extensions(
     cfg = RewardConfig(reward_type="chaos", timeout_s=TIMEOUT_S, num_processes=1)
     group = RewardWorker.create_group(cfg).launch(ray_cluster, plan_component("reward", 1))
     try:
-        (result,) = group.score(["a", "b", "HANG"], ["a", "x", "-"]).wait()
+        ((name, result),) = group.score(["a", "b", "HANG"], ["a", "x", "-"]).wait()[0].items()
+        assert name == "chaos"
         assert result.scores == (1.0, 0.0, 0.0)
         assert (result.timeouts, result.errors) == (1, 0)
         group.close().wait()

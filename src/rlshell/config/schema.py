@@ -80,6 +80,9 @@ POSITIVE_INT = checked(lambda v: v >= 1, "an integer ≥ 1")
 NON_NEGATIVE_INT = checked(lambda v: v >= 0, "an integer ≥ 0")
 UNIT_OPEN_CLOSED = checked(lambda v: _finite(v) and 0 < v <= 1, "a number in (0, 1]")
 UNIT_CLOSED = checked(lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]")
+FINITE_VALUES = checked(
+    lambda v: all(_finite(x) for x in v.values()), "a mapping of names to finite numbers"
+)
 OPTIONAL_POSITIVE = checked(lambda v: v is None or (_finite(v) and v > 0), "null or > 0")
 
 
@@ -356,12 +359,20 @@ class RolloutConfig:
 class RewardConfig:
     """Rule-based rewards from the reward registry, each call under a timeout.
 
-    ``max_failed_steps``: stop the run (exit status 1) once every reward call
-    has failed (raised, timed out, crashed its process or returned a
+    ``reward_type``: the correctness reward, whose mean on the held-out split
+    is ``eval/accuracy``; alone, it is also the training reward. ``weights``:
+    several rewards and their weights, name → weight, whose weighted total is
+    the training reward (``{"math": 1.0, "format": 0.1, "length_penalty":
+    0.1}``); each name is a registered reward or ``length_penalty`` (Kimi
+    k1.5's, computed from token lengths), and ``reward_type`` must be one of
+    them. Empty (the default): ``reward_type`` alone, with weight 1.
+    ``max_failed_steps``: stop the run (exit status 1) once every call of one
+    reward has failed (raised, timed out, crashed its process or returned a
     non-finite value) on that many consecutive training steps; 0 never stops.
     """
 
     reward_type: str = "math"
+    weights: dict[str, float] = field(factory=dict, metadata=FINITE_VALUES)
     timeout_s: float = field(default=5.0, metadata=POSITIVE)
     num_processes: int = field(default=1, metadata=POSITIVE_INT)
     cpus_per_worker: float = field(default=0.25, metadata=POSITIVE)

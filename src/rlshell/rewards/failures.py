@@ -18,11 +18,15 @@ sample and the formatted traceback (or what happened, where there is none).
 
 Later failures of a kind already shown are counted, not printed:
 ``reward/errors``, ``reward/timeouts`` and ``reward/failed_frac``.
+
+A run scored by several rewards (``reward.weights``) keeps a `FailureWatches`,
+one watch per reward: each reward's failures are shown, and its all-failed
+steps counted, apart from the others'.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from attrs import frozen
@@ -34,6 +38,7 @@ __all__ = [
     "NON_FINITE",
     "TIMEOUT",
     "FailureWatch",
+    "FailureWatches",
     "RewardFailedError",
     "RewardFailure",
     "function_name",
@@ -79,7 +84,8 @@ class RewardFailure:
 
 
 class RewardFailedError(WorkerError):
-    """Every reward call failed for ``reward.max_failed_steps`` steps in a row: the run stops.
+    """Every call of a reward failed for ``reward.max_failed_steps`` steps in a row: the run
+    stops.
 
     A `WorkerError` of component ``reward`` and method ``score`` (so the
     command line exits with status 1); ``remote_traceback`` is the traceback
@@ -172,6 +178,44 @@ class FailureWatch:
             f"(response {first.response!r}, answer {first.answer!r}):{where}",
             first,
         )
+
+
+class FailureWatches:
+    """A `FailureWatch` for each reward of a run, by name (``functions``: name →
+    `function_name`).
+
+    A reward whose every call fails for ``max_failed_steps`` steps in a row
+    stops the run, whatever the other rewards do: with its term stuck at the
+    failure value, the total would train on the others' terms alone, which is
+    not the reward the config asked for.
+    """
+
+    def __init__(self, functions: Mapping[str, str], max_failed_steps: int) -> None:
+        self.watches = {
+            name: FailureWatch(name, function, max_failed_steps)
+            for name, function in functions.items()
+        }
+
+    def notices(self, results: Mapping[str, _Scored], when: str) -> list[str]:
+        """`FailureWatch.notices` of each reward in ``results`` (some or all of the run's;
+        a result of a reward not watched, the length penalty that cannot fail, is passed
+        over)."""
+        return [
+            line
+            for name, result in results.items()
+            if name in self.watches
+            for line in self.watches[name].notices(result, when)
+        ]
+
+    def check(self, step: int, results: Mapping[str, _Scored]) -> None:
+        """`FailureWatch.check` of every reward, in order: ``results`` holds each one's."""
+        missing = [name for name in self.watches if name not in results]
+        if missing:
+            raise ValueError(
+                f"step {step}: no results of the rewards {missing} (got {list(results)})"
+            )
+        for name, watch in self.watches.items():
+            watch.check(step, results[name])
 
 
 def _indent(text: str) -> str:

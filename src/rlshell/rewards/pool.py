@@ -1,14 +1,20 @@
-"""Reward pool: a registered reward scored in warm processes, each call under a timeout.
+"""Reward pool: registered rewards scored in warm processes, each call under a timeout.
 
     with RewardPool("math", timeout_s=5.0, num_processes=4) as pool:
         result = pool.score(responses, answers)     # RewardResult
         logger.log(step, result.metrics())          # reward/mean, reward/timeouts, ...
 
+    with RewardPool(["math", "format"], timeout_s=5.0, num_processes=4) as pool:
+        results = pool.score_each(responses, answers)   # {"math": RewardResult, "format": ...}
+
 The pool starts ``num_processes`` processes once (the "spawn" start method:
 a fresh interpreter, never a fork of a process that may hold threads, as Ray
 workers do) and keeps them for every later call. Each process loads
-``RLSHELL_EXT_MODULE`` before it looks the reward up, so rewards registered
-by extension modules work there too.
+``RLSHELL_EXT_MODULE`` before it looks its rewards up, so rewards registered
+by extension modules work there too. A pool of several rewards has every
+process hold all of them: a batch is one queue of calls (each reward on each
+sample), shared out as one reward's batch is, and each reward's calls come
+back as its own `RewardResult`.
 
 Timeouts. Work goes out in chunks (a few samples per message keeps thousands
 of millisecond-long math-verify calls cheap), but every call has a deadline of
@@ -24,9 +30,9 @@ the last hang began; hangs that fall on the same process follow one another
 process that dies mid-call (a crash, ``os._exit``) fails that one sample as
 an error the same way.
 
-A sample that times out, raises, or returns anything but a finite number
-scores ``failure_score`` (0.0 unless set) and is counted in the
-`RewardResult`, never raised; the result also keeps the first failure of
+A call that times out, raises, or returns anything but a finite number
+scores ``failure_score`` (0.0 unless set) for its reward and sample and is
+counted in that reward's `RewardResult`, never raised; the result also keeps the first failure of
 each kind in the batch (`rlshell.rewards.failures.RewardFailure`: an
 exception's type and line with its formatted traceback, a time-out, a dead
 process, a non-finite return) with its sample, for the run to show. What
@@ -89,7 +95,8 @@ class RewardResult:
     len(failed)``; ``error_examples`` holds the messages of the first few
     failed samples, for logs; ``failures`` the first failure of each kind,
     with its sample and traceback, in sample order; ``seconds`` is the wall
-    time of the batch.
+    time of the batch (of every reward of a `RewardPool.score_each` call,
+    whose calls are interleaved).
     """
 
     scores: tuple[float, ...]
@@ -122,19 +129,21 @@ class RewardResult:
 
 
 class RewardPool:
-    """``num_processes`` warm processes scoring ``reward_type``, each call within ``timeout_s``.
+    """``num_processes`` warm processes scoring ``reward_types``, each call within ``timeout_s``.
 
-    ``failure_score`` is what a failed sample scores; ``start_timeout_s``
-    bounds a process's start-up (interpreter, imports, extensions). The reward
-    name is checked here, in this process, after loading ``RLSHELL_EXT_MODULE``:
-    a typo raises the registry's KeyError with close names before anything
-    starts. Use as a context manager or call `close`. One `score` runs at a
-    time; one that is interrupted (Ctrl-C) closes the pool.
+    ``reward_types``: one registered name, or several (`score_each` scores
+    them all). ``failure_score`` is what a failed call scores;
+    ``start_timeout_s`` bounds a process's start-up (interpreter, imports,
+    extensions). The reward names are checked here, in this process, after
+    loading ``RLSHELL_EXT_MODULE``: a typo raises the registry's KeyError with
+    close names before anything starts. Use as a context manager or call
+    `close`. One `score` runs at a time; one that is interrupted (Ctrl-C)
+    closes the pool.
     """
 
     def __init__(
         self,
-        reward_type: str,
+        reward_types: str | Sequence[str],
         *,
         timeout_s: float,
         num_processes: int,
@@ -147,9 +156,15 @@ class RewardPool:
             raise ValueError(f"num_processes: expected a positive integer, got {num_processes}")
         if not math.isfinite(failure_score):
             raise ValueError(f"failure_score: expected a finite float, got {failure_score}")
+        names = (reward_types,) if isinstance(reward_types, str) else tuple(reward_types)
+        if not names or len(set(names)) != len(names):
+            raise ValueError(
+                f"reward_types: expected one reward name or several distinct ones, got {names}"
+            )
         load_extensions(where="reward pool")
-        self.function = function_name(get_reward(reward_type))
-        self.reward_type = reward_type
+        self.reward_types = names
+        # Each reward's function, ``module.qualname`` (`function_name`), by name.
+        self.functions = {name: function_name(get_reward(name)) for name in names}
         self.timeout_s = float(timeout_s)
         self.num_processes = num_processes
         self.failure_score = float(failure_score)
@@ -161,7 +176,7 @@ class RewardPool:
         try:
             for _ in range(num_processes):
                 self._processes.append(self._start_process())
-            no_batch, no_queue = _Batch((), (), self.failure_score), deque[int]()
+            no_batch, no_queue = _Batch((), (), (), self.failure_score), deque[int]()
             while not all(process.ready for process in self._processes):
                 self._wait_and_read(no_batch, no_queue)
                 self._enforce_deadlines(no_batch, no_queue)
@@ -182,50 +197,92 @@ class RewardPool:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._processes)} processes"
-        return f"RewardPool({self.reward_type!r}, timeout_s={self.timeout_s}, {state})"
+        names = self.reward_types[0] if len(self.reward_types) == 1 else list(self.reward_types)
+        return f"RewardPool({names!r}, timeout_s={self.timeout_s}, {state})"
 
     @property
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def reward_type(self) -> str:
+        """The reward of a one-reward pool (a ValueError for a pool of several)."""
+        return self._only()
+
+    @property
+    def function(self) -> str:
+        """The function (``module.qualname``) of a one-reward pool's reward."""
+        return self.functions[self._only()]
+
     def score(self, responses: Sequence[str], answers: Sequence[str]) -> RewardResult:
-        """Score ``responses[i]`` against ``answers[i]`` for every i; failures are counted."""
+        """Score ``responses[i]`` against ``answers[i]`` for every i with a one-reward pool's
+        reward; failures are counted."""
+        name = self._only()
+        return self.score_each(responses, answers)[name]
+
+    def score_each(
+        self,
+        responses: Sequence[str],
+        answers: Sequence[str],
+        reward_types: Sequence[str] | None = None,
+    ) -> dict[str, RewardResult]:
+        """Score ``responses[i]`` against ``answers[i]`` for every i with each of
+        ``reward_types`` (the pool's rewards, or some of them), in that order; each reward's
+        failures are counted in its own result."""
         if len(responses) != len(answers):
             raise ValueError(
                 f"responses and answers must pair up: got {len(responses)} responses "
                 f"and {len(answers)} answers"
             )
+        names = self.reward_types if reward_types is None else tuple(reward_types)
+        unknown = [name for name in names if name not in self.functions]
+        if unknown or len(set(names)) != len(names):
+            raise ValueError(
+                f"reward_types: expected distinct rewards of this pool "
+                f"({', '.join(self.reward_types)}), got {list(names)}"
+            )
         with self._lock:
             if self._closed:
-                raise RuntimeError(f"this RewardPool for '{self.reward_type}' is closed")
+                raise RuntimeError(f"this RewardPool for {self._label()} is closed")
             start = time.perf_counter()
-            batch = _Batch(responses, answers, self.failure_score)
-            queue = deque(range(len(responses)))
+            slots = [self.reward_types.index(name) for name in names]
+            batch = _Batch(responses, answers, slots, self.failure_score)
+            queue = deque(range(batch.calls))
             try:
                 while batch.remaining:
-                    self._dispatch(queue, responses, answers)
+                    self._dispatch(queue, batch)
                     self._wait_and_read(batch, queue)
                     self._enforce_deadlines(batch, queue)
             except BaseException:
                 # Results of this batch may still be on their way; no later batch may read them.
                 self._close_now()
                 raise
-            return batch.result(time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            return {name: batch.result(position, seconds) for position, name in enumerate(names)}
 
     def close(self) -> None:
         """Stop every process (idempotent)."""
         with self._lock:
             self._close_now()
 
-    # -- the scheduler
+    def _only(self) -> str:
+        if len(self.reward_types) != 1:
+            raise ValueError(
+                f"this RewardPool scores {len(self.reward_types)} rewards "
+                f"({', '.join(self.reward_types)}); use score_each and functions"
+            )
+        return self.reward_types[0]
+
+    def _label(self) -> str:
+        return ", ".join(f"'{name}'" for name in self.reward_types)
+
+    # -- the scheduler: a batch is a queue of calls, numbered reward-major (see `_Batch`)
 
     def _start_process(self) -> _RewardProcess:
-        return _RewardProcess(self._context, self.reward_type, self.start_timeout_s)
+        return _RewardProcess(self._context, self.reward_types, self.start_timeout_s)
 
-    def _dispatch(
-        self, queue: deque[int], responses: Sequence[str], answers: Sequence[str]
-    ) -> None:
-        """Send each idle, ready process its next chunk of samples."""
+    def _dispatch(self, queue: deque[int], batch: _Batch) -> None:
+        """Send each idle, ready process its next chunk of calls."""
         for process in self._processes:
             if not queue:
                 return
@@ -233,7 +290,7 @@ class RewardPool:
                 # Chunks shrink as the queue does, so that the processes finish together.
                 size = max(1, min(_MAX_CHUNK, len(queue) // (2 * len(self._processes))))
                 indices = [queue.popleft() for _ in range(size)]
-                chunk = [(index, responses[index], answers[index]) for index in indices]
+                chunk = [batch.call(index) for index in indices]
                 try:
                     process.conn.send(chunk)
                 except OSError:
@@ -262,14 +319,14 @@ class RewardPool:
             process.ready = True
         elif kind == "failed":
             raise RewardPoolError(
-                f"reward process (pid {process.pid}) for '{self.reward_type}' failed to start: "
+                f"reward process (pid {process.pid}) for {self._label()} failed to start: "
                 f"{message[1]}"
             )
         else:
             index = process.in_flight.popleft()
             if message[1] != index:
                 raise RewardPoolError(
-                    f"reward process (pid {process.pid}) answered sample {message[1]}, "
+                    f"reward process (pid {process.pid}) answered call {message[1]}, "
                     f"expected {index}"
                 )
             if kind == "ok":
@@ -287,23 +344,24 @@ class RewardPool:
                 continue  # a report waiting to be read is read first
             if not process.ready:
                 raise RewardPoolError(
-                    f"reward process (pid {process.pid}) for '{self.reward_type}' did not "
+                    f"reward process (pid {process.pid}) for {self._label()} did not "
                     f"start within {self.start_timeout_s:g} s"
                 )
             reason = f"timed out after {self.timeout_s:g} s"
             self._replace(slot, batch, queue, reason, timed_out=True)
 
     def _fail_call(self, batch: _Batch, index: int, reason: str, *, timed_out: bool) -> None:
-        """Fail sample ``index``, whose call was killed (``timed_out``) or whose process died."""
+        """Fail call ``index``, which was killed (``timed_out``) or whose process died."""
+        function = self.functions[self.reward_types[batch.slot(index)]]
         if timed_out:
             details = (
-                f"{self.function} did not return within reward.timeout_s = {self.timeout_s:g} s; "
+                f"{function} did not return within reward.timeout_s = {self.timeout_s:g} s; "
                 "its process was killed (SIGKILL) and replaced"
             )
             batch.failed(index, reason, TIMEOUT, details, timed_out=True)
         else:
             details = (
-                f"{reason} while {self.function} was scoring this sample (a crash, os._exit or "
+                f"{reason} while {function} was scoring this sample (a crash, os._exit or "
                 "a signal ends a process this way; there is no traceback to show); it was "
                 "replaced"
             )
@@ -317,7 +375,7 @@ class RewardPool:
         process.kill()
         if not process.ready:
             raise RewardPoolError(
-                f"{reason} before it was ready to score '{self.reward_type}' (see its stderr)"
+                f"{reason} before it was ready to score {self._label()} (see its stderr)"
             )
         if process.in_flight:
             index = process.in_flight.popleft()
@@ -337,18 +395,38 @@ class RewardPool:
 
 
 class _Batch:
-    """Scores and failures of one `RewardPool.score` call, filled in as reports arrive."""
+    """The calls of one `RewardPool.score_each`, filled in as reports arrive.
+
+    With n samples and the pool's rewards at ``slots`` (positions in
+    ``RewardPool.reward_types``), call c is reward ``slots[c // n]`` on sample
+    ``c % n``: reward-major, so each reward's calls are one range.
+    """
 
     def __init__(
-        self, responses: Sequence[str], answers: Sequence[str], failure_score: float
+        self,
+        responses: Sequence[str],
+        answers: Sequence[str],
+        slots: Sequence[int],
+        failure_score: float,
     ) -> None:
-        self.responses, self.answers = responses, answers
-        self.scores: list[float] = [failure_score] * len(responses)
-        self.remaining = len(responses)
+        self.responses, self.answers, self.slots = responses, answers, tuple(slots)
+        self.samples = len(responses)
+        self.calls = self.samples * len(self.slots)
+        self.scores: list[float] = [failure_score] * self.calls
+        self.remaining = self.calls
         self.failure_score = failure_score
-        self.timeouts = 0
+        self.timed_out: set[int] = set()
         self.messages: dict[int, str] = {}
-        self.kinds: dict[int, tuple[str, str]] = {}  # sample -> (kind, details)
+        self.kinds: dict[int, tuple[str, str]] = {}  # call -> (kind, details)
+
+    def slot(self, index: int) -> int:
+        """The pool's reward (its position in ``reward_types``) of call ``index``."""
+        return self.slots[index // self.samples]
+
+    def call(self, index: int) -> tuple[int, int, str, str]:
+        """What a reward process is sent for call ``index``: it, its reward, its sample's texts."""
+        sample = index % self.samples
+        return (index, self.slot(index), self.responses[sample], self.answers[sample])
 
     def scored(self, index: int, score: float) -> None:
         self.scores[index] = score
@@ -360,51 +438,59 @@ class _Batch:
         self.scores[index] = self.failure_score
         self.remaining -= 1
         if timed_out:
-            self.timeouts += 1
-        self.messages[index] = f"sample {index}: {message}"
+            self.timed_out.add(index)
+        self.messages[index] = message
         self.kinds[index] = (kind, details)
 
-    def result(self, seconds: float) -> RewardResult:
-        failed = tuple(sorted(self.messages))
+    def result(self, position: int, seconds: float) -> RewardResult:
+        """The result of the ``position``-th reward asked for: its calls, as samples."""
+        first = position * self.samples
+        failed_calls = [first + i for i in range(self.samples) if first + i in self.messages]
+        timeouts = sum(index in self.timed_out for index in failed_calls)
         return RewardResult(
-            scores=tuple(self.scores),
-            timeouts=self.timeouts,
-            errors=len(failed) - self.timeouts,
+            scores=tuple(self.scores[first : first + self.samples]),
+            timeouts=timeouts,
+            errors=len(failed_calls) - timeouts,
             seconds=seconds,
-            failed=failed,
-            error_examples=tuple(self.messages[index] for index in failed[:_ERROR_EXAMPLES]),
-            failures=self._first_of_each_kind(failed),
+            failed=tuple(index - first for index in failed_calls),
+            error_examples=tuple(
+                f"sample {index - first}: {self.messages[index]}"
+                for index in failed_calls[:_ERROR_EXAMPLES]
+            ),
+            failures=self._first_of_each_kind(failed_calls, first),
         )
 
-    def _first_of_each_kind(self, failed: tuple[int, ...]) -> tuple[RewardFailure, ...]:
+    def _first_of_each_kind(self, failed_calls: list[int], first: int) -> tuple[RewardFailure, ...]:
         counts: dict[str, int] = {}
-        first: dict[str, int] = {}
-        for index in failed:
+        first_call: dict[str, int] = {}
+        for index in failed_calls:
             kind = self.kinds[index][0]
             counts[kind] = counts.get(kind, 0) + 1
-            first.setdefault(kind, index)
+            first_call.setdefault(kind, index)
         return tuple(
             RewardFailure(
                 kind=kind,
-                index=index,
-                response=_shorten(self.responses[index], _SAMPLE_CHARS),
-                answer=_shorten(self.answers[index], _SAMPLE_CHARS),
+                index=index - first,
+                response=_shorten(self.responses[index - first], _SAMPLE_CHARS),
+                answer=_shorten(self.answers[index - first], _SAMPLE_CHARS),
                 details=self.kinds[index][1],
                 count=counts[kind],
             )
-            for kind, index in first.items()
+            for kind, index in first_call.items()
         )
 
 
 class _RewardProcess:
     """One reward process as the pool sees it: its connection and the samples sent to it."""
 
-    def __init__(self, context: SpawnContext, reward_type: str, start_timeout_s: float) -> None:
+    def __init__(
+        self, context: SpawnContext, reward_types: tuple[str, ...], start_timeout_s: float
+    ) -> None:
         parent_end, child_end = context.Pipe(duplex=True)
         self.process = context.Process(
             target=_serve,
-            args=(child_end, reward_type, os.getpid()),
-            name=f"reward:{reward_type}",
+            args=(child_end, reward_types, os.getpid()),
+            name=f"reward:{','.join(reward_types)}",
             daemon=True,
         )
         with _main_script_left_out():
@@ -457,13 +543,14 @@ def _main_script_left_out() -> Iterator[None]:
 # -- the reward process
 
 
-def _serve(conn: Connection, reward_type: str, parent_pid: int) -> None:
-    """Score chunks of ``(index, response, answer)`` sent on ``conn`` until it closes."""
+def _serve(conn: Connection, reward_types: tuple[str, ...], parent_pid: int) -> None:
+    """Score chunks of ``(call, reward slot, response, answer)`` sent on ``conn`` until it
+    closes; the slot is the reward's position in ``reward_types``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
     try:
         load_extensions(where="reward process")
-        reward = get_reward(reward_type)
+        rewards = [get_reward(name) for name in reward_types]
     except Exception as error:
         hint = (
             f"; a reward must be registered by a module named in {ENV_VAR} "
@@ -480,8 +567,8 @@ def _serve(conn: Connection, reward_type: str, parent_pid: int) -> None:
     try:
         conn.send(("ready",))
         while True:
-            for index, response, answer in conn.recv():
-                conn.send(_call(reward, index, response, answer))
+            for index, slot, response, answer in conn.recv():
+                conn.send(_call(rewards[slot], index, response, answer))
     except (EOFError, OSError):
         return  # the pool closed its end, or its process is gone
 

@@ -16,7 +16,7 @@ import shutil
 import sys
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -30,9 +30,9 @@ from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import Config
 from rlshell.data import PromptExample, PromptSampler, SamplerState, load_dataset
 from rlshell.metrics import tokens_per_second
-from rlshell.rewards import get_reward
-from rlshell.rewards.failures import FailureWatch, function_name
+from rlshell.rewards.failures import FailureWatches
 from rlshell.rewards.pool import RewardResult
+from rlshell.rewards.weighted import WeightedReward
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.runners.loop import timed
 from rlshell.runners.offload import OffloadPlan, offload_problems, plan_offload
@@ -73,11 +73,13 @@ class ReasoningTrainer:
     `evaluate` scores greedy answers on the held-out split; `save` and `load`
     do what they say. The run loop (`rlshell.runners.loop`) drives it.
 
-    Reward failures are loud (`rlshell.rewards.failures.FailureWatch`): the
-    first failure of each kind is printed once a run, with its traceback, the
+    The reward is ``reward.reward_type``'s, or the weighted total of
+    ``reward.weights``' rewards (`rlshell.rewards.weighted`). Reward failures
+    are loud (`rlshell.rewards.failures.FailureWatches`): the first failure of
+    each kind of each reward is printed once a run, with its traceback, the
     reward function and the sample, through `report_to`'s printer; a step on
-    which every call failed, the ``reward.max_failed_steps``-th in a row,
-    raises `RewardFailedError` before its update.
+    which every call of one reward failed, the ``reward.max_failed_steps``-th
+    in a row for that reward, raises `RewardFailedError` before its update.
     """
 
     curves: ClassVar[tuple[str, ...]] = ("reward/mean", "eval/accuracy")
@@ -111,12 +113,8 @@ class ReasoningTrainer:
         self.val_set: list[PromptExample] = []
         self.sampler: PromptSampler | None = None
         self._synced = False  # whether the rollout holds the actor's current weights
-        reward = config.reward
-        self.reward_watch = FailureWatch(
-            reward.reward_type,
-            function_name(get_reward(reward.reward_type)),
-            reward.max_failed_steps,
-        )
+        self.rewards = WeightedReward.of(config.reward)
+        self.reward_watch = FailureWatches(self.rewards.functions(), config.reward.max_failed_steps)
         self._print_line: Callable[[str], None] = _print_to_stderr
 
     def report_to(self, print_line: Callable[[str], None]) -> None:
@@ -298,9 +296,10 @@ class ReasoningTrainer:
             batch = self.generate([p.prompt for p in prompts], params, step)
         answers = [p.answer for p in prompts for _ in range(params.n)]
         with timed(metrics, "time/reward"):
-            scored = self._reward().score(list(batch.response_texts), answers).wait()[0]
-        self._report_failures(scored, f"step {step}")
-        self.reward_watch.check(step, scored)  # before the update: no step on rewards of 0 only
+            parts = self._reward().score(list(batch.response_texts), answers).wait()[0]
+            scored = self.rewards.combine(parts, batch.response_lengths, params.n)
+        self._report_failures(parts, f"step {step}")
+        self.reward_watch.check(step, parts)  # before the update: no step on rewards of 0 only
         scores = torch.tensor(scored.scores, dtype=torch.float32)
         # The critic's values (its own processes) while the reference and actor compute theirs.
         values_call = None if self.critic is None else self.critic.compute_values(batch)
@@ -339,7 +338,8 @@ class ReasoningTrainer:
         metrics.update(train)
         metrics.update(scored.metrics())
         metrics.update(sync)
-        metrics.update(_rollout_metrics(batch, scores, params.n))
+        correct = torch.tensor(scored.correct.scores, dtype=torch.float32)
+        metrics.update(_rollout_metrics(batch, scores, correct, params.n))
         metrics["time/step"] = step_time
         if self.offload.any:
             metrics["time/offload"], self._offload_seconds = self._offload_seconds, 0.0
@@ -375,7 +375,8 @@ class ReasoningTrainer:
         return merged.select(order, group_size=params.n)
 
     def evaluate(self, step: int) -> dict[str, float]:
-        """Greedy decoding on the held-out split: ``eval/accuracy`` is the mean reward."""
+        """Greedy decoding on the held-out split: ``eval/accuracy`` is the mean score of the
+        correctness reward, ``reward.reward_type`` (the only reward scored here)."""
         return self.evaluate_on(self.val_set, step)
 
     def evaluate_on(self, examples: Sequence[PromptExample], step: int) -> dict[str, float]:
@@ -383,9 +384,11 @@ class ReasoningTrainer:
         started = time.perf_counter()
         params = SamplingParams(n=1, max_new_tokens=self.config.rollout.max_new_tokens, greedy=True)
         batch = self.generate([e.prompt for e in examples], params, step)
-        scored = self._reward().score(list(batch.response_texts), [e.answer for e in examples])
-        result: RewardResult = scored.wait()[0]
-        self._report_failures(result, f"the evaluation at step {step}")
+        correctness = self.rewards.correctness
+        texts, answers = list(batch.response_texts), [e.answer for e in examples]
+        results = self._reward().score(texts, answers, [correctness]).wait()[0]
+        self._report_failures(results, f"the evaluation at step {step}")
+        result: RewardResult = results[correctness]
         return {
             "eval/accuracy": sum(result.scores) / len(result.scores),
             "eval/reward_failed_frac": result.failed_frac,
@@ -393,8 +396,8 @@ class ReasoningTrainer:
             "time/eval": time.perf_counter() - started,
         }
 
-    def _report_failures(self, result: RewardResult, when: str) -> None:
-        for line in self.reward_watch.notices(result, when):
+    def _report_failures(self, results: Mapping[str, RewardResult], when: str) -> None:
+        for line in self.reward_watch.notices(results, when):
             self._print_line(line)
 
     # -- offload: the actor and the rollout take turns on GPUs they share
@@ -567,10 +570,13 @@ def _value_metrics(
     }
 
 
-def _rollout_metrics(batch: RolloutBatch, scores: torch.Tensor, n: int) -> dict[str, float]:
+def _rollout_metrics(
+    batch: RolloutBatch, scores: torch.Tensor, correct: torch.Tensor, n: int
+) -> dict[str, float]:
+    """``correct``: the correctness reward's scores (solved: > 0); ``scores``: the totals."""
     lengths = batch.response_lengths.float()
     grouped = scores.view(-1, n)
-    solved = (grouped > 0).any(dim=1).float().mean()
+    solved = (correct.view(-1, n) > 0).any(dim=1).float().mean()
     uniform = (grouped.max(dim=1).values == grouped.min(dim=1).values).float().mean()
     return {
         "rollout/response_length": float(lengths.mean()),

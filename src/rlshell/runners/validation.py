@@ -5,7 +5,8 @@ concerns:
 
 - field constraints declared in `rlshell.config.schema` (``lr`` positive, ...);
 - names in the registries (models, envs, rewards, rlcore's estimators and
-  losses), with did-you-mean;
+  losses), with did-you-mean, and ``reward.weights``' names
+  (`rlshell.rewards.weighted.weights_problems`);
 - rules every trainer shares: a group size a group baseline can use, clip
   ranges, a rollout TP that fits its engine, a cluster that can be planned and
   a placement that fits it (`rlshell.cluster.placement`);
@@ -328,6 +329,10 @@ def _registry_problems(spec: RunSpec) -> list[str]:
             problems.append(f"{key}: required for a {runner} run; registered: {registry.names()}")
         elif name not in registry:
             problems.append(f"{key}: {registry.unknown_message(name)}")
+    if "reward.reward_type" in named:
+        from rlshell.rewards.weighted import weights_problems
+
+        problems += weights_problems(config.reward, config.algorithm.group_size)
     model = config.actor.model
     if model.model_type in MODELS:
         registered = MODELS.get(model.model_type).category
