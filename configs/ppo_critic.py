@@ -11,7 +11,7 @@ from pathlib import Path
 
 from attrs import evolve
 
-from rlshell.config import CriticConfig, OptimConfig, read_config
+from rlshell.config import CriticConfig, CriticOptimConfig, read_config
 
 base = read_config(Path(__file__).with_name("grpo.py"))
 config = evolve(
@@ -22,7 +22,7 @@ config = evolve(
         component_placement={**base.cluster.component_placement, "critic": "0:0-1"},
     ),
     actor=evolve(base.actor, mini_batch_size=8),
-    critic=CriticConfig(optim=OptimConfig(lr=1e-3), warmup_steps=10),
+    critic=CriticConfig(optim=CriticOptimConfig(lr=1e-3), warmup_steps=10),
     algorithm=evolve(
         base.algorithm, adv_type="gae", gamma=1.0, lam=1.0, ppo_epochs=2, value_clip=0.2
     ),

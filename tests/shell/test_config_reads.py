@@ -72,6 +72,14 @@ RUNS: dict[str, list[str]] = {
         'reward.weights={"math": 1.0, "format": 0.1, "length_penalty": 0.1}',
     ],
     "grpo_megatron": ["configs/grpo_megatron.py", *TINY_GRPO],
+    # PPO with a critic: GAE, the critic's processes, two epochs over two mini-batches.
+    "ppo_critic": [
+        "configs/ppo_critic.py",
+        *TINY_GRPO,
+        "actor.mini_batch_size=1",
+        "critic.warmup_steps=1",
+        "runner.eval_interval=0",
+    ],
     "ppo_collocated": ["configs/ppo_cartpole.py", *TINY_CARTPOLE],
     "ppo_embodied_grpo": [
         "configs/ppo_cartpole.py",

@@ -161,3 +161,46 @@ def test_one_step_against_the_prepass_log_probs_is_the_fused_step(
     assert metrics["train/pg_loss"] == pytest.approx(fused_metrics["train/pg_loss"], abs=1e-6)
     for name, value in prepass.full_weights().items():
         torch.testing.assert_close(value, fused_weights[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_the_critic_regresses_onto_the_returns_and_resumes_exactly(
+    tokenizer_dir: str, process_group: None, tmp_path: Path
+) -> None:
+    """GAE from the critic's values; its updates move the values towards the returns; a
+    checkpoint restores its weights and optimizer (a second update from both is the same)."""
+    from rlshell.workers.critic import CriticWorker
+
+    config = _config(
+        tokenizer_dir, ["algorithm.adv_type=gae", "algorithm.ppo_epochs=2", "critic.optim.lr=0.001"]
+    )
+    batch, scores = _batch(config, tokenizer_dir)
+
+    def critic() -> CriticWorker:
+        worker = CriticWorker(config, total_steps=10)
+        worker.rank, worker.world_size = 0, 1
+        worker.init_worker()
+        return worker
+
+    worker = critic()
+    values = worker.compute_values(batch)
+    assert values.shape == batch.response_mask.shape
+    assert torch.equal(values == 0, ~batch.response_mask | (values == 0))  # 0 at padding
+    estimate = compute_advantages(batch, scores, config, values)
+    mask = batch.response_mask
+
+    def error(v: torch.Tensor) -> float:
+        return float(((v - estimate.returns) ** 2)[mask].mean())
+
+    metrics = worker.run_training(batch, estimate.returns, values)
+    assert metrics["critic/vf_loss"] > 0
+    assert error(worker.compute_values(batch)) < error(values)
+
+    worker.save_checkpoint(str(tmp_path), step=1)
+    fresh = critic()
+    assert fresh.load_checkpoint(str(tmp_path)) == 1
+    torch.testing.assert_close(fresh.compute_values(batch), worker.compute_values(batch))
+    worker.run_training(batch, estimate.returns, values)
+    fresh.run_training(batch, estimate.returns, values)
+    assert torch.equal(fresh.compute_values(batch), worker.compute_values(batch))
+    with pytest.raises(FileNotFoundError, match="has no critic/ folder"):
+        fresh.load_checkpoint(str(tmp_path / "elsewhere"))

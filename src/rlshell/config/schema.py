@@ -277,27 +277,45 @@ class ActorConfig:
 
 
 @frozen
+class CriticOptimConfig:
+    """The critic's AdamW and schedule: `OptimConfig`'s fields, under ``critic.optim`` (a
+    class of its own, so that the config-read tracer tells ``critic.optim.lr`` from
+    ``actor.optim.lr``). A value head learns faster than the policy: lr 1e-3 by default."""
+
+    lr: float = field(default=1e-3, metadata=POSITIVE)
+    weight_decay: float = field(default=0.0, metadata=NON_NEGATIVE)
+    adam_beta1: float = field(default=0.9, metadata=UNIT_CLOSED)
+    adam_beta2: float = field(default=0.999, metadata=UNIT_CLOSED)
+    adam_eps: float = field(default=1e-8, metadata=POSITIVE)
+    clip_grad: float | None = field(default=1.0, metadata=OPTIONAL_POSITIVE)
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    lr_warmup_steps: int = field(default=0, metadata=NON_NEGATIVE_INT)
+    min_lr_ratio: float = field(default=0.0, metadata=UNIT_CLOSED)
+    fused: bool = True
+
+
+@frozen
 class CriticConfig:
     """The reasoning runner's value model, trained beside the actor when
     ``algorithm.adv_type='gae'`` (PPO with a critic).
 
-    ``model``: null is the actor's model (its path or kwargs) with a one-output
-    token head instead of the LM head (``hf_value_model``:
+    The model is the actor's transformer (``actor.model``'s kwargs, or
+    ``model_path`` when set, else the actor's ``path``) with a one-output token
+    head instead of the LM head (``hf_value_model``:
     ``AutoModelForTokenClassification``, ``num_labels=1``); the head starts from
     ``actor.seed``. It runs in worker processes of its own (placement key
-    ``critic``, by default the actor's devices), sharded by FSDP2 with
-    ``fsdp_config``, stepped by AdamW with ``optim`` over the actor's epochs and
-    mini-batches (``algorithm.ppo_epochs``, ``actor.mini_batch_size``), in
-    micro-batches of ``micro_batch_max_tokens`` tokens. Its loss is rlcore's
+    ``critic``, by default the actor's devices), sharded by FSDP2 as the actor is
+    (``actor.fsdp_config``), stepped by AdamW with ``optim`` over the actor's
+    epochs and mini-batches (``algorithm.ppo_epochs``, ``actor.mini_batch_size``),
+    in micro-batches of ``micro_batch_max_tokens`` tokens. Its loss is rlcore's
     ``value_loss`` against the GAE returns, clipped around the values it
     predicted before the update by ``algorithm.value_clip``. ``warmup_steps``:
     the first that many steps train the critic only (the actor waits for
     values worth following; verl's ``critic_warmup``).
     """
 
-    model: ModelConfig | None = None
-    optim: OptimConfig = Factory(lambda: OptimConfig(lr=1e-3))
-    fsdp_config: FSDPConfig = Factory(FSDPConfig)
+    model_path: str | None = None
+    optim: CriticOptimConfig = Factory(CriticOptimConfig)
     micro_batch_max_tokens: int = field(default=4096, metadata=POSITIVE_INT)
     warmup_steps: int = field(default=0, metadata=NON_NEGATIVE_INT)
     # Ray's reservation: the critic computes between and beside the actor's phases on the

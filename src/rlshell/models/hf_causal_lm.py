@@ -78,7 +78,8 @@ def build_hf_value_model(cfg: ModelConfig, torch_dtype: torch.dtype) -> nn.Modul
 
         if hub_id(cfg.path) is None and not (Path(cfg.path) / "config.json").is_file():
             raise FileNotFoundError(
-                f"critic.model.path: {cfg.path} is not a Hugging Face model directory "
+                f"critic.model_path (or actor.model.path): {cfg.path} is not a Hugging Face model "
+                "directory "
                 "(no config.json there) nor a Hub id (org/name)"
             )
         source, hub_options = pretrained_source(cfg.path)

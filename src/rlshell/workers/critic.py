@@ -16,6 +16,7 @@ import time
 import warnings
 from pathlib import Path
 
+import attrs
 import torch
 import torch.distributed as dist
 from attrs import evolve
@@ -25,7 +26,7 @@ from rlcore.losses import value_loss
 from rlcore.masked import aggregation_normalizer
 from rlcore.rollout import position_ids
 from rlshell.cluster.worker import Worker
-from rlshell.config import ActorConfig, Config, ModelConfig
+from rlshell.config import ActorConfig, Config, ModelConfig, OptimConfig
 from rlshell.engines.training.fsdp import FSDPModelManager
 from rlshell.rollout import RolloutBatch
 from rlshell.workers.actor import (
@@ -41,20 +42,22 @@ __all__ = ["CriticWorker", "critic_model_config", "critic_training_config"]
 
 
 def critic_model_config(config: Config) -> ModelConfig:
-    """``critic.model``, else the actor's model as an ``hf_value_model``."""
-    if config.critic.model is not None:
-        return config.critic.model
-    return evolve(config.actor.model, model_type="hf_value_model", is_lora=False)
+    """The actor's model as an ``hf_value_model`` (from ``critic.model_path`` when set)."""
+    path = config.critic.model_path or config.actor.model.path
+    return evolve(config.actor.model, model_type="hf_value_model", path=path, is_lora=False)
 
 
 def critic_training_config(config: Config) -> ActorConfig:
-    """What `FSDPModelManager` reads, from the ``critic`` section (the actor's seed)."""
+    """What `FSDPModelManager` reads: the actor's settings with the critic's model, optimizer
+    and micro-batch budget."""
     critic = config.critic
+    optim = OptimConfig(
+        **{field.name: getattr(critic.optim, field.name) for field in attrs.fields(OptimConfig)}
+    )
     return evolve(
         config.actor,
         model=critic_model_config(config),
-        optim=critic.optim,
-        fsdp_config=critic.fsdp_config,
+        optim=optim,
         backend="fsdp",
         micro_batch_max_tokens=critic.micro_batch_max_tokens,
     )
