@@ -58,7 +58,11 @@ TINY_GRPO = [
 TINY_CARTPOLE = ["runner.max_steps=2", "runner.rollout_steps=8", "algorithm.ppo_epochs=2"]
 
 RUNS: dict[str, list[str]] = {
-    "grpo_collocated": ["configs/grpo.py", *TINY_GRPO],
+    # DAPO's switches ride on the collocated run (configs/dapo.py sets the same keys).
+    "grpo_collocated": [
+        "configs/dapo.py",
+        *TINY_GRPO,
+    ],
     "grpo_disaggregated_kl": [
         "configs/grpo.py",
         *TINY_GRPO,

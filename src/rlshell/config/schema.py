@@ -491,6 +491,18 @@ class AlgorithmConfig:
     engine reported. ``rollout_is`` corrects for sampling with the engine's
     numerics by per-token weights (`rlcore.mismatch.rollout_importance_weights`
     with ``rollout_is_threshold`` as its cap C, 1/C as its lower bound).
+
+    DAPO's switches (reasoning runner; Yu et al. 2025): ``dynamic_sampling``
+    drops the groups whose correctness scores (``reward.reward_type``) are all
+    equal (`rlcore.rollout.filter_informative_groups`) and samples further
+    prompts until ``runner.prompts_per_step`` informative groups are kept, at
+    most ``max_sampling_rounds`` rounds a step (a batch still short after them
+    is topped up with dropped groups, whose group-relative advantage is 0, and
+    the metrics say how many); ``overlong_buffer`` L_cache adds the soft
+    overlong penalty (`rlcore.rollout.overlong_penalty`, with L_max
+    ``rollout.max_new_tokens``) times ``overlong_penalty_factor`` to each
+    score; clip-higher is ``clip_high`` and token-level aggregation
+    ``loss_agg_mode='token-mean'``.
     """
 
     adv_type: str = "grpo"
@@ -504,6 +516,10 @@ class AlgorithmConfig:
     rollout_is: RolloutISMode | None = None
     rollout_is_threshold: float = field(default=2.0, metadata=POSITIVE)
     behavior_weight_cap: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = field(default=3, metadata=POSITIVE_INT)
+    overlong_buffer: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+    overlong_penalty_factor: float = field(default=1.0, metadata=NON_NEGATIVE)
     kl_coef: float = field(default=0.0, metadata=NON_NEGATIVE)
     kl_kind: KLKind = "k3"
     entropy_coef: float = field(default=0.0, metadata=NON_NEGATIVE)

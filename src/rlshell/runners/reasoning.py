@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Self
 
 import torch
 
+from rlcore.rollout import filter_informative_groups, overlong_penalty
 from rlshell.checkpoint import TrainerState
 from rlshell.cluster.errors import WorkerDiedError
 from rlshell.cluster.group import WorkerGroup
@@ -32,7 +33,7 @@ from rlshell.data import PromptExample, PromptSampler, SamplerState, load_datase
 from rlshell.metrics import tokens_per_second
 from rlshell.rewards.failures import FailureWatches
 from rlshell.rewards.pool import RewardResult
-from rlshell.rewards.weighted import WeightedReward
+from rlshell.rewards.weighted import WeightedReward, WeightedScores
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.runners.loop import timed
 from rlshell.runners.offload import OffloadPlan, offload_problems, plan_offload
@@ -172,6 +173,16 @@ class ReasoningTrainer:
             f"std; {who}'s rewards are reward.reward_type's scores",
             **hyperparameters_unread(config),
         }
+        algorithm = config.algorithm
+        if not algorithm.dynamic_sampling:
+            unread["algorithm.max_sampling_rounds"] = (
+                "bounds dynamic sampling's rounds; algorithm.dynamic_sampling is off"
+            )
+        if algorithm.overlong_buffer is None:
+            unread["algorithm.overlong_penalty_factor"] = (
+                "scales DAPO's overlong penalty; algorithm.overlong_buffer is null, so there is "
+                "none"
+            )
         if not gae:
             unread["critic"] = f"{no_critic}; critic.* configures the value model of 'gae'"
             unread["algorithm.value_clip"] = f"{no_critic}: there is no value loss to clip"
@@ -292,15 +303,13 @@ class ReasoningTrainer:
             top_k=config.rollout.top_k,
             max_new_tokens=config.rollout.max_new_tokens,
         )
-        with timed(metrics, "time/rollout"):
-            batch = self.generate([p.prompt for p in prompts], params, step)
-        answers = [p.answer for p in prompts for _ in range(params.n)]
-        with timed(metrics, "time/reward"):
-            parts = self._reward().score(list(batch.response_texts), answers).wait()[0]
-            scored = self.rewards.combine(parts, batch.response_lengths, params.n)
-        self._report_failures(parts, f"step {step}")
-        self.reward_watch.check(step, parts)  # before the update: no step on rewards of 0 only
-        scores = torch.tensor(scored.scores, dtype=torch.float32)
+        batch, scored = self._sample_and_score(prompts, params, step, 0, metrics)
+        scores = self._shaped_scores(batch, scored)
+        if config.algorithm.dynamic_sampling:
+            with timed(metrics, "time/dynamic_sampling"):
+                batch, scores = self._informative_batch(
+                    batch, scores, scored, len(prompts), params, step, metrics
+                )
         # The critic's values (its own processes) while the reference and actor compute theirs.
         values_call = None if self.critic is None else self.critic.compute_values(batch)
         ref_logprobs = None
@@ -309,7 +318,7 @@ class ReasoningTrainer:
                 ref_logprobs = self._reference_logprobs(batch)
         self._update_phase()
         old_logprobs = None
-        actor_trains = step > config.critic.warmup_steps or self.critic is None
+        actor_trains = self.critic is None or step > config.critic.warmup_steps
         if actor_trains and optimizer_steps_per_batch(config) > 1:
             with timed(metrics, "time/old_logprobs"):
                 old_logprobs = self._actor().compute_logprobs(batch).wait()[0]
@@ -340,6 +349,8 @@ class ReasoningTrainer:
         metrics.update(sync)
         correct = torch.tensor(scored.correct.scores, dtype=torch.float32)
         metrics.update(_rollout_metrics(batch, scores, correct, params.n))
+        if config.algorithm.overlong_buffer is not None:
+            metrics["reward/shaped_mean"] = float(scores.mean())
         metrics["time/step"] = step_time
         if self.offload.any:
             metrics["time/offload"], self._offload_seconds = self._offload_seconds, 0.0
@@ -349,14 +360,99 @@ class ReasoningTrainer:
         )
         return metrics
 
-    def generate(self, prompts: Sequence[str], params: SamplingParams, step: int) -> RolloutBatch:
+    def _sample_and_score(
+        self,
+        prompts: Sequence[PromptExample],
+        params: SamplingParams,
+        step: int,
+        round_: int,
+        metrics: dict[str, float],
+    ) -> tuple[RolloutBatch, WeightedScores]:
+        """Generate ``params.n`` responses per prompt and score them (``round_``: the sampling
+        round of dynamic sampling, 0 for a step's first)."""
+        suffix = "" if round_ == 0 else "_resample"
+        with timed(metrics, f"time/rollout{suffix}"):
+            batch = self.generate([p.prompt for p in prompts], params, step, round_)
+        answers = [p.answer for p in prompts for _ in range(params.n)]
+        with timed(metrics, f"time/reward{suffix}"):
+            parts = self._reward().score(list(batch.response_texts), answers).wait()[0]
+            scored = self.rewards.combine(parts, batch.response_lengths, params.n)
+        self._report_failures(parts, f"step {step}")
+        if round_ == 0:
+            self.reward_watch.check(step, parts)  # before the update: no step on 0s only
+        return batch, scored
+
+    def _shaped_scores(self, batch: RolloutBatch, scored: WeightedScores) -> torch.Tensor:
+        """The scores the advantages read: the rewards' total plus DAPO's overlong penalty
+        (``algorithm.overlong_buffer``)."""
+        scores = torch.tensor(scored.scores, dtype=torch.float32)
+        algorithm = self.config.algorithm
+        if algorithm.overlong_buffer is not None:
+            scores = scores + overlong_penalty(
+                batch.response_lengths,
+                self.config.rollout.max_new_tokens,
+                algorithm.overlong_buffer,
+                algorithm.overlong_penalty_factor,
+            ).to(scores)
+        return scores
+
+    def _informative_batch(
+        self,
+        batch: RolloutBatch,
+        scores: torch.Tensor,
+        scored: WeightedScores,
+        wanted: int,
+        params: SamplingParams,
+        step: int,
+        metrics: dict[str, float],
+    ) -> tuple[RolloutBatch, torch.Tensor]:
+        """DAPO's dynamic sampling: ``wanted`` groups whose correctness scores differ,
+        sampling further prompts for at most ``algorithm.max_sampling_rounds`` rounds."""
+        n = params.n
+        kept: list[tuple[RolloutBatch, torch.Tensor]] = []
+        dropped: list[tuple[RolloutBatch, torch.Tensor]] = []
+
+        def split(part: RolloutBatch, part_scores: torch.Tensor, result: WeightedScores) -> None:
+            correct = torch.tensor(result.correct.scores, dtype=torch.float32).view(-1, n)
+            informative = filter_informative_groups(correct).tolist()
+            for group, keep in enumerate(informative):
+                rows = list(range(group * n, (group + 1) * n))
+                (kept if keep else dropped).append(
+                    (part.select(rows, group_size=n), part_scores[rows])
+                )
+
+        split(batch, scores, scored)
+        rounds, drawn = 1, wanted
+        while len(kept) < wanted and rounds < self.config.algorithm.max_sampling_rounds:
+            more = self._sampler().next()
+            more_batch, more_scored = self._sample_and_score(more, params, step, rounds, metrics)
+            split(more_batch, self._shaped_scores(more_batch, more_scored), more_scored)
+            rounds += 1
+            drawn += len(more)
+        filled = max(0, wanted - len(kept))
+        chosen = kept[:wanted] + dropped[:filled]
+        metrics["rollout/sampling_rounds"] = float(rounds)
+        metrics["rollout/prompts_drawn"] = float(drawn)
+        metrics["rollout/informative_groups_frac"] = (len(kept) / drawn) if drawn else 0.0
+        metrics["rollout/filled_groups"] = float(filled)
+        out = RolloutBatch.concat([part for part, _ in chosen], self.pad_id)
+        return out, torch.cat([part_scores for _, part_scores in chosen])
+
+    def generate(
+        self, prompts: Sequence[str], params: SamplingParams, step: int, round_: int = 0
+    ) -> RolloutBatch:
         """Prompts split evenly over the rollout ranks; one batch back, in prompt order."""
         self._rollout_phase()
         group = self._rollout_group()
         ranks = group.world_size
         shares = [list(prompts[rank::ranks]) for rank in range(ranks)]
         busy = [rank for rank in range(ranks) if shares[rank]]
-        seeds = [_seed(self.config.runner.seed, step, rank) for rank in busy]
+        # A step's first round keeps the seeds it always had; further rounds get their own.
+        seed = self.config.runner.seed
+        seeds = [
+            _seed(seed, step, rank) if round_ == 0 else _seed(seed, step, rank, round_)
+            for rank in busy
+        ]
         calls = [
             group.execute_on(rank).generate(shares[rank], params, seed)
             for rank, seed in zip(busy, seeds, strict=True)
@@ -611,6 +707,13 @@ def _update_problems(config: Config, plan: PlacementPlan | None) -> list[str]:
                 f"{algorithm.group_size} samples has {rows} rows, fewer than the actor's "
                 f"{ranks} data-parallel ranks; every rank needs a share"
             )
+    buffer = algorithm.overlong_buffer
+    if buffer is not None and buffer > config.rollout.max_new_tokens:
+        problems.append(
+            f"algorithm.overlong_buffer: the penalty ramps over the last L_cache={buffer} "
+            f"tokens of rollout.max_new_tokens ({config.rollout.max_new_tokens}); it must not "
+            "exceed them"
+        )
     several = optimizer_steps_per_batch(config) > 1
     if several and actor.backend == "megatron" and actor.megatron.pipeline_model_parallel_size > 1:
         problems.append(

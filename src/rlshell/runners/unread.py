@@ -138,6 +138,14 @@ def embodied_unread(config: Config, who: str) -> dict[str, str]:
         "splits each epoch by algorithm.num_minibatches",
         "algorithm.behavior_weight_cap": f"caps decoupled PPO's behaviour weights in the "
         f"reasoning runner; {who}'s update is rlcore's ppo_policy_loss",
+        "algorithm.dynamic_sampling": f"resamples prompts whose samples all score alike in "
+        f"the reasoning runner; {who} steps environments",
+        "algorithm.max_sampling_rounds": f"bounds the reasoning runner's dynamic sampling; "
+        f"{who} steps environments",
+        "algorithm.overlong_buffer": f"penalises overlong responses in the reasoning runner; "
+        f"{who}'s episodes end at env.max_episode_steps",
+        "algorithm.overlong_penalty_factor": f"scales the reasoning runner's overlong penalty; "
+        f"{who} has none",
         "actor.logprob_chunk_size": f"chunks the reasoning actor's vocabulary log-probs; {who} "
         "reads no token logits",
         "actor.share_prompt_forward": f"shares a prompt's forward among its samples in the "
