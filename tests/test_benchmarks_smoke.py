@@ -148,3 +148,18 @@ def test_actor_backends_quick_run_prints_the_expected_json() -> None:
     assert set(size) == {"fsdp", "fsdp_unshared_prompts", "megatron_tp2", "megatron_dp2"}
     assert size["fsdp"]["speed_vs_fsdp"] == 1.0
     assert all(side["seconds_per_step_median"] > 0 for side in size.values())
+
+
+def test_packing_quick_run_prints_the_expected_json() -> None:
+    report = quick_run("packing.py")
+    assert report["benchmark"] == "packing"
+    assert report["quick"] is True
+    (budget,) = report["results"].values()
+    for layout in ("padded", "shared_prompts", "packed"):
+        assert budget[layout]["tokens_per_s"] > 0
+        assert budget[layout]["tokens_per_cpu_s"] > 0
+        # The same update in every layout: a correctness check, not a timing.
+        assert budget["max_abs_grad_diff_vs_padded"][layout] < 1e-5
+    assert budget["packed_vs_padded"] > 0
+    assert budget["cpu_packed_vs_padded"] > 0
+    assert 0 < budget["padding_share"] < 1

@@ -88,6 +88,8 @@ RUN_HERE = {
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run "
     """'reward.weights={"math": 1.0, "format": 0.1, "length_penalty": 0.1}' """
     "runner.experiment_name=weighted_rewards",
+    ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run actor.pack_sequences=true "
+    "actor.micro_batch_max_tokens=1024 runner.experiment_name=packed",
     # docs/extending.md
     "PYTHONPATH=examples/extension RLSHELL_EXT_MODULE=rlshell_example_ext .venv/bin/python -m "
     "rlshell.train configs/grpo.py --dry-run reward.reward_type=contains_answer "
@@ -196,6 +198,9 @@ COVERED_ELSEWHERE = {
         "tests/test_benchmarks_smoke.py::test_actor_backends_quick_run_prints_the_expected_json"
     ),
     "make bench": "minutes of benchmarks; their --quick forms below are run by tests",
+    ".venv/bin/python benchmarks/packing.py --quick": (
+        "tests/test_benchmarks_smoke.py::test_packing_quick_run_prints_the_expected_json"
+    ),
     ".venv/bin/python benchmarks/core_advantages.py --quick": (
         "tests/test_benchmarks_smoke.py::test_core_advantages_quick_run_prints_the_expected_json"
     ),

@@ -29,6 +29,7 @@ __all__ = [
     "length_penalty",
     "overlong_penalty",
     "pack_sequences",
+    "packed_response_predictors",
     "place_on_last_token",
     "position_ids",
     "response_mask",
@@ -260,6 +261,42 @@ def group_mini_batches(
         ]
         for start in range(0, groups, groups_per_mini_batch)
     ]
+
+
+@typecheck
+def packed_response_predictors(
+    prompt_mask: Mask[Tensor, "batch prompt"], response_mask: Mask[Tensor, "batch response"]
+) -> Int[Tensor, "tokens"]:
+    """Where the logits that predict each valid response token sit in the packed sequences.
+
+    Row i's sequence is its valid prompt tokens then its valid response
+    tokens, ``pack_sequences(cat(prompt, response), cat(prompt_mask,
+    response_mask))`` lays the rows end to end, and a causal LM's logits at
+    packed position k predict the token at k + 1. The valid response token
+    that is row i's j-th (counting valid response tokens only) sits at
+    kᵢⱼ = cᵢ + pᵢ + j, with cᵢ = ``cu_seqlens[i]`` and pᵢ = Σₜ prompt_maskᵢₜ, so
+    the position predicting it is
+
+        kᵢⱼ − 1 = cᵢ + pᵢ + j − 1,
+
+    listed in the row-major order of ``response_mask``'s valid positions (the
+    order `unpack_sequences` scatters back from). With a left-padded prompt and
+    a right-padded response this is the padded row's column ``prompt − 1 + j``,
+    whose logits the padded forward uses. A row with response tokens needs a
+    prompt token: nothing else in its sequence precedes its first response token.
+    """
+    prompt = as_bool_mask(prompt_mask, "prompt_mask")
+    response = as_bool_mask(response_mask, "response_mask")
+    unprompted = response.any(dim=-1) & ~prompt.any(dim=-1)
+    if bool(unprompted.any()):
+        rows = torch.nonzero(unprompted).flatten()[:5].tolist()
+        raise ValueError(
+            f"rows {rows} have response tokens but no prompt token: nothing in their "
+            "sequence precedes the first response token to predict it"
+        )
+    valid = torch.cat([prompt, response], dim=-1)
+    is_response = torch.cat([torch.zeros_like(prompt), response], dim=-1)[valid]
+    return torch.nonzero(is_response).flatten() - 1
 
 
 @typecheck

@@ -17,6 +17,7 @@ from rlcore.rollout import (
     length_penalty,
     overlong_penalty,
     pack_sequences,
+    packed_response_predictors,
     place_on_last_token,
     position_ids,
     response_mask,
@@ -269,6 +270,58 @@ def test_pack_keeps_integer_tokens_and_unpack_checks_the_count() -> None:
     assert torch.equal(unpack_sequences(packed.values, mask), tokens)
     with pytest.raises(ValueError, match="packed has 2 tokens but mask has 3"):
         unpack_sequences(packed.values[:2], mask)
+
+
+@given(
+    prompt_mask=st.integers(1, 4).flatmap(lambda b: masks((b, 5), allow_empty_rows=False)),
+    data=st.data(),
+)
+def test_the_packed_predictors_sit_one_before_each_response_token_in_its_own_sequence(
+    prompt_mask: torch.Tensor, data: st.DataObject
+) -> None:
+    # Any masks (holes too): packing keeps the valid tokens in order, whatever the layout.
+    response_mask = data.draw(masks((prompt_mask.shape[0], 4)))
+    rows = prompt_mask.shape[0]
+    prompt_ids = torch.arange(rows * 5).view(rows, 5)
+    response_ids = 1000 + torch.arange(rows * 4).view(rows, 4)
+    packed = pack_sequences(
+        torch.cat([prompt_ids, response_ids], -1), torch.cat([prompt_mask, response_mask], -1)
+    )
+    predictors = packed_response_predictors(prompt_mask, response_mask)
+    assert predictors.dtype == torch.long
+    # The next packed token is each response token, in unpack_sequences' (row-major) order.
+    assert packed.values[predictors + 1].tolist() == response_ids[response_mask].tolist()
+    # A predictor is in the same sequence as the token it predicts.
+    sequence = torch.searchsorted(packed.cu_seqlens, predictors, right=True)
+    after = torch.searchsorted(packed.cu_seqlens, predictors + 1, right=True)
+    assert torch.equal(sequence, after)
+
+
+@given(
+    prompt_lengths=st.lists(st.integers(1, 5), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_the_packed_predictors_are_the_padded_forwards_columns(
+    prompt_lengths: list[int], data: st.DataObject
+) -> None:
+    # Left-padded prompts, right-padded responses: the padded forward reads the logits of
+    # column width − 1 + j for response token j; packing that column index finds the same.
+    width, span = 5, 4
+    prompt_mask = torch.arange(width) >= width - torch.tensor(prompt_lengths).unsqueeze(-1)
+    response_mask = data.draw(masks((len(prompt_lengths), span), contiguous=True))
+    columns = torch.arange(width + span).expand(len(prompt_lengths), -1)
+    packed = pack_sequences(columns, torch.cat([prompt_mask, response_mask], -1))
+    predictors = packed_response_predictors(prompt_mask, response_mask)
+    padded = (width - 1 + torch.arange(span)).expand(len(prompt_lengths), -1)
+    assert packed.values[predictors].tolist() == padded[response_mask].tolist()
+
+
+def test_the_packed_predictors_need_a_prompt_token_before_a_response() -> None:
+    prompt_mask = torch.tensor([[True, True], [False, False], [False, False]])
+    response_mask = torch.tensor([[True], [True], [False]])
+    with pytest.raises(ValueError, match=r"rows \[1\] have response tokens but no prompt token"):
+        packed_response_predictors(prompt_mask, response_mask)
+    assert packed_response_predictors(prompt_mask[[0, 2]], response_mask[[0, 2]]).tolist() == [1]
 
 
 # --- balanced micro-batches ---------------------------------------------------------------------

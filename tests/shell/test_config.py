@@ -526,6 +526,7 @@ def test_a_missing_megatron_core_names_its_extra(monkeypatch: pytest.MonkeyPatch
         ("actor.megatron.sequence_parallel=true", "actor.megatron.sequence_parallel: sequence"),
         ("actor.megatron.use_distributed_optimizer=true", "actor.megatron.use_distributed_optim"),
         ("actor.share_prompt_forward=true", "actor.share_prompt_forward: the shared prompt"),
+        ("actor.pack_sequences=true", "actor.pack_sequences: the packed forward relies on"),
         ("actor.model.precision=bf16", "actor.model.precision: the Megatron backend trains fp32"),
         ("actor.model.gradient_checkpointing=true", "actor.model.gradient_checkpointing: the Meg"),
         ("actor.model.is_lora=true", "actor.model.is_lora: the Megatron backend trains every"),

@@ -70,6 +70,8 @@ RUNS: dict[str, list[str]] = {
         # One actor rank in its model's precision is not sharded: no wrap policy to tune.
         "actor.fsdp_config.wrap_policy.min_num_params=0",
         "algorithm.kl_coef=0.1",
+        # The update's packed forward (the reference's forward still shares prompts).
+        "actor.pack_sequences=true",
         "checkpoint.interval=0",
         "runner.eval_interval=0",
         # Several rewards: the same run traces the weighted path.

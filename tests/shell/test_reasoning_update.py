@@ -204,3 +204,34 @@ def test_the_critic_regresses_onto_the_returns_and_resumes_exactly(
     assert torch.equal(fresh.compute_values(batch), worker.compute_values(batch))
     with pytest.raises(FileNotFoundError, match="has no critic/ folder"):
         fresh.load_checkpoint(str(tmp_path / "elsewhere"))
+
+
+def test_the_packed_update_makes_the_padded_updates_steps(
+    tokenizer_dir: str, process_group: None
+) -> None:
+    """``actor.pack_sequences``: π_old and every epoch's forward and backward run packed, and
+    the weights after the update are the padded update's."""
+    epochs = ["algorithm.ppo_epochs=2", "actor.mini_batch_size=2"]
+    padded_config = _config(tokenizer_dir, [*epochs, "actor.share_prompt_forward=false"])
+    packed_config = _config(tokenizer_dir, [*epochs, "actor.pack_sequences=true"])
+    batch, scores = _batch(padded_config, tokenizer_dir)
+    assert len(set(batch.response_lengths.tolist())) > 1
+    advantages = compute_advantages(batch, scores, padded_config).advantages
+    results = []
+    for config in (padded_config, packed_config):
+        worker = _worker(config, tokenizer_dir)
+        old = worker.compute_logprobs(batch)
+        metrics = worker.run_training(batch, advantages, old_logprobs=old)
+        results.append((old, metrics, worker.full_weights()))
+    (padded_old, padded_metrics, padded), (packed_old, packed_metrics, packed) = results
+    mask = batch.response_mask
+    torch.testing.assert_close(packed_old * mask, padded_old * mask, rtol=0, atol=1e-5)
+    assert packed_metrics["train/pg_loss"] == pytest.approx(
+        padded_metrics["train/pg_loss"], abs=1e-5
+    )
+    torch.manual_seed(padded_config.actor.seed)
+    initial = dict(get_model(padded_config.actor.model).named_parameters())
+    # As against the oracle above: the steps move weights by 1e-2, rounding them by < 1e-4.
+    for name, value in padded.items():
+        assert float((value - initial[name]).detach().abs().max()) > 100 * 1e-4, name
+        torch.testing.assert_close(packed[name], value, rtol=0, atol=1e-4, msg=name)

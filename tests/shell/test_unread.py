@@ -114,6 +114,21 @@ def test_keys_read_in_these_settings_are_accepted() -> None:
         assert not [p for p in problems if not p.startswith("actor.model.is_lora")], overrides
 
 
+def test_packing_on_its_own_is_accepted_and_leaves_the_shared_prompt_forward_unread() -> None:
+    # share_prompt_forward defaults to true: turning packing on asks for nothing else.
+    assert refusals(GRPO, "actor.pack_sequences=true") == []
+    # With packing, only the reference's forward (the KL term) shares prompts.
+    assert refusals(GRPO, "actor.pack_sequences=true", "actor.share_prompt_forward=false") == [
+        "actor.share_prompt_forward: shares a prompt's forward among its samples; with "
+        "actor.pack_sequences the update's forward is packed and runs every row's prompt, and "
+        "with algorithm.kl_coef 0 there is no reference forward to share it in; leave it at its "
+        "default"
+    ]
+    with_kl = ["actor.pack_sequences=true", "algorithm.kl_coef=0.1"]
+    assert refusals(GRPO, *with_kl, "actor.share_prompt_forward=false") == []
+    assert refusals(GRPO, "actor.share_prompt_forward=false") == []
+
+
 @pytest.mark.parametrize(
     ("override", "reason"),
     [
@@ -129,6 +144,7 @@ def test_keys_read_in_these_settings_are_accepted() -> None:
         ("algorithm.group_size=4", "compares no groups of envs"),
         ("env.control_mode=continuous", "the 'gymnasium' env type (env.env_type) does not read"),
         ("rollout.precision=bf16", "acts with the actor's own module"),
+        ("actor.pack_sequences=true", "has no token sequences"),
     ],
 )
 def test_embodied_ppo_refuses_what_it_does_not_read(override: str, reason: str) -> None:

@@ -267,6 +267,9 @@ class ActorConfig:
     logprob_chunk_size: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     # Rows repeating a prompt (a group's samples) run it once in the update's forward.
     share_prompt_forward: bool = True
+    # The update's forward and backward run each micro-batch's valid tokens end to end in one
+    # row (no padding); every row runs its own prompt there, in share_prompt_forward's place.
+    pack_sequences: bool = False
     enable_offload: bool | None = None
     cpus_per_worker: float = field(default=0.5, metadata=POSITIVE)
     # The frozen reference (KL term) runs beside the actor and only computes

@@ -194,6 +194,14 @@ class ReasoningTrainer:
             )
         if config.algorithm.kl_coef == 0:
             unread.update(reference_unread(f"with algorithm.kl_coef 0 {who}"))
+            # (Megatron refuses packing, and the shared prompt forward, on its own terms.)
+            if config.actor.pack_sequences and config.actor.backend == "fsdp":
+                unread["actor.share_prompt_forward"] = (
+                    "shares a prompt's forward among its samples; with actor.pack_sequences "
+                    "the update's forward is packed and runs every row's prompt, and with "
+                    "algorithm.kl_coef 0 there is no reference forward to share it in; leave it "
+                    "at its default"
+                )
         data = config.data
         if data.task == "arithmetic":
             generated = (

@@ -150,6 +150,8 @@ def embodied_unread(config: Config, who: str) -> dict[str, str]:
         "reads no token logits",
         "actor.share_prompt_forward": f"shares a prompt's forward among its samples in the "
         f"reasoning actor; {who} has no prompts",
+        "actor.pack_sequences": f"packs the reasoning actor's token sequences without padding; "
+        f"{who} has no token sequences",
         "rollout.backend": generation,
         "rollout.temperature": generation,
         "rollout.top_p": generation,

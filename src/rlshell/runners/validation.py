@@ -228,6 +228,12 @@ def _megatron_problems(spec: RunSpec, plan: PlacementPlan | None) -> list[str]:
             "actor.share_prompt_forward: the shared prompt forward runs Hugging Face's KV cache, "
             "which Megatron's model has not; set actor.share_prompt_forward=false"
         )
+    if actor.pack_sequences:
+        problems.append(
+            "actor.pack_sequences: the packed forward relies on Hugging Face's packed-sequence "
+            "masks; the Megatron backend's pipeline takes padded rows; set "
+            "actor.pack_sequences=false"
+        )
     model = actor.model
     unsupported = {
         "model_type": (model.model_type != "hf_causal_lm", "maps hf_causal_lm models only"),

@@ -56,6 +56,7 @@ from rlshell.models import get_model, torch_dtype
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.sync.codec import FlatBuckets
 from rlshell.sync.transfer import WeightSender
+from rlshell.workers.packing import packed_policy_forward
 
 __all__ = [
     "ESTIMATOR_KEYS",
@@ -184,6 +185,7 @@ def policy_forward(
     temperature: float,
     chunk_size: int | None,
     share_prompts: bool = False,
+    pack: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """(log-probs, entropies) of the batch's response tokens under ``model``.
 
@@ -193,8 +195,17 @@ def policy_forward(
     key/value cache is gathered to the rows (`prompt_prefix_forward`), and
     only the responses run on every row. Same log-probs and gradients
     (tested to float32 round-off); fewer FLOPs by (1 − distinct/rows) of the
-    prompt tokens.
+    prompt tokens. With ``pack`` the rows' valid tokens run end to end in one
+    row, without padding (`rlshell.workers.packing.packed_policy_forward`;
+    same log-probs and gradients, 0 at padded positions); it runs every
+    row's prompt, so it does not combine with ``share_prompts``.
     """
+    if pack:
+        if share_prompts:
+            raise ValueError(
+                "policy_forward: pack and share_prompts are two layouts of the forward; ask for one"
+            )
+        return packed_policy_forward(model, batch, temperature, chunk_size)
     device = next(model.parameters()).device
     width = batch.prompt_ids.shape[1]
     response_logits = prompt_prefix_forward(model, batch, device) if share_prompts else None
@@ -651,7 +662,10 @@ class ActorWorker(Worker):
             micro,
             self.config.rollout.temperature,
             self.config.actor.logprob_chunk_size,
-            share_prompts=self.config.actor.share_prompt_forward,
+            # Packing runs every row's prompt: it takes the shared prompt forward's place.
+            share_prompts=not self.config.actor.pack_sequences
+            and self.config.actor.share_prompt_forward,
+            pack=self.config.actor.pack_sequences,
         )
 
     def _loss(
