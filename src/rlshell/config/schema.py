@@ -51,10 +51,17 @@ __all__ = [
 COMPONENTS = ("actor", "rollout", "reference", "reward", "env")
 
 Precision = Literal["fp32", "bf16", "fp16"]
+# rlcore.masked.AggregationMode, rlcore.losses.KLKind's names without the aliases, and
+# rlcore.advantages.BaselineForm (tests/shell/test_config.py checks they agree).
 AggregationMode = Literal[
-    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
 ]
-KLKind = Literal["k1", "k2", "k3", "abs"]
+KLKind = Literal["k1", "k2", "k3", "abs", "k1+", "k3+", "abs+"]
+BaselineForm = Literal["reward_to_go", "score"]
 OldLogprobs = Literal["recompute", "rollout"]
 # rlcore.mismatch.RolloutISMode (tests/shell/test_config.py checks they agree).
 RolloutISMode = Literal[
@@ -427,6 +434,11 @@ class AlgorithmConfig:
     engine reported. ``rollout_is`` corrects for sampling with the engine's
     numerics by per-token weights (`rlcore.mismatch.rollout_importance_weights`
     with ``rollout_is_threshold`` as its cap C, 1/C as its lower bound).
+
+    ``baseline_form`` (``adv_type='reinforce_pp_baseline'``): what the group
+    mean is subtracted from before whitening, the discounted reward-to-go
+    (``reward_to_go``) or the row's undiscounted score (``score``, verl's form;
+    it needs ``gamma`` 1), `rlcore.advantages.AdvantageConfig.baseline_form`.
     """
 
     adv_type: str = "grpo"
@@ -444,6 +456,7 @@ class AlgorithmConfig:
     entropy_coef: float = field(default=0.0, metadata=NON_NEGATIVE)
     gamma: float = field(default=1.0, metadata=UNIT_CLOSED)
     lam: float = field(default=1.0, metadata=UNIT_CLOSED)
+    baseline_form: BaselineForm = "reward_to_go"
     update_epochs: int = field(default=1, metadata=POSITIVE_INT)
     num_minibatches: int = field(default=1, metadata=POSITIVE_INT)
     vf_coef: float = field(default=0.5, metadata=NON_NEGATIVE)
