@@ -173,6 +173,9 @@ COVERED_ELSEWHERE = {
         "test_ppo_with_the_examples_policy_and_env_learns_in_ray_workers runs it for 12 steps"
     ),
     "make test": "the CI entry point .ci/run; this test is part of it",
+    ".venv/bin/python -m pytest -q -p no:cacheprovider tests/peers/test_verl.py": (
+        "make test runs tests/peers/test_verl.py with the rest of the suite"
+    ),
     ".venv/bin/python examples/custom_trainer/grpo_arithmetic.py --steps 2000": (
         "tests/shell/test_reasoning_parts.py::test_the_custom_trainer_example_trains_and_evaluates"
         " runs it for 3 steps"

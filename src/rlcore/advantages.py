@@ -20,7 +20,7 @@ and configs use (`rlcore.registry.ADVANTAGES`).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 import attrs
 import torch
@@ -35,9 +35,11 @@ from rlcore.rollout import broadcast_to_tokens
 from rlcore.types import Advantages, Mask, as_bool_mask
 
 __all__ = [
+    "BASELINE_FORMS",
     "AdvantageBatch",
     "AdvantageConfig",
     "AdvantageEstimator",
+    "BaselineForm",
     "discounted_returns",
     "gae",
     "group_normalized",
@@ -210,7 +212,9 @@ def reinforce_pp(
 
     ``baseline`` bᵢ is a per-sequence baseline; REINFORCE++-baseline uses the
     mean outcome score of the sequence's prompt group (registry name
-    ``reinforce_pp_baseline``). The returns are Gₜ itself, without the baseline.
+    ``reinforce_pp_baseline``; its ``AdvantageConfig.baseline_form='score'``
+    centres the row's undiscounted total reward instead, as verl does). The
+    returns are Gₜ itself, without the baseline.
     """
     _check_discount(gamma, 1.0)
     valid = as_bool_mask(mask)
@@ -315,15 +319,39 @@ class AdvantageBatch:
         return scores.view(-1, self.group_size)
 
 
+BaselineForm = Literal["reward_to_go", "score"]
+BASELINE_FORMS: tuple[str, ...] = get_args(BaselineForm)
+
+
+def _check_baseline_form(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if value not in BASELINE_FORMS:
+        expected = " or ".join(repr(form) for form in BASELINE_FORMS)
+        raise ValueError(f"AdvantageConfig.baseline_form must be {expected}, got {value!r}")
+
+
 @attrs.frozen
 class AdvantageConfig:
     """Hyperparameters an estimator may use; each ignores those it does not need, and says
-    which it reads when registered (`rlcore.registry.Registry.reads`)."""
+    which it reads when registered (`rlcore.registry.Registry.reads`).
+
+    ``baseline_form`` chooses what REINFORCE++-baseline (``reinforce_pp_baseline``)
+    centres on the group mean b of the outcome scores before whitening:
+
+    - ``reward_to_go``: the discounted reward-to-go, Âₜ = whiten(Gₜ − b), Gₜ = Σₖ≥ₜ γ^(k−t) rₖ;
+    - ``score``: the row's total reward sᵢ = Σₜ mₜ rₜ, Âᵢₜ = whiten(sᵢ − b), the same on
+      every token and undiscounted (verl's ``reinforce_plus_plus_baseline``); it needs
+      ``gamma`` = 1.
+
+    The two agree when γ = 1 and each row's reward lies on its last valid token.
+    """
 
     gamma: float = 1.0
     lam: float = 1.0
     eps: float = 1e-6
     whiten: bool = True
+    baseline_form: BaselineForm = attrs.field(
+        default="reward_to_go", validator=_check_baseline_form
+    )
 
 
 class AdvantageEstimator(Protocol):
@@ -366,7 +394,18 @@ def _reinforce_pp_estimator(batch: AdvantageBatch, config: AdvantageConfig) -> A
 def _reinforce_pp_baseline_estimator(batch: AdvantageBatch, config: AdvantageConfig) -> Advantages:
     scores = batch.grouped_scores("reinforce_pp_baseline")
     baseline = scores.mean(dim=-1, keepdim=True).expand_as(scores).reshape(-1)
-    return reinforce_pp(batch.token_rewards, batch.mask, config.gamma, baseline=baseline)
+    if config.baseline_form == "reward_to_go":
+        return reinforce_pp(batch.token_rewards, batch.mask, config.gamma, baseline=baseline)
+    if config.gamma != 1.0:
+        raise ValueError(
+            f"advantage estimator 'reinforce_pp_baseline' with baseline_form='score' centres "
+            f"the undiscounted score of each row, so it does not use gamma (got {config.gamma}); "
+            "leave gamma at 1.0 or choose baseline_form='reward_to_go'"
+        )
+    with torch.no_grad():
+        returns = broadcast_to_tokens(scores.reshape(-1), batch.mask)
+        centred = broadcast_to_tokens(scores.reshape(-1) - baseline, batch.mask)
+        return Advantages(masked_whiten(centred, batch.mask, eps=1e-8), returns)
 
 
 def _opd_estimator(batch: AdvantageBatch, config: AdvantageConfig) -> Advantages:
@@ -382,5 +421,7 @@ ADVANTAGES.register("grpo", _grpo_estimator, reads=("eps",))
 ADVANTAGES.register("dr_grpo", _dr_grpo_estimator, reads=())
 ADVANTAGES.register("rloo", _rloo_estimator, reads=())
 ADVANTAGES.register("reinforce_pp", _reinforce_pp_estimator, reads=("gamma",))
-ADVANTAGES.register("reinforce_pp_baseline", _reinforce_pp_baseline_estimator, reads=("gamma",))
+ADVANTAGES.register(
+    "reinforce_pp_baseline", _reinforce_pp_baseline_estimator, reads=("gamma", "baseline_form")
+)
 ADVANTAGES.register("opd", _opd_estimator, reads=())

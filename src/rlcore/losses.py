@@ -137,8 +137,8 @@ def ppo_policy_loss(
     return LossOutput(
         loss,
         {
-            "clipfrac": _fraction(clip_active, valid),
-            "dual_clipfrac": _fraction(dual_active, valid),
+            "clipfrac": _fraction(clip_active, valid, token_loss),
+            "dual_clipfrac": _fraction(dual_active, valid, token_loss),
             "approx_kl": masked_mean(-log_ratio, valid).detach(),
             "ratio_mean": masked_mean(ratio, valid).detach(),
         },
@@ -201,7 +201,7 @@ def gspo_policy_loss(
     return LossOutput(
         loss,
         {
-            "clipfrac": _fraction(clip_active, valid),
+            "clipfrac": _fraction(clip_active, valid, token_loss),
             "approx_kl": masked_mean(-token_log_ratio, valid).detach(),
             "ratio_mean": masked_mean(ratio, valid).detach(),
         },
@@ -263,12 +263,12 @@ def decoupled_ppo_policy_loss(
     return LossOutput(
         loss,
         {
-            "clipfrac": _fraction(clip_active, kept),
-            "dual_clipfrac": _fraction(dual_active, kept),
+            "clipfrac": _fraction(clip_active, kept, token_loss),
+            "dual_clipfrac": _fraction(dual_active, kept, token_loss),
             "approx_kl": masked_mean(-log_ratio, kept).detach(),
             "ratio_mean": masked_mean(ratio, kept).detach(),
             "behavior_weight_mean": masked_mean(weight, valid).detach(),
-            "behavior_capped_frac": _fraction(capped, valid),
+            "behavior_capped_frac": _fraction(capped, valid, token_loss),
         },
     )
 
@@ -309,14 +309,14 @@ def value_loss(
         )
 
     token_loss = error(values)
-    clipped_frac = torch.zeros((), dtype=values.dtype, device=values.device)
+    clipped_frac = torch.zeros((), dtype=token_loss.dtype, device=values.device)
     if clip is not None:
         clipped_values = old_values + (values - old_values).clamp(-clip, clip)
         clipped_loss = error(clipped_values)
         # Inside the clip range V_old + (V − V_old) can round one ulp away from V;
         # only a step that was actually clipped may count as clipped.
         outside = (values - old_values).abs() > clip
-        clipped_frac = _fraction(outside & (clipped_loss > token_loss), valid)
+        clipped_frac = _fraction(outside & (clipped_loss > token_loss), valid, token_loss)
         token_loss = torch.maximum(token_loss, clipped_loss)
     loss = aggregate(token_loss, valid, agg, normalizer)
     return LossOutput(
@@ -324,9 +324,34 @@ def value_loss(
     )
 
 
-KLKind = Literal["k1", "k2", "k3", "abs", "kl", "mse", "low_var_kl"]
+KLKind = Literal[
+    "k1",
+    "k2",
+    "k3",
+    "abs",
+    "kl",
+    "mse",
+    "low_var_kl",
+    "k1+",
+    "k2+",
+    "k3+",
+    "abs+",
+    "kl+",
+    "mse+",
+    "low_var_kl+",
+]
 _KL_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
 _KL_KINDS = ", ".join(get_args(KLKind))
+
+
+def _kl_base(kind: str) -> tuple[str, bool]:
+    """The estimator a kind names (aliases resolved) and whether it is straight-through (``+``)."""
+    straight_through = kind.endswith("+")
+    base = kind[:-1] if straight_through else kind
+    name = _KL_ALIASES.get(base, base)
+    if name not in ("k1", "k2", "k3", "abs"):
+        raise ValueError(f"unknown KL estimator kind {kind!r}; expected one of {_KL_KINDS}")
+    return name, straight_through
 
 
 @typecheck
@@ -347,13 +372,21 @@ def kl_estimate(
     - ``k3`` (``low_var_kl``):  (r − 1) − log r        unbiased, ≥ 0, low variance
     - ``abs``:                  |log r|                ≥ 0
 
+    A kind ending in ``+`` (``k3+``, ``low_var_kl+``, ...) is straight-through:
+    the value of the named estimate, the gradient of k2,
+
+        k⁺ = k2 − sg[k2] + sg[k]
+
+    For tokens sampled from π the expected gradient of k2 is ∇KL(π ‖ π_ref),
+    while k1's is 0 and k3's is ∇KL(π_ref ‖ π); so a ``+`` kind logs the
+    estimate it names and, as a loss, pulls along the gradient of the KL it
+    estimates. ``k2+`` is ``k2``. (verl's ``kl_penalty`` kinds of the same names.)
+
     Swapping the arguments estimates something else (k1 and k3 are no longer
-    unbiased for KL(π ‖ π_ref)). ``clamp`` bounds the estimate to ±clamp;
-    verl clamps ``low_var_kl`` at 10.
+    unbiased for KL(π ‖ π_ref)). ``clamp`` bounds the estimate's value to
+    ±clamp (not the gradient of a ``+`` kind); verl clamps ``low_var_kl`` at 10.
     """
-    name = _KL_ALIASES.get(kind, kind)
-    if name not in ("k1", "k2", "k3", "abs"):
-        raise ValueError(f"unknown KL estimator kind {kind!r}; expected one of {_KL_KINDS}")
+    name, straight_through = _kl_base(kind)
     if clamp is not None and clamp <= 0:
         raise ValueError(f"clamp must be positive, got {clamp}")
     log_ratio = ref_logprobs - logprobs
@@ -369,7 +402,11 @@ def kl_estimate(
         estimate = log_ratio.abs()
     if clamp is not None:
         estimate = estimate.clamp(-clamp, clamp)
-    return estimate
+    if not straight_through:
+        return estimate
+    k2 = 0.5 * log_ratio.square()
+    # k2 − sg[k2] is exactly 0, so the value is the estimate's to the last bit.
+    return k2 - k2.detach() + estimate.detach()
 
 
 @typecheck
@@ -464,8 +501,9 @@ def sac_temperature_loss(
     return LossOutput(loss, {"alpha": log_alpha.detach().exp()})
 
 
-def _fraction(flags: Tensor, valid: Tensor) -> Tensor:
-    return masked_mean(flags.to(torch.get_default_dtype()), valid).detach()
+def _fraction(flags: Tensor, valid: Tensor, like: Tensor) -> Tensor:
+    """The share of valid positions where ``flags`` holds, in ``like``'s dtype."""
+    return masked_mean(flags.to(like.dtype), valid).detach()
 
 
 # ---------------------------------------------------------------------------

@@ -28,6 +28,7 @@ __all__ = [
 
 AggregationMode = Literal[
     "token-mean",
+    "token-sum",
     "seq-mean-token-sum",
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
@@ -135,26 +136,33 @@ def aggregation_normalizer(
     """The denominator `aggregate` divides by, for the rows in ``mask``.
 
     - ``token-mean``: the number of valid tokens, Σ mᵢₜ;
+    - ``token-sum``: 1, whatever the batch (the loss is the plain token sum);
     - ``seq-mean-token-sum`` and ``seq-mean-token-mean``: the number of
       sequences with at least one valid token;
-    - ``seq-mean-token-sum-norm``: that number of sequences times the
-      horizon L (``horizon``, default the time dimension), Dr. GRPO's constant.
+    - ``seq-mean-token-sum-norm``: the number of rows B, a fully masked row
+      included, times the horizon L (``horizon``, default the time
+      dimension): Dr. GRPO's constant B · L, the sampled responses times the
+      generation budget, which depends on neither their lengths nor the padding.
 
-    Every normaliser is a count, so it is additive over any split of the rows:
-    the normaliser of a global batch is the sum of its micro-batches' (an
-    all-reduce with SUM across data-parallel ranks).
+    Every normaliser but ``token-sum``'s is a count, so it is additive over
+    any split of the rows: the normaliser of a global batch is the sum of its
+    micro-batches' (an all-reduce with SUM across data-parallel ranks).
+    ``token-sum``'s is the constant 1 for a batch and for every part of it:
+    use it as it is, never summed.
     """
     _check_mode(mode)
     mask = as_bool_mask(mask)
+    dtype = torch.get_default_dtype()
     if mode == "token-mean":
-        return mask.sum().to(torch.get_default_dtype())
-    sequences = mask.any(dim=-1).sum().to(torch.get_default_dtype())
+        return mask.sum().to(dtype)
+    if mode == "token-sum":
+        return torch.ones((), dtype=dtype, device=mask.device)
     if mode == "seq-mean-token-sum-norm":
         length = mask.shape[-1] if horizon is None else horizon
         if length <= 0:
             raise ValueError(f"horizon must be positive, got {length}")
-        return sequences * length
-    return sequences
+        return torch.tensor(float(mask.shape[0] * length), dtype=dtype, device=mask.device)
+    return mask.any(dim=-1).sum().to(dtype)
 
 
 @typecheck
@@ -167,21 +175,26 @@ def aggregate(
 ) -> Float[Tensor, ""]:
     """Reduce per-token losses ``ℓ[b, t]`` to one scalar.
 
-    With mᵢₜ the mask, nᵢ = Σₜ mᵢₜ and Z the normaliser:
+    With mᵢₜ the mask, nᵢ = Σₜ mᵢₜ, B the number of rows and Z the normaliser:
 
     - ``token-mean``:               Σᵢ Σₜ mᵢₜ ℓᵢₜ / Z,        Z = Σᵢ nᵢ   (DAPO; verl default)
+    - ``token-sum``:                Σᵢ Σₜ mᵢₜ ℓᵢₜ / Z,        Z = 1
     - ``seq-mean-token-sum``:       Σᵢ Σₜ mᵢₜ ℓᵢₜ / Z,        Z = #sequences
     - ``seq-mean-token-mean``:      Σᵢ (Σₜ mᵢₜ ℓᵢₜ / nᵢ) / Z, Z = #sequences (GRPO paper)
-    - ``seq-mean-token-sum-norm``:  Σᵢ Σₜ mᵢₜ ℓᵢₜ / Z,        Z = #sequences · L (Dr. GRPO)
+    - ``seq-mean-token-sum-norm``:  Σᵢ Σₜ mᵢₜ ℓᵢₜ / Z,        Z = B · L (Dr. GRPO)
 
-    The last mode is Dr. GRPO's and TRL's ``dr_grpo`` (batch × L); verl's mode of
-    the same name divides by L only, so its loss is #sequences times larger.
+    #sequences counts the rows with a valid token. ``seq-mean-token-sum-norm``
+    divides by a constant in which every row counts (Dr. GRPO, arXiv:2503.20783;
+    TRL's ``dr_grpo``: batch size × ``max_completion_length``), so no token's
+    weight depends on the lengths in its batch. verl 0.9.1's mode of the same
+    name divides by the rows with a valid token times L: the same value
+    unless a row is fully masked.
 
     The numerator is a sum over rows, so when ``normalizer`` is the global
     batch's (see `aggregation_normalizer`), summing the results of any split
     of the batch into micro-batches or ranks gives exactly the whole batch's
     result. Left as None, the normaliser of this batch is used. A zero
-    normaliser (nothing valid) gives 0.
+    normaliser (no valid token, or no row) gives 0.
     """
     _check_mode(mode)
     mask = as_bool_mask(mask)

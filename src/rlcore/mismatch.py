@@ -56,8 +56,9 @@ def _valid_max(values: Tensor, valid: Tensor) -> Tensor:
     return torch.cat([torch.where(valid, values, 0.0).flatten(), values.new_zeros(1)]).max()
 
 
-def _fraction(flags: Tensor, valid: Tensor) -> Tensor:
-    return masked_mean(flags.to(torch.get_default_dtype()), valid)
+def _fraction(flags: Tensor, valid: Tensor, like: Tensor) -> Tensor:
+    """The share of valid positions where ``flags`` holds, in ``like``'s dtype."""
+    return masked_mean(flags.to(like.dtype), valid)
 
 
 @typecheck
@@ -154,6 +155,6 @@ def rollout_importance_weights(
     return weights, {
         "weight_mean": masked_mean(weights, valid),
         "weight_max": _valid_max(weights, valid),
-        "truncated_frac": _fraction(truncated, valid),
-        "masked_frac": _fraction(dropped, valid),
+        "truncated_frac": _fraction(truncated, valid, weights),
+        "masked_frac": _fraction(dropped, valid, weights),
     }

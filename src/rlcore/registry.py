@@ -16,7 +16,7 @@ reads, so that a caller can refuse the others instead of passing them to an
 entry that ignores them:
 
     ADVANTAGES.register("grpo", _grpo_estimator, reads=("eps",))
-    ADVANTAGES.ignores("grpo")   # frozenset({'gamma', 'lam', 'whiten'})
+    ADVANTAGES.ignores("grpo")   # frozenset({'gamma', 'lam', 'whiten', 'baseline_form'})
 
 An entry registered without ``reads`` is taken to read every hyperparameter.
 """
@@ -168,7 +168,7 @@ def _describe(entry: object) -> str:
 # The fields of `rlcore.advantages.AdvantageConfig` and `rlcore.losses.PolicyLossConfig`
 # (defined there, after this module is imported; tests/core/test_registry.py checks).
 ADVANTAGES: Registry[AdvantageEstimator] = Registry(
-    "advantage estimator", hyperparameters=("gamma", "lam", "eps", "whiten")
+    "advantage estimator", hyperparameters=("gamma", "lam", "eps", "whiten", "baseline_form")
 )
 POLICY_LOSSES: Registry[PolicyLoss] = Registry(
     "policy loss",

@@ -26,7 +26,7 @@ from rlcore.advantages import (
 )
 from rlcore.masked import masked_whiten
 from rlcore.registry import ADVANTAGES
-from rlcore.rollout import broadcast_to_tokens
+from rlcore.rollout import broadcast_to_tokens, place_on_last_token
 from rlcore.testing import (
     TokenBatch,
     Trajectory,
@@ -810,6 +810,8 @@ ESTIMATOR_CASES = [
     ("rloo", AdvantageConfig()),
     ("reinforce_pp", AdvantageConfig(gamma=0.9)),
     ("reinforce_pp_baseline", AdvantageConfig()),
+    ("reinforce_pp_baseline", AdvantageConfig(gamma=0.9)),
+    ("reinforce_pp_baseline", AdvantageConfig(baseline_form="score")),
     ("opd", AdvantageConfig()),
 ]
 
@@ -872,6 +874,12 @@ def test_registry_adapters_compute_what_the_functions_compute(
     group_mean = scores.mean(-1, keepdim=True).expand_as(scores).reshape(-1)
     baseline = reinforce_pp(batch.token_rewards, batch.mask, gamma, baseline=group_mean)
     torch.testing.assert_close(run("reinforce_pp_baseline"), baseline.advantages)
+    score_form = ADVANTAGES.get("reinforce_pp_baseline")(
+        data, AdvantageConfig(baseline_form="score")
+    )
+    centred = on_tokens(scores - scores.mean(-1, keepdim=True))
+    torch.testing.assert_close(score_form.advantages, masked_whiten(centred, batch.mask))
+    torch.testing.assert_close(score_form.returns, on_tokens(scores))
     token = token_gae(batch.token_rewards, batch.values, batch.mask, gamma, lam)
     torch.testing.assert_close(run("gae"), masked_whiten(token.advantages, batch.mask))
     unwhitened = ADVANTAGES.get("gae")(data, attrs.evolve(config, whiten=False))
@@ -912,3 +920,62 @@ def test_grouped_scores_sum_the_valid_token_rewards_per_row() -> None:
     mask = torch.tensor([[True, False], [True, True], [False, False], [False, True]])
     scores = AdvantageBatch(rewards, mask, group_size=2).grouped_scores("grpo")
     assert scores.tolist() == [[1.0, 7.0], [0.0, 8.0]]
+
+
+# --- REINFORCE++-baseline: the reward-to-go form and verl's score form ---------------------
+
+
+@given(
+    group_size=st.integers(2, 3).flatmap(
+        lambda n: st.tuples(st.just(n), token_batches(batch_multiple_of=n, allow_empty_rows=False))
+    )
+)
+def test_reinforce_pp_baseline_forms_agree_for_outcome_rewards_without_discount(
+    group_size: tuple[int, TokenBatch],
+) -> None:
+    """With γ = 1 and each row's reward on its last valid token, Gₜ = sᵢ on every valid token
+    (holes are passed over), so whiten(Gₜ − b) = whiten(sᵢ − b): the two forms are one."""
+    n, batch = group_size
+    outcome = place_on_last_token(
+        torch.where(batch.mask, batch.token_rewards, 0.0).sum(-1), batch.mask
+    )
+    data = AdvantageBatch(outcome, batch.mask, group_size=n)
+    estimator = ADVANTAGES.get("reinforce_pp_baseline")
+    to_go = estimator(data, AdvantageConfig())
+    score = estimator(data, AdvantageConfig(baseline_form="score"))
+    torch.testing.assert_close(to_go.advantages, score.advantages)
+    torch.testing.assert_close(to_go.returns, score.returns)
+
+
+def test_reinforce_pp_baseline_forms_hand_example() -> None:
+    """One group of 2, rewards [[0, 1], [0, 0]], γ = 0.9: b = ½. Reward-to-go: G = [[0.9, 1],
+    [0, 0]], G − b = [[0.4, 0.5], [−0.5, −0.5]], whitened (mean −0.025, std 0.5188):
+    [[0.7727, 0.9545], [−0.8636, −0.8636]]. Score form (γ unused, so 1): s − b = ±½ on every
+    token, whitened ±0.8660 (std of ±½ over 4 tokens, Bessel: 0.5774)."""
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0]], dtype=torch.float64)
+    data = AdvantageBatch(rewards, torch.ones(2, 2, dtype=torch.bool), group_size=2)
+    estimator = ADVANTAGES.get("reinforce_pp_baseline")
+    to_go = estimator(data, AdvantageConfig(gamma=0.9)).advantages
+    score = estimator(data, AdvantageConfig(baseline_form="score")).advantages
+    expected = torch.tensor([[0.7727, 0.9545], [-0.8636, -0.8636]], dtype=torch.float64)
+    torch.testing.assert_close(to_go, expected, atol=1e-4, rtol=0)
+    half = 0.5 / math.sqrt(1 / 3)
+    torch.testing.assert_close(
+        score, torch.tensor([[half, half], [-half, -half]], dtype=torch.float64)
+    )
+
+
+def test_reinforce_pp_baselines_score_form_refuses_a_discount_it_would_ignore() -> None:
+    data = AdvantageBatch(_zeros(2, 3), ~_flags(2, 3), group_size=2)
+    message = (
+        r"'reinforce_pp_baseline' with baseline_form='score' centres the undiscounted score of "
+        r"each row, so it does not use gamma \(got 0.9\); leave gamma at 1.0"
+    )
+    with pytest.raises(ValueError, match=message):
+        ADVANTAGES.get("reinforce_pp_baseline")(
+            data, AdvantageConfig(gamma=0.9, baseline_form="score")
+        )
+    with pytest.raises(
+        ValueError, match=r"baseline_form must be 'reward_to_go' or 'score', got 'sum'"
+    ):
+        AdvantageConfig(baseline_form="sum")  # type: ignore[arg-type]

@@ -50,6 +50,8 @@ EXCLUDED = {
     "advantages.AdvantageBatch": "registry adapter input, for the torch registry's estimators",
     "advantages.AdvantageConfig": "registry adapter config, used only by the torch adapters",
     "advantages.AdvantageEstimator": "Protocol of rlcore.registry.ADVANTAGES entries (torch)",
+    "advantages.BaselineForm": "AdvantageConfig.baseline_form's choices (torch adapters only)",
+    "advantages.BASELINE_FORMS": "AdvantageConfig.baseline_form's choices (torch adapters only)",
     "losses.PolicyLossBatch": "registry adapter input: the torch registry holds torch losses",
     "losses.PolicyLossConfig": "registry adapter config, used only by the torch adapters",
     "losses.PolicyLoss": "Protocol of rlcore.registry.POLICY_LOSSES entries (torch)",

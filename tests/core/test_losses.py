@@ -141,6 +141,20 @@ def test_default_normalizer_equals_the_batchs_own(batch: TokenBatch, mode: Aggre
         )
 
 
+@given(data=st.data(), dtype=st.sampled_from([torch.float32, torch.float64]), mode=modes)
+def test_losses_and_metrics_come_back_in_the_inputs_dtype(
+    data: st.DataObject, dtype: torch.dtype, mode: AggregationMode
+) -> None:
+    """Fractions (``clipfrac``, ``dual_clipfrac``, ``vf_clipfrac``, ...) included: a float64
+    batch gives float64 metrics, whatever torch's default dtype."""
+    batch = data.draw(token_batches(max_batch=4, max_time=6, dtype=dtype), label="batch")
+    for name, loss_fn in token_losses(batch, mode).items():
+        out = loss_fn(differentiated_input(name, batch), batch)
+        found = {key: value.dtype for key, value in out.metrics.items()}
+        assert out.loss.dtype == dtype, name
+        assert found == dict.fromkeys(out.metrics, dtype), f"{name}: {found}"
+
+
 @given(
     batch=token_batches(max_batch=4, max_time=6),
     mode=modes,
@@ -734,6 +748,65 @@ def test_clamp_bounds_every_estimate(
     torch.testing.assert_close(clamped, raw.clamp(-clamp, clamp))
 
 
+STRAIGHT_THROUGH = [kind for kind in get_args(losses.KLKind) if kind.endswith("+")]
+
+
+@given(
+    pairs=st.lists(st.tuples(st.floats(-40, 0), st.floats(-40, 0)), min_size=1, max_size=20),
+    kind=st.sampled_from(STRAIGHT_THROUGH),
+    clamp=st.none() | st.floats(0.1, 10.0),
+)
+def test_straight_through_kinds_have_the_named_value_and_k2s_gradient(
+    pairs: list[tuple[float, float]], kind: str, clamp: float | None
+) -> None:
+    """k⁺ = k2 − sg[k2] + sg[k]: the value of k (clamped as k is) to the bit, k2's gradient
+    with respect to both arguments (unclamped)."""
+    logprobs, ref_logprobs = tensor([list(p) for p in zip(*pairs, strict=True)])
+    logprobs.requires_grad_(True)
+    ref_logprobs.requires_grad_(True)
+    weights = torch.linspace(-1.0, 2.0, logprobs.numel(), dtype=F64)
+    plus = kl_estimate(logprobs, ref_logprobs, kind, clamp=clamp)
+    named = kl_estimate(logprobs, ref_logprobs, kind[:-1], clamp=clamp)
+    k2 = kl_estimate(logprobs, ref_logprobs, "k2")
+    assert torch.equal(plus, named)
+    expected = torch.autograd.grad((weights * k2).sum(), (logprobs, ref_logprobs))
+    found = torch.autograd.grad((weights * plus).sum(), (logprobs, ref_logprobs))
+    for grad, k2_grad in zip(found, expected, strict=True):
+        torch.testing.assert_close(grad, k2_grad)
+
+
+def test_straight_through_k3_follows_the_gradient_of_the_kl_it_estimates() -> None:
+    """Exactly, over a categorical policy π = softmax(z): E_{y∼π}[∇_z k(y)] with the sampling
+    distribution held fixed (what a loss on sampled tokens backpropagates) is ∇_z KL(π ‖ π_ref)
+    for ``k3+`` and ``k2``, and ∇_z KL(π_ref ‖ π) for plain ``k3``."""
+    generator = torch.Generator().manual_seed(7)
+    for _ in range(3):
+        logits = torch.randn(6, generator=generator, dtype=F64, requires_grad=True)
+        log_ref = torch.log_softmax(torch.randn(6, generator=generator, dtype=F64), -1)
+        sampling = torch.softmax(logits.detach(), -1)
+
+        def expected_gradient(
+            kind: str,
+            logits: Tensor = logits,
+            log_ref: Tensor = log_ref,
+            weights: Tensor = sampling,
+        ) -> Tensor:
+            estimate = kl_estimate(torch.log_softmax(logits, -1), log_ref, kind)
+            return grad_of((weights * estimate).sum(), logits)
+
+        def kl_gradient(
+            forward: bool, logits: Tensor = logits, log_ref: Tensor = log_ref
+        ) -> Tensor:
+            log_policy = torch.log_softmax(logits, -1)
+            log_p, log_q = (log_policy, log_ref) if forward else (log_ref, log_policy)
+            return grad_of((log_p.exp() * (log_p - log_q)).sum(), logits)
+
+        torch.testing.assert_close(expected_gradient("k3+"), kl_gradient(forward=True))
+        torch.testing.assert_close(expected_gradient("k2"), kl_gradient(forward=True))
+        torch.testing.assert_close(expected_gradient("k3"), kl_gradient(forward=False))
+        assert not torch.allclose(kl_gradient(True), kl_gradient(False), atol=1e-3)
+
+
 def test_kl_estimate_hand_example() -> None:
     """π(y) = ½, π_ref(y) = ¼: log r = −log 2; k1 = log 2, k2 = ½ log² 2, k3 = log 2 − ½."""
     logprobs, ref_logprobs = tensor([[math.log(0.5)]]), tensor([[math.log(0.25)]])
@@ -808,6 +881,8 @@ def test_unknown_kl_kind_suggests_the_closest() -> None:
     unchecked = kl_estimate.__wrapped__  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match=r"unknown KL estimator kind 'low_var'"):
         unchecked(x, x, "low_var")
+    with pytest.raises(ValueError, match=r"unknown KL estimator kind 'k4\+'; expected one of"):
+        unchecked(x, x, "k4+")
 
 
 # --- entropy and SFT -------------------------------------------------------------------------

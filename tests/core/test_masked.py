@@ -49,20 +49,23 @@ def reference_aggregate(
     values: Tensor, mask: Tensor, mode: AggregationMode, horizon: int | None = None
 ) -> Tensor:
     """Each mode's formula, row by row, on the selected entries only."""
-    rows = [row[row_mask] for row, row_mask in zip(values, mask, strict=True)]
-    rows = [row for row in rows if row.numel() > 0]
+    every_row = [row[row_mask] for row, row_mask in zip(values, mask, strict=True)]
+    rows = [row for row in every_row if row.numel() > 0]
     zero = torch.zeros((), dtype=values.dtype)
     if not rows:
         return zero
+    total = torch.stack([row.sum() for row in rows]).sum()
     if mode == "token-mean":
         return torch.cat(rows).mean()
+    if mode == "token-sum":
+        return total
     if mode == "seq-mean-token-mean":
         return torch.stack([row.mean() for row in rows]).sum() / len(rows)
-    total = torch.stack([row.sum() for row in rows]).sum()
     if mode == "seq-mean-token-sum":
         return total / len(rows)
+    # Dr. GRPO: every row counts, a fully masked one too.
     length = values.shape[-1] if horizon is None else horizon
-    return total / (len(rows) * length)
+    return total / (len(every_row) * length)
 
 
 # --- masked_sum / masked_mean / masked_var / masked_whiten against plain torch ---------------
@@ -191,8 +194,10 @@ def test_all_masked_inputs_give_zero_not_nan(shape: tuple[int, ...]) -> None:
         assert torch.all(grad == 0), f"{name} gave gradient {grad} on an all-masked input"
     assert torch.all(masked_whiten(values, mask) == 0)
     if len(shape) == 2:
+        rows, length = shape
+        constants = {"token-sum": 1.0, "seq-mean-token-sum-norm": float(rows * length)}
         for mode in MODES:
-            assert aggregation_normalizer(mask, mode).item() == 0.0
+            assert aggregation_normalizer(mask, mode).item() == constants.get(mode, 0.0), mode
 
 
 # --- mask dtypes -----------------------------------------------------------------------------
@@ -284,17 +289,65 @@ def test_parts_of_any_row_partition_add_up_to_the_whole_with_the_global_normaliz
     torch.testing.assert_close(parts_grad, whole_grad)
 
 
-@given(data=st.data(), mode=st.sampled_from(MODES))
+COUNTED_MODES = [mode for mode in MODES if mode != "token-sum"]
+
+
+@given(data=st.data(), mode=st.sampled_from(COUNTED_MODES), horizon=st.none() | st.integers(1, 16))
 def test_normalizers_are_additive_over_row_partitions(
-    data: st.DataObject, mode: AggregationMode
+    data: st.DataObject, mode: AggregationMode, horizon: int | None
 ) -> None:
+    """Every normaliser that is a count: Z(whole) = Σ Z(part), parts empty or not."""
     rows = data.draw(st.integers(1, 8), label="rows")
     mask = data.draw(masks((rows, data.draw(st.integers(1, 8), label="time"))), label="mask")
     owner = torch.tensor(
         data.draw(st.lists(st.integers(0, 2), min_size=rows, max_size=rows), label="owner")
     )
-    parts = [aggregation_normalizer(mask[owner == part], mode) for part in range(3)]
-    torch.testing.assert_close(sum(parts), aggregation_normalizer(mask, mode))
+    parts = [aggregation_normalizer(mask[owner == part], mode, horizon) for part in range(3)]
+    torch.testing.assert_close(sum(parts), aggregation_normalizer(mask, mode, horizon))
+
+
+def draw_mask(data: st.DataObject, label: str) -> Tensor:
+    """A mask of 0 to 6 rows (holes and fully masked rows allowed) and 1 to 8 steps."""
+    shape = (data.draw(st.integers(0, 6), label="rows"), data.draw(st.integers(1, 8), label="time"))
+    return data.draw(masks(shape), label=label)
+
+
+@given(data=st.data())
+def test_token_sums_normalizer_is_one_whatever_the_mask(data: st.DataObject) -> None:
+    """The plain token sum: Z = 1 for any batch or part of one, so it is not summed over parts."""
+    assert aggregation_normalizer(draw_mask(data, "mask"), "token-sum").item() == 1.0
+
+
+@given(data=st.data(), horizon=st.none() | st.integers(1, 16))
+def test_dr_grpos_normalizer_counts_every_row_whatever_its_tokens(
+    data: st.DataObject, horizon: int | None
+) -> None:
+    """Z = B · L: the same for any two masks of one shape, fully masked rows included."""
+    first = draw_mask(data, "first")
+    rows, length = first.shape
+    second = data.draw(masks((rows, length)), label="second")
+    expected = float(rows * (length if horizon is None else horizon))
+    for mask in (first, second, torch.zeros_like(first), torch.ones_like(first)):
+        assert aggregation_normalizer(mask, "seq-mean-token-sum-norm", horizon).item() == expected
+
+
+@given(batch=token_batches(max_batch=5, max_time=8), empty=st.integers(1, 3))
+def test_fully_masked_rows_dilute_dr_grpos_loss_as_more_samples_would(
+    batch: TokenBatch, empty: int
+) -> None:
+    """Appending k fully masked rows to B rows scales the loss by B / (B + k) (TRL's dr_grpo
+    counts every sampled completion); the other modes ignore such rows."""
+    values, mask = batch.advantages, batch.mask
+    rows = values.shape[0]
+    padded_values = torch.cat(
+        [values, torch.full((empty, values.shape[1]), 5.0, dtype=values.dtype)]
+    )
+    padded_mask = torch.cat([mask, torch.zeros(empty, mask.shape[1], dtype=torch.bool)])
+    for mode in MODES:
+        expected = aggregate(values, mask, mode)
+        if mode == "seq-mean-token-sum-norm":
+            expected = expected * rows / (rows + empty)
+        torch.testing.assert_close(aggregate(padded_values, padded_mask, mode), expected, msg=mode)
 
 
 @given(batch=token_batches(max_batch=5, max_time=8), mode=st.sampled_from(MODES))
@@ -306,7 +359,8 @@ def test_default_normalizer_is_the_batchs_own(batch: TokenBatch, mode: Aggregati
     )
 
 
-# Rows: two valid tokens, one valid token, none (an empty row never counts as a sequence).
+# Rows: two valid tokens, one valid token, none (an empty row is no sequence of the
+# seq-mean modes, but one of Dr. GRPO's B rows).
 HAND_VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
 HAND_MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]], dtype=torch.bool)
 
@@ -315,9 +369,10 @@ HAND_MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]], dtype=torch.bool)
     ("mode", "expected", "normalizer"),
     [
         ("token-mean", (1 + 2 + 4) / 3, 3.0),
+        ("token-sum", 1 + 2 + 4, 1.0),
         ("seq-mean-token-sum", ((1 + 2) + 4) / 2, 2.0),
         ("seq-mean-token-mean", ((1 + 2) / 2 + 4) / 2, 2.0),
-        ("seq-mean-token-sum-norm", ((1 + 2) + 4) / (2 * 3), 6.0),
+        ("seq-mean-token-sum-norm", ((1 + 2) + 4) / (3 * 3), 9.0),
     ],
 )
 def test_aggregate_hand_examples(mode: AggregationMode, expected: float, normalizer: float) -> None:
@@ -329,7 +384,7 @@ def test_aggregate_hand_examples(mode: AggregationMode, expected: float, normali
 def test_seq_mean_token_sum_norm_divides_by_the_given_horizon() -> None:
     """Dr. GRPO's constant: the generation budget L, not this batch's padded length."""
     result = aggregate(HAND_VALUES, HAND_MASK, "seq-mean-token-sum-norm", horizon=4)
-    assert result.item() == pytest.approx(7 / (2 * 4))
+    assert result.item() == pytest.approx(7 / (3 * 4))
     with pytest.raises(ValueError, match="horizon must be positive, got 0"):
         aggregate(HAND_VALUES, HAND_MASK, "seq-mean-token-sum-norm", horizon=0)
 

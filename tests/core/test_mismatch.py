@@ -265,6 +265,21 @@ def test_weights_and_metrics_carry_no_gradient(
     )
 
 
+@given(data=st.data(), dtype=st.sampled_from([torch.float32, torch.float64]), mode=modes)
+def test_weights_and_metrics_come_back_in_the_inputs_dtype(
+    data: st.DataObject, dtype: torch.dtype, mode: RolloutISMode
+) -> None:
+    """The fractions too (``truncated_frac``, ``masked_frac``), whatever torch's default dtype."""
+    batch = data.draw(token_batches(dtype=dtype), label="batch")
+    weights, metrics = rollout_importance_weights(
+        batch.logprobs, batch.old_logprobs, batch.mask, mode, 2.0
+    )
+    diagnostics = logprob_mismatch(batch.logprobs, batch.old_logprobs, batch.mask)
+    assert weights.dtype == dtype
+    found = {key: value.dtype for key, value in {**metrics, **diagnostics}.items()}
+    assert found == dict.fromkeys(found, dtype)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_batch_with_no_valid_token_gives_zeros(mode: RolloutISMode) -> None:
     nan = torch.full((2, 3), math.nan, dtype=F64)

@@ -101,9 +101,10 @@ def test_an_entry_says_what_it_reads_and_one_that_does_not_say_reads_everything(
 
 
 def test_builtins_ignore_what_their_maths_does_not_use() -> None:
-    assert ADVANTAGES.ignores("grpo") == {"gamma", "lam", "whiten"}
-    assert ADVANTAGES.ignores("gae") == {"eps"}
+    assert ADVANTAGES.ignores("grpo") == {"gamma", "lam", "whiten", "baseline_form"}
+    assert ADVANTAGES.ignores("gae") == {"eps", "baseline_form"}
     assert ADVANTAGES.reads("reinforce_pp") == {"gamma"}
+    assert ADVANTAGES.reads("reinforce_pp_baseline") == {"gamma", "baseline_form"}
     assert POLICY_LOSSES.ignores("vanilla") == {
         "clip_low",
         "clip_high",
@@ -118,6 +119,7 @@ _IGNORED_VALUES = {
     "lam": 0.25,
     "eps": 0.1,
     "whiten": False,
+    "baseline_form": "score",
     "clip_low": 0.05,
     "clip_high": 0.5,
     "dual_clip": 1.5,

@@ -707,6 +707,20 @@ def test_the_rollout_is_modes_are_rlcores() -> None:
     assert typing.get_args(RolloutISMode) == ROLLOUT_IS_MODES
 
 
+def test_the_aggregation_modes_kl_kinds_and_baseline_forms_are_rlcores() -> None:
+    """The schema's choices are rlcore's names (the KL kinds without their aliases)."""
+    from rlcore.advantages import BASELINE_FORMS
+    from rlcore.losses import KLKind as CoreKLKind
+    from rlcore.masked import AGGREGATION_MODES
+    from rlshell.config.schema import AggregationMode, BaselineForm, KLKind
+
+    assert typing.get_args(AggregationMode) == AGGREGATION_MODES
+    assert typing.get_args(BaselineForm) == BASELINE_FORMS
+    kinds = set(typing.get_args(KLKind))
+    assert kinds <= set(typing.get_args(CoreKLKind))
+    assert {kind.rstrip("+") for kind in kinds} == {"k1", "k2", "k3", "abs"}
+
+
 def test_rollout_importance_weights_are_checked_before_start() -> None:
     assert reasoning_problems(["algorithm.rollout_is_threshold=3"], for_run=False) == [
         "algorithm.rollout_is_threshold: the cap of the rollout importance weights; "

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlcore.advantages import group_normalized
+from rlcore.masked import masked_whiten
 from rlshell.checkpoint import (
     CheckpointError,
     TrainerState,
@@ -220,6 +221,29 @@ def test_grpo_advantages_are_rlcores_group_normalised_scores_on_every_token(
         valid = batch.response_mask[row]
         assert torch.allclose(advantages[row][valid], expected[row].expand(int(valid.sum())))
         assert torch.all(advantages[row][~valid] == 0)
+
+
+def test_reinforce_pp_baselines_form_reaches_the_estimator(config: tuple[Config, Path]) -> None:
+    """``algorithm.baseline_form='score'`` gives verl's form: the row's score minus its group's
+    mean, the same on every token, whitened over the batch's tokens. With the score on the
+    last token it equals the reward-to-go form at γ = 1, so the key's arrival is shown by the
+    form's refusal of a γ it would not use (validation refuses the pair before a run)."""
+    cfg, _ = config
+    batch = _batch([2] * 4, [1, 2, 3, 2], group=2)
+    scores = torch.tensor([0.0, 0.0, 1.0, 0.0])
+    score_form = evolve(cfg.algorithm, adv_type="reinforce_pp_baseline", baseline_form="score")
+    advantages = compute_advantages(batch, scores, evolve(cfg, algorithm=score_form)).advantages
+    mask = batch.response_mask
+    centred = torch.where(mask, (scores - torch.tensor([0.0, 0.0, 0.5, 0.5])).unsqueeze(-1), 0.0)
+    torch.testing.assert_close(advantages, masked_whiten(centred, mask))
+    discounted = evolve(cfg, algorithm=evolve(score_form, gamma=0.5))
+    with pytest.raises(ValueError, match="baseline_form='score' centres the undiscounted score"):
+        compute_advantages(batch, scores, discounted)
+    to_go = evolve(
+        discounted, algorithm=evolve(score_form, gamma=0.5, baseline_form="reward_to_go")
+    )
+    # γ = 0.5 discounts row 2's reward-to-go over its three tokens: not constant on the row.
+    assert len(set(compute_advantages(batch, scores, to_go).advantages[2][mask[2]].tolist())) == 3
 
 
 # -- schedule and wrapping

@@ -51,6 +51,27 @@ def test_an_estimator_or_loss_that_ignores_a_hyperparameter_is_named() -> None:
     assert gspo.startswith("algorithm.dual_clip: the 'gspo' policy loss (algorithm.loss_type)")
 
 
+def test_reinforce_pp_baselines_form_is_read_by_that_estimator_alone() -> None:
+    """``algorithm.baseline_form`` is read by ``reinforce_pp_baseline``; its ``score`` form
+    (verl's) never discounts, so ``algorithm.gamma`` is refused beside it."""
+    rpp = "algorithm.adv_type=reinforce_pp_baseline"
+    assert refusals(GRPO, "algorithm.baseline_form=score") == [
+        "algorithm.baseline_form: the 'grpo' advantage estimator (algorithm.adv_type) does not "
+        "use baseline_form; leave it unset",
+    ]
+    assert refusals(GRPO, rpp, "algorithm.baseline_form=score") == []
+    assert refusals(GRPO, rpp, "algorithm.gamma=0.9") == []
+    assert refusals(GRPO, rpp, "algorithm.baseline_form=score", "algorithm.gamma=0.9") == [
+        "algorithm.gamma: the 'reinforce_pp_baseline' advantage estimator with "
+        "algorithm.baseline_form='score' centres each row's undiscounted score (verl's form), "
+        "so it does not use gamma; leave it unset or set algorithm.baseline_form='reward_to_go'",
+    ]
+    (embodied,) = refusals(CARTPOLE, "algorithm.baseline_form=score")
+    assert embodied.startswith("algorithm.baseline_form: chooses the reasoning runner's")
+    (sac,) = refusals(PENDULUM, "algorithm.baseline_form=score")
+    assert sac.startswith("algorithm.baseline_form: SAC trains with its own losses")
+
+
 def test_an_estimator_registered_without_saying_is_taken_to_read_everything() -> None:
     from rlcore.advantages import ADVANTAGES
 

@@ -26,9 +26,9 @@ from jax import Array
 from jaxtyping import Float
 
 from rlcore.jax._checking import as_bool_mask, typecheck
-from rlcore.jax.masked import _default_float, aggregate, masked_mean
+from rlcore.jax.masked import aggregate, masked_mean
 from rlcore.jax.types import LossOutput
-from rlcore.losses import _KL_ALIASES, _KL_KINDS, _LOG_RATIO_BOUND, KLKind, _check_clip
+from rlcore.losses import _LOG_RATIO_BOUND, KLKind, _check_clip, _kl_base
 from rlcore.masked import AggregationMode
 from rlcore.types import Mask
 
@@ -97,8 +97,9 @@ def _weighted(token_loss: Array, weights: Array | None, valid: Array) -> Array:
     return token_loss * jnp.where(valid, _detach(weights), 0.0)
 
 
-def _fraction(flags: Array, valid: Array) -> Array:
-    return _detach(masked_mean(flags.astype(_default_float()), valid))
+def _fraction(flags: Array, valid: Array, like: Array) -> Array:
+    """The share of valid positions where ``flags`` holds, in ``like``'s dtype."""
+    return _detach(masked_mean(flags.astype(like.dtype), valid))
 
 
 @typecheck
@@ -136,8 +137,8 @@ def ppo_policy_loss(
     return LossOutput(
         loss,
         {
-            "clipfrac": _fraction(clip_active, valid),
-            "dual_clipfrac": _fraction(dual_active, valid),
+            "clipfrac": _fraction(clip_active, valid, token_loss),
+            "dual_clipfrac": _fraction(dual_active, valid, token_loss),
             "approx_kl": _detach(masked_mean(-log_ratio, valid)),
             "ratio_mean": _detach(masked_mean(ratio, valid)),
         },
@@ -190,7 +191,7 @@ def gspo_policy_loss(
     return LossOutput(
         loss,
         {
-            "clipfrac": _fraction(clip_active, valid),
+            "clipfrac": _fraction(clip_active, valid, token_loss),
             "approx_kl": _detach(masked_mean(-token_log_ratio, valid)),
             "ratio_mean": _detach(masked_mean(ratio, valid)),
         },
@@ -239,12 +240,12 @@ def decoupled_ppo_policy_loss(
     return LossOutput(
         loss,
         {
-            "clipfrac": _fraction(clip_active, kept),
-            "dual_clipfrac": _fraction(dual_active, kept),
+            "clipfrac": _fraction(clip_active, kept, token_loss),
+            "dual_clipfrac": _fraction(dual_active, kept, token_loss),
             "approx_kl": _detach(masked_mean(-log_ratio, kept)),
             "ratio_mean": _detach(masked_mean(ratio, kept)),
             "behavior_weight_mean": _detach(masked_mean(weight, valid)),
-            "behavior_capped_frac": _fraction(capped, valid),
+            "behavior_capped_frac": _fraction(capped, valid, token_loss),
         },
     )
 
@@ -287,12 +288,12 @@ def value_loss(
         return _huber(residual, huber_delta)
 
     token_loss = error(values)
-    clipped_frac = jnp.zeros((), dtype=values.dtype)
+    clipped_frac = jnp.zeros((), dtype=token_loss.dtype)
     if clip is not None:
         clipped_values = old_values + _clamp(values - old_values, -clip, clip)
         clipped_loss = error(clipped_values)
         outside = jnp.abs(values - old_values) > clip
-        clipped_frac = _fraction(outside & (clipped_loss > token_loss), valid)
+        clipped_frac = _fraction(outside & (clipped_loss > token_loss), valid, token_loss)
         token_loss = jnp.maximum(token_loss, clipped_loss)
     loss = aggregate(token_loss, valid, agg, normalizer)
     return LossOutput(
@@ -310,11 +311,11 @@ def kl_estimate(
     """Per-token estimates of KL(π ‖ π_ref) from tokens sampled from π; log r = log π_ref − log π:
 
     ``k1`` −log r,  ``k2`` ½ (log r)²,  ``k3`` (r − 1) − log r,  ``abs`` |log r|,
-    bounded to ±``clamp`` when given (aliases ``kl``, ``mse``, ``low_var_kl``).
+    bounded to ±``clamp`` when given (aliases ``kl``, ``mse``, ``low_var_kl``). A kind
+    ending in ``+`` is straight-through: the named estimate's value, k2's gradient,
+    k2 − sg[k2] + sg[k].
     """
-    name = _KL_ALIASES.get(kind, kind)
-    if name not in ("k1", "k2", "k3", "abs"):
-        raise ValueError(f"unknown KL estimator kind {kind!r}; expected one of {_KL_KINDS}")
+    name, straight_through = _kl_base(kind)
     if clamp is not None and clamp <= 0:
         raise ValueError(f"clamp must be positive, got {clamp}")
     log_ratio = ref_logprobs - logprobs
@@ -330,7 +331,10 @@ def kl_estimate(
         estimate = log_ratio * jnp.sign(log_ratio)
     if clamp is not None:
         estimate = _clamp(estimate, -clamp, clamp)
-    return estimate
+    if not straight_through:
+        return estimate
+    k2 = 0.5 * log_ratio**2
+    return k2 - _detach(k2) + _detach(estimate)
 
 
 @typecheck

@@ -109,22 +109,25 @@ def aggregation_normalizer(
     mode: AggregationMode,
     horizon: int | None = None,
 ) -> Float[Array, ""]:
-    """The count `aggregate` divides by: valid tokens (``token-mean``), sequences with a
-    valid token (``seq-mean-*``), times the horizon L for ``seq-mean-token-sum-norm``.
+    """What `aggregate` divides by: valid tokens (``token-mean``), 1 (``token-sum``),
+    sequences with a valid token (``seq-mean-token-sum``, ``seq-mean-token-mean``), every
+    row times the horizon L (``seq-mean-token-sum-norm``, Dr. GRPO's constant B · L).
 
-    Additive over any split of the rows; returned in JAX's default float dtype.
+    Additive over any split of the rows, but ``token-sum``'s constant 1; returned in
+    JAX's default float dtype.
     """
     _check_mode(mode)
     mask = as_bool_mask(mask)
     if mode == "token-mean":
         return mask.sum().astype(_default_float())
-    sequences = mask.any(axis=-1).sum().astype(_default_float())
+    if mode == "token-sum":
+        return jnp.ones((), dtype=_default_float())
     if mode == "seq-mean-token-sum-norm":
         length = mask.shape[-1] if horizon is None else horizon
         if length <= 0:
             raise ValueError(f"horizon must be positive, got {length}")
-        return sequences * length
-    return sequences
+        return jnp.asarray(float(mask.shape[0] * length), dtype=_default_float())
+    return mask.any(axis=-1).sum().astype(_default_float())
 
 
 @typecheck

@@ -51,10 +51,17 @@ __all__ = [
 COMPONENTS = ("actor", "rollout", "reference", "critic", "reward", "env")
 
 Precision = Literal["fp32", "bf16", "fp16"]
+# rlcore.masked.AggregationMode, rlcore.losses.KLKind's names without the aliases, and
+# rlcore.advantages.BaselineForm (tests/shell/test_config.py checks they agree).
 AggregationMode = Literal[
-    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
 ]
-KLKind = Literal["k1", "k2", "k3", "abs"]
+KLKind = Literal["k1", "k2", "k3", "abs", "k1+", "k3+", "abs+"]
+BaselineForm = Literal["reward_to_go", "score"]
 OldLogprobs = Literal["recompute", "rollout"]
 # rlcore.mismatch.RolloutISMode (tests/shell/test_config.py checks they agree).
 RolloutISMode = Literal[
@@ -506,6 +513,11 @@ class AlgorithmConfig:
     ``rollout.max_new_tokens``) times ``overlong_penalty_factor`` to each
     score; clip-higher is ``clip_high`` and token-level aggregation
     ``loss_agg_mode='token-mean'``.
+
+    ``baseline_form`` (``adv_type='reinforce_pp_baseline'``): what the group
+    mean is subtracted from before whitening, the discounted reward-to-go
+    (``reward_to_go``) or the row's undiscounted score (``score``, verl's form;
+    it needs ``gamma`` 1), `rlcore.advantages.AdvantageConfig.baseline_form`.
     """
 
     adv_type: str = "grpo"
@@ -528,6 +540,7 @@ class AlgorithmConfig:
     entropy_coef: float = field(default=0.0, metadata=NON_NEGATIVE)
     gamma: float = field(default=1.0, metadata=UNIT_CLOSED)
     lam: float = field(default=1.0, metadata=UNIT_CLOSED)
+    baseline_form: BaselineForm = "reward_to_go"
     ppo_epochs: int = field(default=1, metadata=POSITIVE_INT)
     num_minibatches: int = field(default=1, metadata=POSITIVE_INT)
     vf_coef: float = field(default=0.5, metadata=NON_NEGATIVE)

@@ -134,6 +134,7 @@ class SACTrainer(EmbodiedTrainer):
             "loss_agg_mode",
             "entropy_coef",
             "lam",
+            "baseline_form",
             "ppo_epochs",
             "num_minibatches",
             "vf_coef",

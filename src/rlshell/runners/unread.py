@@ -55,6 +55,14 @@ def hyperparameters_unread(config: Config) -> dict[str, str]:
                     f"the '{name}' {registry.kind} ({name_key}) does not use "
                     f"{hyperparameter}; leave it unset"
                 )
+    if algorithm.adv_type == "reinforce_pp_baseline" and algorithm.baseline_form == "score":
+        # What the registry's static `reads` cannot say: this form of the estimator never
+        # discounts (rlcore's adapter refuses gamma != 1 with it too).
+        unread["algorithm.gamma"] = (
+            "the 'reinforce_pp_baseline' advantage estimator with algorithm.baseline_form="
+            "'score' centres each row's undiscounted score (verl's form), so it does not use "
+            "gamma; leave it unset or set algorithm.baseline_form='reward_to_go'"
+        )
     return unread
 
 
@@ -129,6 +137,8 @@ def embodied_unread(config: Config, who: str) -> dict[str, str]:
         f"{who}'s rollout runs the actor's own policy module",
         "algorithm.rollout_is_threshold": f"caps the reasoning runner's rollout importance "
         f"weights; {who} has none",
+        "algorithm.baseline_form": "chooses the reasoning runner's REINFORCE++-baseline form; "
+        f"{who} calls its advantage estimator with rlcore's defaults",
         "rollout.cpu_kv_cache_mb": generation,
         "actor.micro_batch_max_tokens": f"budgets the reasoning actor's token micro-batches; "
         f"{who} splits its update by algorithm.num_minibatches",

@@ -75,7 +75,11 @@ __all__ = [
 ]
 
 
-ESTIMATOR_KEYS = {"algorithm.gamma": "gamma", "algorithm.lam": "lam"}
+ESTIMATOR_KEYS = {
+    "algorithm.gamma": "gamma",
+    "algorithm.lam": "lam",
+    "algorithm.baseline_form": "baseline_form",
+}
 """Config keys → the `rlcore.advantages.AdvantageConfig` field each sets."""
 
 LOSS_KEYS = {
