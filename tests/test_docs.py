@@ -72,7 +72,7 @@ RUN_HERE = {
     ".venv/bin/python -m rlshell.train configs/ppo_cartpole.py --dry-run cluster.simulate=1x2 "
     """cluster.component_placement='{"actor": "0-1", "rollout": "1", "env": "0:0-1"}' """
     "rollout.pipeline_stage_num=2 runner.experiment_name=ppo_cartpole_hybrid",
-    # docs/grpo.md
+    # docs/reasoning.md
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run algorithm.adv_type=dr_grpo "
     "algorithm.loss_agg_mode=seq-mean-token-sum-norm runner.experiment_name=dr_grpo",
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run algorithm.clip_low=0.2 "
@@ -88,6 +88,9 @@ RUN_HERE = {
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run "
     """'reward.weights={"math": 1.0, "format": 0.1, "length_penalty": 0.1}' """
     "runner.experiment_name=weighted_rewards",
+    ".venv/bin/python -m rlshell.train configs/ppo_critic.py --dry-run "
+    "runner.experiment_name=ppo_critic_plan",
+    ".venv/bin/python -m rlshell.train configs/dapo.py --dry-run runner.experiment_name=dapo_plan",
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run actor.pack_sequences=true "
     "actor.micro_batch_max_tokens=1024 runner.experiment_name=packed",
     # docs/extending.md

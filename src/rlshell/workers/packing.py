@@ -28,7 +28,7 @@ Same log-probs and gradients as the padded forward to float32 round-off
 (tests/shell/test_packing.py). What it saves is every padded position of
 the linear layers and the LM head; what it costs, with a dense mask
 (``sdpa``, ``eager``), is attention over the whole row, (Σᵢ Lᵢ)² scores
-against Σᵢ max(L)² padded: docs/grpo.md#packed-sequences says when that pays.
+against Σᵢ max(L)² padded: docs/reasoning.md#packed-sequences says when that pays.
 """
 
 from __future__ import annotations
