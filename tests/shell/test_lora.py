@@ -73,25 +73,32 @@ def test_the_target_modules_key_chooses_the_layers_and_a_name_that_matches_none_
         get_model(wrong.actor.model)
 
 
+@pytest.mark.parametrize(
+    "targets",
+    [[], ["embed_tokens", "q_proj", "lm_head"]],
+    ids=["all_linear", "with_embedding_and_head"],
+)
 def test_the_merged_weights_are_the_plain_models_names_and_w_plus_s_ba(
-    tokenizer_dir: Path,
+    tokenizer_dir: Path, targets: list[str]
 ) -> None:
-    config = lora_config(tokenizer_dir)
+    chosen = [f"actor.model.lora_target_modules={targets}".replace("'", '"')] if targets else []
+    config = lora_config(tokenizer_dir, *chosen)
     torch.manual_seed(0)
     adapted = get_model(config.actor.model)
     with torch.no_grad():
         for name, param in adapted.named_parameters():
-            if "lora_B" in name:
+            if "lora_B" in name or "lora_embedding_B" in name:
                 param.normal_(std=0.1)  # B = 0 at start: give the adapters something to add
     state = adapted.state_dict()
     merged = MergedLoRAWeights(adapted, state)
     plain = get_model(evolve(config.actor.model, is_lora=False))
     assert list(merged) == list(plain.state_dict())
-    prefix = "model.layers.1.mlp.up_proj"
+    prefix = "model.layers.1.self_attn.q_proj"
     a, b = (adapted.get_submodule(f"{prefix}.lora_{side}.default").weight for side in "AB")
     base = adapted.get_submodule(f"{prefix}.base_layer").weight
     torch.testing.assert_close(merged[f"{prefix}.weight"], base + 2.0 * b @ a)
-    assert merged["model.embed_tokens.weight"] is state["model.embed_tokens.weight"]
+    unadapted = "model.norm.weight"  # passes through as it is
+    assert merged[unadapted] is state[unadapted]
     plain.load_state_dict(dict(merged))
     ids = torch.randint(0, 10, (2, 6))
     with torch.no_grad():
