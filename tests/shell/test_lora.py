@@ -216,3 +216,23 @@ def test_a_checkpoint_on_another_base_or_without_lora_is_refused(
     plain.save_checkpoint(str(tmp_path / "plain"), step=1)
     with pytest.raises(ValueError, match=r"this run's model has frozen ones \(actor.model.is_lora"):
         worker.load_checkpoint(str(tmp_path / "plain"))
+
+
+def test_the_reference_is_the_plain_base_and_gives_the_initial_actors_logprobs(
+    tokenizer_dir: Path, process_group: None
+) -> None:
+    """algorithm.kl_coef > 0: π_ref is the initial policy, which with B = 0 is the base model."""
+    from rlshell.workers.rollout import ReferenceWorker
+
+    config = lora_config(tokenizer_dir)
+    reference = ReferenceWorker(config)
+    reference.init_worker()
+    assert reference.model is not None
+    assert not lora_layers(reference.model)
+    actor = start_actor(config, tokenizer_dir)
+    batch = actor.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=4), seed=1)
+    mask = batch.response_mask
+    with torch.no_grad():
+        initial, _ = policy_forward(actor.model, batch, temperature=1.0, chunk_size=None)
+    got = reference.compute_ref_logprobs(batch)
+    torch.testing.assert_close(got[mask], initial[mask], rtol=0, atol=1e-6)
