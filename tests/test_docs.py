@@ -194,6 +194,10 @@ COVERED_ELSEWHERE = {
         "4 steps (disaggregated, evaluations at 0, 2, 4) and resumes it; the full run's figures "
         "are in docs/rollout.md"
     ),
+    ".venv/bin/python -m rlshell.train configs/grpo_lora.py": (
+        "tests/shell/test_config_reads.py runs it for 2 steps (disaggregated, with a KL term); "
+        "the full run's figures are in docs/reasoning.md#lora"
+    ),
     ".venv/bin/python -m rlshell.train configs/grpo_megatron.py": (
         "tests/shell/test_config_reads.py runs it for 2 steps (tensor parallel 2) and "
         "tests/shell/test_megatron_run.py::test_a_pipeline_parallel_run_resumes_and_exports runs "

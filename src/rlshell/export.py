@@ -20,9 +20,12 @@ What is written depends on the model:
 - a transformers ``PreTrainedModel`` (``hf_causal_lm``): a Hugging Face
   directory (``save_pretrained``, with the checkpoint's tokenizer), which
   loads with ``AutoModelForCausalLM.from_pretrained(out_dir)`` and
-  ``AutoTokenizer.from_pretrained(out_dir)``;
+  ``AutoTokenizer.from_pretrained(out_dir)``; trained with LoRA adapters
+  (``actor.model.is_lora``), the adapters are merged into the weights first
+  (W + s·BA, peft's ``merge``, `rlshell.models.lora.merge_lora`), so the
+  directory is the plain model, which loads without peft;
 - any other model (``mlp_policy``, ``cnn_policy``, ``tiny_vla``, an
-  extension's module, a model with LoRA adapters): ``model.safetensors``
+  extension's module, with or without LoRA adapters): ``model.safetensors``
   (its state dict) and ``rlshell_model.json`` (its resolved ``ModelConfig``),
   with ``tokenizer/`` when the checkpoint holds one; `load_exported` builds
   it again with ``get_model`` and loads the weights. ``tiny_vla`` is one of
@@ -158,18 +161,18 @@ def load_policy(checkpoint: Path, config: Config | None = None) -> CheckpointPol
 
 def is_hugging_face_model(policy: CheckpointPolicy) -> bool:
     """Whether ``policy`` is exported as a Hugging Face directory: a transformers
-    ``PreTrainedModel`` without LoRA adapters (which ``from_pretrained`` would not know)."""
+    ``PreTrainedModel`` (LoRA adapters are merged into it first)."""
     # A transformers model means transformers is imported; an mlp_policy need not import it.
     transformers = sys.modules.get("transformers")
-    return (
-        transformers is not None
-        and isinstance(policy.model, transformers.PreTrainedModel)
-        and not policy.model_config.is_lora
-    )
+    return transformers is not None and isinstance(policy.model, transformers.PreTrainedModel)
 
 
 def write_policy(policy: CheckpointPolicy, out_dir: Path) -> Path:
-    """Write ``policy`` to ``out_dir`` (replaced atomically) in the form the module doc says."""
+    """Write ``policy`` to ``out_dir`` (replaced atomically) in the form the module doc says.
+
+    A Hugging Face model's LoRA adapters are merged into its weights in place
+    (``policy.model`` is the plain model afterwards).
+    """
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = out_dir.with_name(f".{out_dir.name}.partial")
@@ -177,8 +180,10 @@ def write_policy(policy: CheckpointPolicy, out_dir: Path) -> Path:
         shutil.rmtree(staging)
     staging.mkdir()
     if is_hugging_face_model(policy):
+        from rlshell.models.lora import merge_lora
+
         with torch.no_grad():
-            policy.model.save_pretrained(staging)  # type: ignore[operator]
+            merge_lora(policy.model).save_pretrained(staging)  # type: ignore[operator]
         if policy.tokenizer is not None:
             policy.tokenizer.save_pretrained(staging)
     else:

@@ -63,8 +63,10 @@ RUNS: dict[str, list[str]] = {
         "configs/dapo.py",
         *TINY_GRPO,
     ],
-    "grpo_disaggregated_kl": [
-        "configs/grpo.py",
+    # LoRA (configs/grpo_lora.py): the rollout worker of its own receives merged weights, the
+    # reference is the base model.
+    "grpo_lora_disaggregated_kl": [
+        "configs/grpo_lora.py",
         *TINY_GRPO,
         'cluster.component_placement={"actor": "0:0", "rollout": "0:0", "reward": "0"}',
         # One actor rank in its model's precision is not sharded: no wrap policy to tune.

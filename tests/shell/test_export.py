@@ -70,12 +70,14 @@ STEP = 3
 
 
 def move_weights(model: nn.Module, seed: int = 1) -> None:
-    """Stand-in for training: every parameter moved off its initial value."""
+    """Stand-in for training: every trained parameter moved off its initial value (a LoRA
+    model's frozen base stays as built)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for parameter in model.parameters():
             noise = torch.randn(parameter.shape, generator=generator)
-            parameter.add_(0.1 * noise.to(parameter.dtype))
+            if parameter.requires_grad:
+                parameter.add_(0.1 * noise.to(parameter.dtype))
 
 
 def save_like_the_runner(
@@ -187,6 +189,32 @@ def test_a_reasoning_checkpoint_exports_a_hugging_face_model_and_tokenizer(
         assert torch.equal(model(ids).logits, trained(ids).logits)
 
 
+def test_a_lora_checkpoint_exports_the_merged_model_which_loads_without_peft(
+    tmp_path: Path,
+) -> None:
+    """The checkpoint holds the adapters only; the export is the plain model with them merged."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from rlshell.tokenizer import prepare_tokenizer, with_tokenizer_ids
+
+    written = load_config(GRPO, ["actor.model.is_lora=true", "actor.model.lora_rank=4"])
+    tokenizer_dir = prepare_tokenizer(written, tmp_path)
+    built = with_tokenizer_ids(written, tokenizer_dir)
+    checkpoint, trained = save_like_the_runner(tmp_path / "run", written, built, tokenizer_dir)
+    out = export_checkpoint(checkpoint, tmp_path / "hf_model")
+    assert not (out / "adapter_config.json").exists()
+    with safe_open(str(out / "model.safetensors"), framework="pt") as weights:
+        names = set(weights.keys())
+    plain = get_model(evolve(built.actor.model, is_lora=False))
+    assert names == set(plain.state_dict())  # the plain model's names: no lora_*, no base_layer
+    model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+    ids = torch.randint(0, 10, (2, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, trained(ids).logits, rtol=0, atol=1e-5)
+        assert not torch.allclose(model(ids).logits, plain(ids).logits, atol=1e-3)
+
+
 def test_an_mlp_policy_exports_its_weights_and_model_config(
     cartpole_run: tuple[Path, nn.Module], tmp_path: Path
 ) -> None:
@@ -206,13 +234,19 @@ def test_an_mlp_policy_exports_its_weights_and_model_config(
     assert not torch.equal(eval_actions(fresh, obs)[2], eval_actions(loaded, obs)[2])
 
 
-def test_a_tiny_vla_exports_as_a_policy_not_as_its_language_model(tmp_path: Path) -> None:
+@pytest.mark.parametrize("is_lora", [False, True], ids=["full", "lora"])
+def test_a_tiny_vla_exports_as_a_policy_not_as_its_language_model(
+    tmp_path: Path, is_lora: bool
+) -> None:
+    """With LoRA the checkpoint holds the adapters and the value head only; the export loads
+    them into the base the model type builds, and writes the adapted policy whole."""
     from tests.shell.test_vla import model_config, observation
 
     cartpole = load_config(CARTPOLE)
+    extra = {"is_lora": True, "lora_rank": 4} if is_lora else {}
     config = evolve(
         cartpole,
-        actor=evolve(cartpole.actor, model=model_config(action_dim=1)),
+        actor=evolve(cartpole.actor, model=model_config(action_dim=1, **extra)),
         env=EnvConfig(
             env_type="gymnasium_pixels",
             env_id="CartPole-v1",

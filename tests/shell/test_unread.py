@@ -94,7 +94,14 @@ def test_an_estimator_registered_without_saying_is_taken_to_read_everything() ->
             ["data.num_terms", "data.seed"],
         ),
         (["logger.wandb_project=rl"], ["logger.wandb_project"]),
-        (["actor.model.lora_rank=16"], ["actor.model.lora_rank"]),
+        (
+            [
+                "actor.model.lora_rank=16",
+                "actor.model.lora_alpha=32",
+                'actor.model.lora_target_modules=["q_proj"]',
+            ],
+            ["actor.model.lora_rank", "actor.model.lora_alpha", "actor.model.lora_target_modules"],
+        ),
         (["rollout.gpu_memory_utilization=0.9"], ["rollout.gpu_memory_utilization"]),
         (["checkpoint.interval=0", "checkpoint.keep_last=5"], ["checkpoint.keep_last"]),
         (
@@ -123,7 +130,12 @@ def test_the_reasoning_runner_refuses_what_it_does_not_read(
 def test_keys_read_in_these_settings_are_accepted() -> None:
     accepted = [
         ['logger.backends=["console","wandb"]', "logger.wandb_project=rl"],
-        ["actor.model.is_lora=true", "actor.model.lora_rank=16"],
+        [
+            "actor.model.is_lora=true",
+            "actor.model.lora_rank=16",
+            "actor.model.lora_alpha=32",
+            'actor.model.lora_target_modules=["q_proj","v_proj"]',
+        ],
         ["algorithm.kl_coef=0.1", "algorithm.kl_kind=k1"],
         ["checkpoint.keep_last=5"],
         ["checkpoint.interval=10", "checkpoint.save_on_interrupt=false"],
@@ -131,8 +143,7 @@ def test_keys_read_in_these_settings_are_accepted() -> None:
         ["cluster.simulate=1x8", "rollout.backend=vllm", "rollout.gpu_memory_utilization=0.9"],
     ]
     for overrides in accepted:
-        problems = refusals(GRPO, *overrides)
-        assert not [p for p in problems if not p.startswith("actor.model.is_lora")], overrides
+        assert refusals(GRPO, *overrides) == [], overrides
 
 
 def test_packing_on_its_own_is_accepted_and_leaves_the_shared_prompt_forward_unread() -> None:
@@ -219,3 +230,19 @@ def test_one_unsharded_actor_rank_refuses_the_wrap_policy() -> None:
 
 def test_the_probe_refuses_nothing_a_training_config_sets() -> None:
     assert refusals(GRPO, "runner.runner_type=probe", "env.num_envs=4") == []
+
+
+@pytest.mark.parametrize(
+    "targets",
+    ['["all-linear","q_proj"]', '["q_proj",""]', '[" q_proj"]'],
+    ids=["mixed", "empty", "space"],
+)
+def test_lora_target_modules_are_suffixes_or_all_linear_alone(targets: str) -> None:
+    problems = refusals(
+        GRPO, "actor.model.is_lora=true", f"actor.model.lora_target_modules={targets}"
+    )
+    assert len(problems) == 1
+    assert problems[0].startswith(
+        "actor.model.lora_target_modules: expected module-name suffixes (e.g. ['q_proj', "
+        "'v_proj']), or ['all-linear'] alone, got"
+    )

@@ -185,3 +185,29 @@ def test_tokens_per_second_on_the_tiny_model(
         assert batch.rows == 512
         tokens = int(batch.response_mask.sum())
         print(f"{name}: {tokens} completion tokens in {elapsed:.3f} s = {tokens / elapsed:.0f}/s")
+
+
+@pytest.mark.parametrize("mode", ["bucket", "patch"])
+def test_merged_lora_weights_make_the_engine_sample_the_adapted_model(
+    engines: tuple[HFRolloutEngine, VLLMRolloutEngine], mode: str
+) -> None:
+    """A LoRA actor's sync (`MergedLoRAWeights` through `WeightSender`): vLLM then samples the
+    adapted model, greedy tokens and log-probs, as the actor's own forward gives them."""
+    from rlshell.models.lora import MergedLoRAWeights, apply_lora
+    from rlshell.sync.transfer import WeightSender
+
+    hf, vllm = engines
+    torch.manual_seed(2)
+    adapted = apply_lora(copy.deepcopy(hf.model), 4, alpha=8)
+    with torch.no_grad():
+        for name, param in adapted.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.2)  # as after some steps (B starts at zero)
+    targets = vllm.weight_targets()
+    merged = MergedLoRAWeights(adapted, adapted.state_dict())
+    sender = WeightSender(mode=mode, bucket_size_mb=0.05)
+    sender.send_in_memory(((name, merged[name]) for name in targets), targets, full=True)
+    vllm.weights_updated()
+    actor = HFRolloutEngine(adapted, hf.tokenizer, torch.device("cpu"))
+    _assert_same_greedy_tokens(actor, vllm)
+    assert _max_logprob_gap(actor, vllm, seed=5) < LOGPROB_ATOL

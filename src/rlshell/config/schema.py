@@ -91,6 +91,12 @@ FINITE_VALUES = checked(
     lambda v: all(_finite(x) for x in v.values()), "a mapping of names to finite numbers"
 )
 OPTIONAL_POSITIVE = checked(lambda v: v is None or (_finite(v) and v > 0), "null or > 0")
+LORA_TARGETS = checked(
+    lambda v: (
+        all(name and name == name.strip() for name in v) and ("all-linear" not in v or len(v) == 1)
+    ),
+    "module-name suffixes (e.g. ['q_proj', 'v_proj']), or ['all-linear'] alone",
+)
 
 
 @frozen
@@ -159,6 +165,12 @@ class ModelConfig:
     ``tokenizer_path``: a local tokenizer directory or Hub id; by default the
     model's own (``path``), or, for a model built from ``model_kwargs``, the
     project's character tokenizer built into the run directory.
+    ``is_lora``: train LoRA adapters of rank ``lora_rank`` and scale
+    ``lora_alpha`` / ``lora_rank`` (null α: α = rank, scale 1) instead of the
+    weights, which stay frozen (`rlshell.models.lora`); they go on the layers
+    ``lora_target_modules`` names (module-name suffixes such as ``q_proj``,
+    or ``all-linear``: every linear layer but the output head), or, when it
+    is empty, on the model's own choice (``hf_causal_lm``: ``all-linear``).
     """
 
     model_type: str = "hf_causal_lm"
@@ -169,6 +181,8 @@ class ModelConfig:
     model_kwargs: dict[str, int | float | str | bool] = Factory(dict)
     is_lora: bool = False
     lora_rank: int = field(default=8, metadata=POSITIVE_INT)
+    lora_alpha: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+    lora_target_modules: tuple[str, ...] = field(default=(), metadata=LORA_TARGETS)
     gradient_checkpointing: bool = False
 
 

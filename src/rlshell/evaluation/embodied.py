@@ -77,15 +77,23 @@ class EvaluationError(RuntimeError):
 
 
 def _load_fsdp_actor(checkpoint: Path, policy: nn.Module) -> None:
-    """The embodied PPO runner: ``actor/`` is `FSDPModelManager.save_checkpoint`'s DCP shards."""
+    """The FSDP actor (reasoning and embodied PPO runners): ``actor/`` is
+    `FSDPModelManager.save_checkpoint`'s DCP shards. A policy with frozen parameters (LoRA's
+    base) reads only the rest: the checkpoint holds only those, and the frozen ones are as
+    ``get_model`` built them, as the run built them."""
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-    state = {"model": policy.state_dict()}
+    frozen = {
+        name
+        for name, param in policy.named_parameters(remove_duplicate=False)
+        if not param.requires_grad
+    }
+    state = {"model": {k: v for k, v in policy.state_dict().items() if k not in frozen}}
     with warnings.catch_warnings():
         # Reading shards in one process without a process group is the intent here.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp_load(state, checkpoint_id=str(checkpoint / "actor"), no_dist=True)
-    policy.load_state_dict(state["model"])
+    policy.load_state_dict(state["model"], strict=not frozen)  # the keys are its own
 
 
 def _load_sac_learner(checkpoint: Path, policy: nn.Module) -> None:

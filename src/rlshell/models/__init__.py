@@ -6,11 +6,13 @@ a category (``"embodied"`` or ``"reasoning"``); `get_model` looks the type up
 and builds with the dtype named by ``cfg.precision``. An extension module
 (``RLSHELL_EXT_MODULE``) registers its own models in every process.
 
-``cfg.is_lora`` adds LoRA adapters of rank ``cfg.lora_rank`` (peft) to a
-model that names where they go: its ``lora_target_modules`` (module-name
-suffixes such as ``q_proj``), with ``lora_trainable_modules`` (e.g. a value
-head) trained in full and every other weight frozen (`apply_lora`). A model
-without ``lora_target_modules`` refuses ``is_lora``.
+``cfg.is_lora`` adds LoRA adapters of rank ``cfg.lora_rank`` and scale
+``cfg.lora_alpha`` / rank (peft) where ``cfg.lora_target_modules`` says, else
+where the model names them: its ``lora_target_modules`` (module-name
+suffixes such as ``q_proj``, or peft's ``all-linear``), with
+``lora_trainable_modules`` (e.g. a value head) trained in full and every
+other weight frozen (`rlshell.models.lora.apply_lora`). A model that names
+no targets, configured with none, refuses ``is_lora``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from torch import nn
 from rlcore.registry import Registry
 from rlshell.config import ModelConfig, Precision
 from rlshell.models.base import BasePolicy, ForwardType
+from rlshell.models.lora import apply_lora
 
 __all__ = [
     "MODELS",
@@ -89,38 +92,15 @@ def get_model(cfg: ModelConfig) -> nn.Module:
             f"but the config asks for category '{cfg.category}'"
         )
     model = entry.builder(cfg, torch_dtype(cfg.precision))
-    return apply_lora(model, cfg.lora_rank, cfg.model_type) if cfg.is_lora else model
-
-
-def apply_lora(model: nn.Module, rank: int, model_type: str = "the model") -> nn.Module:
-    """``model`` with rank-``rank`` LoRA adapters on its ``lora_target_modules``, in place.
-
-    W x ↦ W x + (α/r) B A x with A ``[r, in]`` random, B ``[out, r]`` zero (Hu et
-    al. 2021; α = r here): the adapted model starts equal to the original.
-    Only the adapters and the modules named in ``lora_trainable_modules`` keep
-    ``requires_grad``; the base weights are frozen. peft gives each adapter the
-    dtype of the weight it adapts (the model's precision). The adapted modules'
-    weights are renamed ``<module>.base_layer.weight`` in the state dict.
-    """
-    targets = tuple(getattr(model, "lora_target_modules", None) or ())
-    if not targets:
-        raise ValueError(
-            f"actor.model.is_lora: model type '{model_type}' ({type(model).__name__}) does not "
-            "support LoRA: it names no lora_target_modules; set is_lora=false"
-        )
-    from peft import LoraConfig, inject_adapter_in_model
-
-    config = LoraConfig(
-        r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules=list(targets), bias="none"
+    if not cfg.is_lora:
+        return model
+    return apply_lora(
+        model,
+        cfg.lora_rank,
+        cfg.model_type,
+        alpha=cfg.lora_alpha,
+        target_modules=cfg.lora_target_modules,
     )
-    inject_adapter_in_model(config, model)
-    trainable = tuple(getattr(model, "lora_trainable_modules", None) or ())
-    for name, param in model.named_parameters():
-        param.requires_grad_("lora_" in name)
-    for module_name in trainable:
-        for param in model.get_submodule(module_name).parameters():
-            param.requires_grad_(True)
-    return model
 
 
 def build_tiny_vla(cfg: ModelConfig, dtype: torch.dtype) -> nn.Module:

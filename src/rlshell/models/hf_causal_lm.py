@@ -6,6 +6,12 @@ cache, `rlshell.hub`).
 Without it, a fresh model is built from ``cfg.model_kwargs``: ``config_class``
 names a transformers config class (default ``Qwen2Config``) and every other
 entry is a field of it, e.g. ``{"hidden_size": 64, "num_hidden_layers": 2}``.
+
+LoRA (``actor.model.is_lora``): the model names peft's ``all-linear`` as its
+``lora_target_modules``, every linear layer but the output head (for Qwen2
+and Llama, the attention's ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` and
+the MLP's ``gate_proj``, ``up_proj``, ``down_proj``);
+``actor.model.lora_target_modules`` names others (`rlshell.models.lora`).
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ from torch import nn
 
 from rlshell.config import ModelConfig
 
-__all__ = ["build_hf_causal_lm", "build_hf_value_model", "hf_model_config"]
+__all__ = ["LORA_TARGET_MODULES", "build_hf_causal_lm", "build_hf_value_model", "hf_model_config"]
+
+LORA_TARGET_MODULES = ("all-linear",)
+"""Where a causal LM's LoRA adapters go unless ``actor.model.lora_target_modules`` says."""
 
 
 def hf_model_config(cfg: ModelConfig) -> object:
@@ -53,12 +62,12 @@ def build_hf_causal_lm(cfg: ModelConfig, torch_dtype: torch.dtype) -> nn.Module:
         model: nn.Module = transformers.AutoModelForCausalLM.from_pretrained(
             source, dtype=torch_dtype, **options
         )
-        return model
-    config = hf_model_config(cfg)
-    built: nn.Module = transformers.AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-        config, dtype=torch_dtype
-    )
-    return built
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+            hf_model_config(cfg), dtype=torch_dtype
+        )
+    model.lora_target_modules = LORA_TARGET_MODULES  # type: ignore[assignment]
+    return model
 
 
 def build_hf_value_model(cfg: ModelConfig, torch_dtype: torch.dtype) -> nn.Module:

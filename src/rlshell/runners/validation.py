@@ -129,10 +129,15 @@ def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, s
     config = spec.config
     unread: dict[str, str] = {}
     if not config.actor.model.is_lora:
-        unread["actor.model.lora_rank"] = (
-            "the rank of the LoRA adapters that actor.model.is_lora adds; without them "
-            "nothing reads it"
-        )
+        for key, what in (
+            ("lora_rank", "the rank of"),
+            ("lora_alpha", "the scale α / rank of"),
+            ("lora_target_modules", "the layers that get"),
+        ):
+            unread[f"actor.model.{key}"] = (
+                f"{what} the LoRA adapters that actor.model.is_lora adds; without them "
+                "nothing reads it"
+            )
     backend = config.rollout.backend
     if backend not in GPU_ROLLOUT_BACKENDS:
         unread["rollout.gpu_memory_utilization"] = (

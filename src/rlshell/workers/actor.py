@@ -14,7 +14,9 @@ synced in memory (``bucket``, ``patch``), or, with ``weight_sync='shared'``,
 a model without weights of its own that borrows the rank's gathered FSDP
 parameters while it generates (`FSDPModelManager.unsharded`). Otherwise the
 rollout is a separate worker group and rank 0 streams the weights to it
-through the Ray object store.
+through the Ray object store. A LoRA actor (``actor.model.is_lora``) sends
+its weights with the adapters merged in, under the plain model's names
+(`rlshell.models.lora.MergedLoRAWeights`), to engines that hold the plain model.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from rlshell.engines.training.fsdp import (
     gathered_named_tensors,
 )
 from rlshell.models import get_model, torch_dtype
+from rlshell.models.lora import MergedLoRAWeights
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.sync.codec import FlatBuckets
 from rlshell.sync.transfer import WeightSender
@@ -106,10 +109,18 @@ def rollout_precision(config: Config) -> Precision:
     return config.rollout.precision or config.actor.model.precision
 
 
-def build_rollout_model(config: Config) -> nn.Module:
-    """The policy as the rollout engine holds it: the actor's initial model, in its precision."""
+def build_rollout_model(config: Config, *, merged_lora: bool = False) -> nn.Module:
+    """The policy as the rollout engine holds it: the actor's initial model, in its precision.
+
+    ``merged_lora``: a LoRA actor's (``actor.model.is_lora``) plain base model, without
+    adapters, to which syncs send the actor's weights with the adapters merged in
+    (`rlshell.models.lora.MergedLoRAWeights`); it starts equal to the actor (B = 0).
+    """
     torch.manual_seed(config.actor.seed)
-    model_cfg = evolve(config.actor.model, precision=rollout_precision(config))
+    model = config.actor.model
+    model_cfg = evolve(
+        model, precision=rollout_precision(config), is_lora=model.is_lora and not merged_lora
+    )
     return get_model(model_cfg)
 
 
@@ -309,7 +320,9 @@ class ActorWorker(Worker):
         if self.hybrid:
             from rlshell.tokenizer import load_tokenizer
 
-            model = build_rollout_model(self.config)
+            # A LoRA actor's 'shared' engine borrows its parameters, adapters included, by name;
+            # a copy holds the plain model and receives the merged weights.
+            model = build_rollout_model(self.config, merged_lora=not self.shared)
             tokenizer = load_tokenizer(tokenizer_path)
             if self.shared:
                 engine = HFRolloutEngine(model, tokenizer, device)
@@ -396,7 +409,9 @@ class ActorWorker(Worker):
         if self.sender is None or self.manager is None:
             raise RuntimeError("init_worker() has not run")
         with self.manager.unsharded() as model:  # one all-gather per FSDP unit
-            gathered = gathered_named_tensors(model)
+            gathered: Mapping[str, Tensor] = gathered_named_tensors(model)
+            if self.config.actor.model.is_lora:  # the engine holds the plain model
+                gathered = MergedLoRAWeights(model, gathered)
             if self.engine is not None:  # the engine in this process (collocated)
                 targets = self.engine.weight_targets()
                 if gathered.keys() != targets.keys():

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from attrs import evolve
 from torch import Tensor
 
 from rlshell.cluster.worker import Worker
@@ -40,7 +41,7 @@ class RolloutWorker(Worker):
     def init_worker(self, tokenizer_path: str) -> None:
         from rlshell.tokenizer import load_tokenizer
 
-        model = build_rollout_model(self.config)
+        model = build_rollout_model(self.config, merged_lora=True)
         self.engine = make_rollout_engine(
             self.config.rollout, model, load_tokenizer(tokenizer_path), worker_device()
         )
@@ -97,7 +98,9 @@ class ReferenceWorker(Worker):
 
     def init_worker(self) -> None:
         torch.manual_seed(self.config.actor.seed)
-        model = get_model(self.config.actor.model).to(worker_device()).eval()
+        # The initial policy; a LoRA actor's is its base model (its adapters start at B = 0).
+        model_cfg = evolve(self.config.actor.model, is_lora=False)
+        model = get_model(model_cfg).to(worker_device()).eval()
         for param in model.parameters():
             param.requires_grad_(False)
         self.model = model

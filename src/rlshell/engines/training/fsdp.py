@@ -15,6 +15,14 @@ single rank whose model is already in the FSDP precision is left unsharded
 Checkpoints are written by every rank with ``torch.distributed.checkpoint``
 (one shard each, plus the scheduler and RNG states of that rank), so a run
 resumes on the same number of ranks and continues bit for bit.
+
+A model with frozen parameters (LoRA adapters, ``actor.model.is_lora``)
+trains and checkpoints only the rest: AdamW holds the trainable parameters
+alone, and a checkpoint holds them (and the buffers) without the frozen
+base, which a resume rebuilds from ``actor.model`` as the run first built it.
+The checkpoint records a fingerprint of the frozen weights
+(`rlshell.models.lora.frozen_fingerprint`); a resume that built other ones
+(another ``path``, ``model_kwargs``, ``precision`` or ``actor.seed``) is refused.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from torch.distributed.tensor import DTensor
 
 from rlshell.config import ActorConfig, OptimConfig, WrapPolicyConfig
 from rlshell.models import get_model, torch_dtype
+from rlshell.models.lora import frozen_fingerprint
 
 __all__ = [
     "FSDPModelManager",
@@ -210,6 +219,7 @@ class FSDPModelManager:
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         self.grad_scaler: torch.amp.GradScaler | None = None
+        self._frozen_fingerprint: str | None = None
 
     # -- building
 
@@ -227,7 +237,13 @@ class FSDPModelManager:
             enable()
         model.to(self.device)
         self.model = self._shard(model)
-        self.optimizer = build_adamw(self.model.parameters(), self.cfg.optim)
+        trainable = [param for param in self.model.parameters() if param.requires_grad]
+        if not trainable:
+            raise ValueError(
+                f"actor.model: every parameter of {type(model).__name__} is frozen; there is "
+                "nothing to train"
+            )
+        self.optimizer = build_adamw(trainable, self.cfg.optim)
         self.lr_scheduler = self.build_lr_scheduler(self.optimizer)
         self.grad_scaler = self.build_grad_scaler(self.cfg.fsdp_config.mixed_precision == "fp16")
 
@@ -362,12 +378,34 @@ class FSDPModelManager:
         state: dict[str, torch.Tensor] = get_model_state_dict(self.module, options=options)  # type: ignore[assignment]
         return state
 
+    @property
+    def has_frozen_parameters(self) -> bool:
+        """Whether some parameters do not train (LoRA's base): checkpoints leave them out."""
+        return any(not param.requires_grad for param in self.module.parameters())
+
+    def frozen_fingerprint(self) -> str | None:
+        """`rlshell.models.lora.frozen_fingerprint` of this rank's frozen parameters (None:
+        there are none). They never change, so it is computed once."""
+        if not self.has_frozen_parameters:
+            return None
+        if self._frozen_fingerprint is None:
+            self._frozen_fingerprint = frozen_fingerprint(self.module)
+        return self._frozen_fingerprint
+
+    def _state_dict_options(self, loading: bool) -> StateDictOptions:
+        # Frozen parameters stay out of checkpoints; loading then leaves them as built.
+        frozen = self.has_frozen_parameters
+        return StateDictOptions(ignore_frozen_params=frozen, strict=not (loading and frozen))
+
     def save_checkpoint(self, path: str | Path, step: int) -> None:
-        """Every rank writes its model and optimizer shard, scheduler and RNG states to ``path``."""
+        """Every rank writes its model and optimizer shard, scheduler and RNG states to ``path``
+        (a model's frozen parameters left out, their fingerprint recorded)."""
         if self.optimizer is None or self.lr_scheduler is None:
             raise RuntimeError("call setup_model_and_optimizer() first")
         path = Path(path)
-        model_state, optim_state = get_state_dict(self.module, self.optimizer)
+        model_state, optim_state = get_state_dict(
+            self.module, self.optimizer, options=self._state_dict_options(loading=False)
+        )
         dcp_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path))
         extra = {
             "step": step,
@@ -375,6 +413,7 @@ class FSDPModelManager:
             "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler else None,
             "rng": rng_state(),
             "world_size": dist.get_world_size(),
+            "frozen_fingerprint": self.frozen_fingerprint(),
         }
         torch.save(extra, path / EXTRA_STATE.format(rank=dist.get_rank()))
 
@@ -395,19 +434,45 @@ class FSDPModelManager:
                 f"checkpoint {path} was saved by {extra['world_size']} actor ranks; this run has "
                 f"{dist.get_world_size()}: resume with the same actor placement"
             )
-        model_state, optim_state = get_state_dict(self.module, self.optimizer)
+        self._check_frozen_base(path, extra.get("frozen_fingerprint"))
+        options = self._state_dict_options(loading=True)
+        model_state, optim_state = get_state_dict(self.module, self.optimizer, options=options)
         dcp_load({"model": model_state, "optim": optim_state}, checkpoint_id=str(path))
         set_state_dict(
             self.module,
             self.optimizer,
             model_state_dict=model_state,
             optim_state_dict=optim_state,
+            options=options,
         )
         self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
         if self.grad_scaler is not None and extra["grad_scaler"] is not None:
             self.grad_scaler.load_state_dict(extra["grad_scaler"])
         set_rng_state(extra["rng"])
         return int(extra["step"])
+
+    def _check_frozen_base(self, path: Path, saved: str | None) -> None:
+        """The checkpoint's frozen weights (absent from it) are the ones this rank built."""
+        built = self.frozen_fingerprint()
+        if saved is None and built is not None:
+            raise ValueError(
+                f"checkpoint {path} holds a model that trains every weight, but this run's "
+                "model has frozen ones (actor.model.is_lora): resume with the actor.model it "
+                "was saved with"
+            )
+        if saved is not None and built is None:
+            raise ValueError(
+                f"checkpoint {path} holds only the trained part of a model with frozen weights "
+                "(LoRA adapters, actor.model.is_lora), but this run's model trains every "
+                "weight: resume with the actor.model it was saved with"
+            )
+        if saved != built:
+            raise ValueError(
+                f"checkpoint {path} holds LoRA adapters trained on other frozen weights than "
+                f"this run's model has (actor rank {dist.get_rank()}): the base is rebuilt from "
+                "actor.model (path, model_kwargs, precision) and actor.seed, and one of them "
+                "differs from the run that saved it"
+            )
 
     # -- offload (a no-op move on CPU; frees accelerator memory between phases on GPU)
 
