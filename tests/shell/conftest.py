@@ -12,10 +12,13 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +26,7 @@ from rlshell.cluster.placement import ComponentPlan, WorkerPlacement
 from rlshell.cluster.ray_cluster import Cluster
 
 PlanFactory = Callable[..., ComponentPlan]
+ROOT = Path(__file__).resolve().parents[2]
 
 _names = itertools.count()
 
@@ -109,3 +113,33 @@ def ray_never_starts(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("ray.init was called: Ray started before the error was reported")
 
     monkeypatch.setattr(ray, "init", refuse)
+
+
+TrainHere = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def train_here(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], ray_never_starts: None
+) -> Iterator[TrainHere]:
+    """``train_here(*args)``: ``python -m rlshell.train ARGS``'s status and output, from its
+    ``main`` in this process, for commands that stop before Ray starts (Ray may not start).
+
+    The same code as the command line from the repository root, without RLSHELL_EXT_MODULE,
+    less an interpreter start-up (seconds of imports) per call.
+    """
+    from rlshell.train import main
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("RLSHELL_EXT_MODULE", raising=False)
+    ctrl_c = signal.getsignal(signal.SIGINT)  # main() installs Python's handler
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        status = main(list(args))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["rlshell.train", *args], status, out, err)
+
+    yield run
+    if ctrl_c is not None:
+        signal.signal(signal.SIGINT, ctrl_c)

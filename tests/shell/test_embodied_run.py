@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlshell.metrics import read_metrics
+from tests.shell.conftest import TrainHere
 from tests.shell.test_export import assert_exported_final_policy
 from tests.shell.test_run import cli_env, train
 
@@ -61,15 +62,12 @@ def test_a_short_ppo_run_logs_env_and_train_metrics_and_resumes(tmp_path: Path) 
     assert resumed["env/steps"] == 8 * 32
 
 
-def test_two_components_grouped_apart_from_the_third_are_refused(tmp_path: Path) -> None:
-    env = cli_env(Path(tempfile.mkdtemp(prefix="re", dir="/tmp")))
+def test_two_components_grouped_apart_from_the_third_are_refused(
+    tmp_path: Path, train_here: TrainHere
+) -> None:
     placement = '{"actor": "0:0-1", "rollout,env": "0:0-1"}'
-    result = train(
-        *SHORT,
-        f"cluster.component_placement={placement}",
-        f"runner.output_dir={tmp_path}",
-        env=env,
-        timeout=300,
+    result = train_here(
+        *SHORT, f"cluster.component_placement={placement}", f"runner.output_dir={tmp_path}"
     )
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert "'rollout,env' groups two of them apart from 'actor'" in result.stdout + result.stderr

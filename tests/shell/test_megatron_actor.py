@@ -27,7 +27,8 @@ from rlshell.runners.validation import load_config
 from rlshell.tokenizer import prepare_tokenizer, with_tokenizer_ids
 from tests.shell.test_run import free_port
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs the module, so the two-process spawn behind `results` happens once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("megatron_actor")]
 
 BASE = [
     "actor.share_prompt_forward=false",  # Megatron's forward has no KV-cache prefix path

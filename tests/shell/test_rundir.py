@@ -25,6 +25,7 @@ from rlshell.rundir import (
     clear_run,
     read_contents,
 )
+from tests.shell.conftest import TrainHere
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -169,24 +170,13 @@ def test_a_live_owner_is_refused_naming_its_host_and_pid(
 
 
 def test_the_command_line_refuses_a_live_owner_before_ray_starts(
-    tmp_path: Path, holder: subprocess.Popen[str]
+    tmp_path: Path, holder: subprocess.Popen[str], train_here: TrainHere
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "RLSHELL_EXT_MODULE"}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlshell.train",
-            "configs/grpo.py",
-            "runner.runner_type=probe",
-            f"runner.output_dir={tmp_path}",
-            "runner.experiment_name=run",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = train_here(
+        "configs/grpo.py",
+        "runner.runner_type=probe",
+        f"runner.output_dir={tmp_path}",
+        "runner.experiment_name=run",
     )
     assert result.returncode == 2, result.stderr
     assert f"is in use by a run that is still running (pid {holder.pid} on host" in result.stderr

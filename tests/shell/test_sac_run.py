@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlshell.metrics import read_metrics
+from tests.shell.conftest import TrainHere
 from tests.shell.test_export import assert_exported_final_policy
 from tests.shell.test_run import cli_env, train
 
@@ -82,10 +83,9 @@ def test_a_short_sac_run_trains_after_learning_starts_and_resumes_its_replay_buf
     ],
 )
 def test_sac_placements_and_settings_it_cannot_run_are_refused_before_ray(
-    tmp_path: Path, override: str, message: str
+    tmp_path: Path, override: str, message: str, train_here: TrainHere
 ) -> None:
-    env = cli_env(Path(tempfile.mkdtemp(prefix="rs", dir="/tmp")))
-    result = train(*SHORT, override, f"runner.output_dir={tmp_path}", env=env, timeout=120)
+    result = train_here(*SHORT, override, f"runner.output_dir={tmp_path}")
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert message in result.stdout + result.stderr
 

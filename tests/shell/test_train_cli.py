@@ -1,4 +1,9 @@
-"""`python -m rlshell.train`: dry runs, errors before anything starts, --help, extension modules."""
+"""`python -m rlshell.train`: dry runs, errors before anything starts, --help, extension modules.
+
+Commands that stop before Ray starts run through ``main`` in this process (`train_here`, with
+Ray forbidden to start); the exit status and output of the command itself, usage errors and
+extension modules (imported once per process) in a fresh interpreter (`train`).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import pytest
 
 from rlshell.cluster.placement import Mode, read_plan
 from rlshell.runners.validation import load_config
+from tests.shell.conftest import TrainHere
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_EXT = ROOT / "examples" / "extension"
@@ -33,8 +39,10 @@ def train(
     )
 
 
-def test_dry_run_prints_the_plan_and_writes_config_and_placement_aside(tmp_path: Path) -> None:
-    result = train("configs/grpo.py", "--dry-run", f"runner.output_dir={tmp_path}")
+def test_dry_run_prints_the_plan_and_writes_config_and_placement_aside(
+    tmp_path: Path, train_here: TrainHere
+) -> None:
+    result = train_here("configs/grpo.py", "--dry-run", f"runner.output_dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "dry run of configs/grpo.py: nothing was started"
@@ -55,8 +63,8 @@ def test_dry_run_prints_the_plan_and_writes_config_and_placement_aside(tmp_path:
     )
 
 
-def test_dry_run_on_a_simulated_4x8_cluster(tmp_path: Path) -> None:
-    result = train(
+def test_dry_run_on_a_simulated_4x8_cluster(tmp_path: Path, train_here: TrainHere) -> None:
+    result = train_here(
         "configs/grpo.py",
         "--dry-run",
         "cluster.simulate=4x8",
@@ -76,11 +84,13 @@ def test_dry_run_on_a_simulated_4x8_cluster(tmp_path: Path) -> None:
     assert [w.node_rank for w in plan.component("reward").workers] == [0, 1, 2, 3]
 
 
-def test_resolved_config_json_runs_again_with_overrides(tmp_path: Path) -> None:
-    first = train("configs/grpo.py", "--dry-run", f"runner.output_dir={tmp_path}")
+def test_resolved_config_json_runs_again_with_overrides(
+    tmp_path: Path, train_here: TrainHere
+) -> None:
+    first = train_here("configs/grpo.py", "--dry-run", f"runner.output_dir={tmp_path}")
     assert first.returncode == 0, first.stderr
     saved = tmp_path / "grpo" / "dry_run" / "config.json"
-    again = train(
+    again = train_here(
         "--config", str(saved), "--dry-run", "runner.experiment_name=again", "actor.optim.lr=1e-4"
     )
     assert again.returncode == 0, again.stderr
@@ -122,7 +132,7 @@ def test_a_missing_config_file_and_two_config_files_are_errors(tmp_path: Path) -
 
 
 def test_a_dry_run_leaves_a_finished_runs_config_and_placement_as_they_were(
-    tmp_path: Path,
+    tmp_path: Path, train_here: TrainHere
 ) -> None:
     run_dir = tmp_path / "grpo"
     checkpoint = run_dir / "checkpoints" / "global_step_2"
@@ -131,7 +141,7 @@ def test_a_dry_run_leaves_a_finished_runs_config_and_placement_as_they_were(
     (run_dir / "config.json").write_text('{"the run\'s": "own"}\n')
     (run_dir / "placement.json").write_text('{"its": "plan"}\n')
     before = {name: (run_dir / name).read_bytes() for name in ("config.json", "placement.json")}
-    result = train(
+    result = train_here(
         "configs/grpo.py", "--dry-run", "runner.max_steps=7", f"runner.output_dir={tmp_path}"
     )
     assert result.returncode == 0, result.stderr
@@ -186,17 +196,19 @@ def test_without_a_config_the_usage_and_the_configs_are_printed_and_nothing_star
 )
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_a_malformed_cluster_string_is_a_config_error_naming_its_key(
-    tmp_path: Path, override: str, problem: str, dry_run: bool
+    tmp_path: Path, override: str, problem: str, dry_run: bool, train_here: TrainHere
 ) -> None:
     args = ["configs/grpo.py", override, f"runner.output_dir={tmp_path}"]
-    result = train(*args, *(["--dry-run"] if dry_run else []))
+    result = train_here(*args, *(["--dry-run"] if dry_run else []))
     assert result.returncode == 2, result.stderr
     assert problem in result.stderr.splitlines()[1:]  # (a real run also refuses to simulate)
     assert not (tmp_path / "grpo").exists()
 
 
-def test_an_attached_clusters_node_groups_are_checked_before_connecting(tmp_path: Path) -> None:
-    result = train(
+def test_an_attached_clusters_node_groups_are_checked_before_connecting(
+    tmp_path: Path, train_here: TrainHere
+) -> None:
+    result = train_here(
         "configs/grpo.py",
         "cluster.address=auto",
         'cluster.node_groups={"env": "1-x"}',
@@ -209,7 +221,9 @@ def test_an_attached_clusters_node_groups_are_checked_before_connecting(tmp_path
     ]
 
 
-def test_a_run_dir_holding_a_run_is_refused_before_ray_starts(tmp_path: Path) -> None:
+def test_a_run_dir_holding_a_run_is_refused_before_ray_starts(
+    tmp_path: Path, train_here: TrainHere
+) -> None:
     run_dir = tmp_path / "grpo"
     for step in (20, 40):
         checkpoint = run_dir / "checkpoints" / f"global_step_{step}"
@@ -219,7 +233,7 @@ def test_a_run_dir_holding_a_run_is_refused_before_ray_starts(tmp_path: Path) ->
         "".join(json.dumps({"step": step, "reward/mean": 0.5}) + "\n" for step in range(44))
     )
     common = ["configs/grpo.py", "runner.runner_type=probe", f"runner.output_dir={tmp_path}"]
-    again = train(*common)
+    again = train_here(*common)
     assert again.returncode == 2, again.stderr
     assert again.stdout == ""
     assert again.stderr == (
@@ -227,12 +241,12 @@ def test_a_run_dir_holding_a_run_is_refused_before_ray_starts(tmp_path: Path) ->
         "43): continue it with checkpoint.resume=auto, start over with --overwrite "
         "(overwrite=True in rlshell.api.train), or choose another runner.experiment_name\n"
     )
-    both = train(*common, "checkpoint.resume=auto", "--overwrite")
+    both = train_here(*common, "checkpoint.resume=auto", "--overwrite")
     assert both.returncode == 2
     assert "checkpoint.resume=auto continues the run in" in both.stderr
     for name in ("checkpoints/global_step_20", "checkpoints/global_step_40"):
         (run_dir / name).joinpath("trainer_state.json").unlink()
-    no_checkpoint = train(*common, "checkpoint.resume=auto")
+    no_checkpoint = train_here(*common, "checkpoint.resume=auto")
     assert no_checkpoint.returncode == 2
     assert no_checkpoint.stderr == (
         f"error: {run_dir} holds a run (no complete checkpoint, metrics to step 43) but no "

@@ -26,6 +26,9 @@ from rlshell.runners.validation import load_config
 from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
 from rlshell.workers.actor import policy_forward
 
+# One xdist worker runs the module, so the vLLM engine of `engines` starts once.
+pytestmark = pytest.mark.xdist_group("vllm_engine")
+
 STATES_AROUND_START_UP: list[tuple[object, ...]] = []
 PROMPTS = ["1+2=", "13+40=", "7+7=", "5=", "22+9=", "3+3+3="]
 # fp32 on both sides; the kernels differ (vLLM's CPU attention and fused layers).
