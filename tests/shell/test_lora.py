@@ -28,7 +28,7 @@ from rlshell.models.lora import MergedLoRAWeights, lora_layers
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.runners.validation import load_config
 from rlshell.tokenizer import prepare_tokenizer, with_tokenizer_ids
-from rlshell.workers.actor import ActorWorker, policy_forward
+from rlshell.workers.actor import ActorWorker, compute_advantages, policy_forward
 
 GRPO = Path("configs/grpo.py")
 LORA = ["actor.model.is_lora=true", "actor.model.lora_rank=4", "actor.model.lora_alpha=8"]
@@ -118,7 +118,7 @@ def start_actor(config: Config, tokenizer_dir: Path) -> ActorWorker:
 def train_step(worker: ActorWorker, seed: int = 5) -> dict[str, float]:
     batch = worker.generate(PROMPTS, SamplingParams(n=4, max_new_tokens=4), seed=seed)
     scores = torch.linspace(0.0, 1.0, batch.rows).roll(3)  # unequal within every group
-    return worker.run_training(batch, scores)
+    return worker.run_training(batch, compute_advantages(batch, scores, worker.config).advantages)
 
 
 def actor_greedy_check(model: nn.Module, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
