@@ -88,6 +88,7 @@ CONFIG = ROOT / "configs" / "grpo.py"
 
 THROUGHPUT_TARGET = 1.5  # rlstack completion tokens/s ≥ 1.5× TRL's fastest setup
 CORES = 2  # both sides' share of the machine: rlstack's Ray CPUs, TRL's threads or processes
+DROP_SLOWER_THAN = 3.0  # a TRL setup this many times slower than its fastest is timed no further
 PATCH_BYTES_TARGET = 0.1  # patch bytes ≤ 0.1× bucket bytes after one step (bf16 engine)
 COPY_TIME_TARGET = 1.25  # bucket sync time ≤ 1.25× a plain copy of every tensor
 LEARNING_RATE = 1e-6  # a typical RL learning rate; both trainers and the sync measurement use it
@@ -282,6 +283,8 @@ def run_race(spec: dict[str, Any]) -> dict[str, Any]:
     rlstack_steps: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="grpo-trl") as scratch, ExitStack() as stack:
         setups = trl_setups(len(os.sched_getaffinity(0)))
+        if spec["quick"]:  # the two launches (a process, torchrun's); threads change nothing there
+            setups = {name: setup for name, setup in setups.items() if setup.threads == 1}
         contestants = {
             name: stack.enter_context(TRLContestant.launch(spec, name, setup, Path(scratch)))
             for name, setup in setups.items()
@@ -295,12 +298,28 @@ def run_race(spec: dict[str, Any]) -> dict[str, Any]:
             for contestant in contestants.values():
                 contestant.wait_ready()
             for index, batch in enumerate(batches):
-                for contestant in contestants.values():
+                running = [c for c in contestants.values() if not c.dropped]
+                for contestant in running:
                     contestant.step()
                 rlstack_steps.append(trainer.train_on(index + 1, batch))
+                if index == spec["warmup"] - 1:
+                    drop_the_slow(running)
         baselines = {name: contestant.summary() for name, contestant in contestants.items()}
     warmup = spec["warmup"]
     return {"rlstack": rlstack_summary(rlstack_steps[warmup:], startup), "trl": baselines}
+
+
+def drop_the_slow(contestants: list[TRLContestant]) -> None:
+    """Stop the TRL setups whose last warm-up step took over ``DROP_SLOWER_THAN``× the fastest's.
+
+    Such a setup cannot be TRL's fastest here; on a loaded machine one
+    process with two threads can be ten times slower (each thread waits for
+    the other at every operation), and timing it would take most of the run.
+    """
+    fastest = min(c.step_seconds[-1] for c in contestants)
+    for contestant in contestants:
+        if contestant.step_seconds[-1] > DROP_SLOWER_THAN * fastest:
+            contestant.drop()
 
 
 # ---------------------------------------------------------------------------
@@ -348,6 +367,8 @@ class TRLContestant:
         self.ranks: list[Connection] = []
         self.construct_s: float | None = None  # known once every rank waits at its first step
         self.steps: list[list[dict[str, Any]]] = []  # per step, each rank's report
+        self.step_seconds: list[float] = []  # from the first rank's start to the last one's end
+        self.dropped = False
         self.spec: dict[str, Any] = {}
 
     @classmethod
@@ -427,16 +448,26 @@ class TRLContestant:
         """One step on every rank at once; back when each waits for the next (or has finished)."""
         for conn in self.ranks:
             conn.send("go")
-        self.steps.append(self._receive("stepped"))
+        ranks = self._receive("stepped")
+        self.steps.append(ranks)
+        self.step_seconds.append(max(r["end"] for r in ranks) - min(r["start"] for r in ranks))
         self._receive("finished" if len(self.steps) == len(self.spec["batches"]) else "ready")
+
+    def drop(self) -> None:
+        """Stop every rank before its next step (`drop_the_slow`); back when they have exited."""
+        for conn in self.ranks:
+            conn.send("stop")
+        self.dropped = True
+        self._stop()
 
     def summary(self) -> dict[str, Any]:
         import trl
 
         steps = []
         same_prompts = True
-        for batch, ranks in zip(self.spec["batches"], self.steps, strict=True):
-            seconds = max(r["end"] for r in ranks) - min(r["start"] for r in ranks)
+        for batch, ranks, seconds in zip(
+            self.spec["batches"], self.steps, self.step_seconds, strict=False
+        ):
             generate = max(r["generate_and_score_s"] for r in ranks)
             steps.append(
                 {
@@ -449,12 +480,15 @@ class TRLContestant:
             scored = sorted(prompt for r in ranks for prompt in r["prompts"])
             expected = sorted(p for p, _ in batch for _ in range(self.spec["group_size"]))
             same_prompts = same_prompts and scored == expected
-        timed = steps[self.spec["warmup"] :]
+        warmup = self.spec["warmup"]
+        timed = steps[warmup:]
         return {
             "trl": trl.__version__,
             "setup": {**vars(self.setup), "launch": self.setup.describe()},
             "startup_s": {"trainer": self.construct_s},
             "same_prompts": same_prompts,
+            "dropped_after_warmup": self.dropped,
+            "warmup_step_seconds": self.step_seconds[:warmup],
             "steps": timed,
             "step_seconds": [s["time/step"] for s in timed],
             "completion_tokens": [s["completion_tokens"] for s in timed],
@@ -518,7 +552,9 @@ def run_trl_rank(spec: dict[str, Any], setup: TRLSetup, port: int) -> None:
 
         def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
             driver.send({"event": "ready", "construct_s": construct_s})
-            driver.recv()
+            if driver.recv() == "stop":  # too slow to be TRL's fastest setup: `drop_the_slow`
+                driver.close()
+                raise SystemExit(0)
             self._scored, self._generated = len(scored), len(generate_seconds)
             self._start = time.perf_counter()
 
@@ -748,7 +784,11 @@ def main() -> None:
         spec = {**step_spec, "size": size}
         race = run_child("race", spec)
         ours = summarise(race["rlstack"])
-        baselines = {name: summarise(side) for name, side in race["trl"].items()}
+        baselines = {
+            name: summarise(side)
+            for name, side in race["trl"].items()
+            if not side["dropped_after_warmup"]
+        }
         # The target is held against TRL's fastest setup on this machine, in this run.
         fastest = max(baselines, key=lambda name: baselines[name]["completion_tokens_per_s"])
         ratios = {
@@ -759,7 +799,9 @@ def main() -> None:
             "parameters": parameter_count(size),
             "model_kwargs": SIZES[size],
             "rlstack": {**ours, **race["rlstack"]},
-            "trl": {name: {**baselines[name], **side} for name, side in race["trl"].items()},
+            "trl": {
+                name: {**baselines.get(name, {}), **side} for name, side in race["trl"].items()
+            },
             "trl_fastest": fastest,
             "throughput_ratio": ratios[fastest],
             "throughput_ratio_by_trl_setup": ratios,
