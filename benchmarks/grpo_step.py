@@ -37,9 +37,11 @@
     load from other processes on a shared machine falls on all alike; Ray's
     workers run at nice 0 like the rest (``RAY_worker_niceness=0``; Ray's
     default is 15, which lets any other process starve the ranks). The first
-    step of each is a warm-up, not timed; start-up (Ray, worker launch, the
-    first full weight sync; the trainer's construction) is reported apart.
-    Target (reported, not asserted): rlstack's completion tokens/s ≥ 1.5×
+    step of each is a warm-up, not timed; a TRL setup whose warm-up step
+    took over ``DROP_SLOWER_THAN``× the fastest's is stopped there
+    (`drop_the_slow`). Start-up (Ray, worker launch, the first full weight
+    sync; the trainer's construction) is reported apart. Target (reported,
+    not asserted): rlstack's completion tokens/s on its median step ≥ 1.5×
     that of TRL's fastest setup in the same run, at both sizes.
 
 (2) Weight sync (`rlshell.sync.transfer.WeightSender`, in memory) on the
@@ -746,11 +748,19 @@ def run_child(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def summarise(side: dict[str, Any]) -> dict[str, Any]:
+    """Completion tokens/s of the median step (what the ratios compare) and over all steps.
+
+    On a shared machine one step in ten can take several times the others
+    (another job's burst); the median step is what a side does, the total
+    lets such a step weigh in.
+    """
     seconds, tokens = side["step_seconds"], side["completion_tokens"]
+    median_seconds, median_tokens = statistics.median(seconds), statistics.median(tokens)
     return {
-        "seconds_per_step": statistics.median(seconds),
-        "completion_tokens_per_step": statistics.median(tokens),
-        "completion_tokens_per_s": sum(tokens) / sum(seconds),
+        "seconds_per_step": median_seconds,
+        "completion_tokens_per_step": median_tokens,
+        "completion_tokens_per_s": median_tokens / median_seconds,
+        "completion_tokens_per_s_all_steps": sum(tokens) / sum(seconds),
     }
 
 
