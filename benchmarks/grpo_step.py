@@ -315,7 +315,7 @@ def drop_the_slow(contestants: list[TRLContestant]) -> None:
     """Stop the TRL setups whose last warm-up step took over ``DROP_SLOWER_THAN``× the fastest's.
 
     Such a setup cannot be TRL's fastest here; on a loaded machine one
-    process with two threads can be ten times slower (each thread waits for
+    process with two threads can be 4-11x slower (each thread waits for
     the other at every operation), and timing it would take most of the run.
     """
     fastest = min(c.step_seconds[-1] for c in contestants)
@@ -325,7 +325,7 @@ def drop_the_slow(contestants: list[TRLContestant]) -> None:
 
 
 # ---------------------------------------------------------------------------
-# (1b) TRL: GRPOTrainer, in each of its configurations on the machine's cores
+# (1b) TRL: GRPOTrainer in each of its configurations on the same cores
 
 
 @dataclass(frozen=True)
