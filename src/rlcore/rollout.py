@@ -225,6 +225,7 @@ def unpack_sequences(
     return out
 
 
+@typecheck
 def group_mini_batches(
     rows: int, group_size: int, groups_per_mini_batch: int, seed: int | None = None
 ) -> list[list[int]]:
