@@ -235,3 +235,33 @@ def test_the_packed_update_makes_the_padded_updates_steps(
     for name, value in padded.items():
         assert float((value - initial[name]).detach().abs().max()) > 100 * 1e-4, name
         torch.testing.assert_close(packed[name], value, rtol=0, atol=1e-4, msg=name)
+
+
+def test_micro_batches_narrower_than_the_batch_make_the_whole_batchs_step(
+    tokenizer_dir: str, process_group: None
+) -> None:
+    """Micro-batches whose responses are all shorter than the batch's longest (their columns
+    trimmed by `RolloutBatch.select`) take their advantages and π_old at their own width, and
+    their accumulated gradients make the one-micro-batch step."""
+    whole_config = _config(tokenizer_dir, ["algorithm.ppo_epochs=2"])
+    batch, scores = _batch(whole_config, tokenizer_dir)
+    # Every row is a micro-batch of its own: some are narrower than the batch.
+    row_tokens = int((batch.prompt_mask.sum(1) + batch.response_mask.sum(1)).max())
+    split_config = _config(
+        tokenizer_dir, ["algorithm.ppo_epochs=2", f"actor.micro_batch_max_tokens={row_tokens}"]
+    )
+    width = batch.response_ids.shape[1]
+    assert int(batch.response_lengths.min()) < width
+    advantages = compute_advantages(batch, scores, whole_config).advantages
+    results = []
+    for config in (whole_config, split_config):
+        worker = _worker(config, tokenizer_dir)
+        old = worker.compute_logprobs(batch)
+        metrics = worker.run_training(batch, advantages, old_logprobs=old)
+        results.append((metrics, worker.full_weights()))
+    (whole_metrics, whole), (split_metrics, split) = results
+    assert whole_metrics["train/micro_batches"] == 1
+    assert split_metrics["train/micro_batches"] == batch.rows
+    assert split_metrics["train/pg_loss"] == pytest.approx(whole_metrics["train/pg_loss"], abs=1e-5)
+    for name, value in whole.items():
+        torch.testing.assert_close(split[name], value, rtol=0, atol=1e-4, msg=name)

@@ -544,10 +544,7 @@ class ActorWorker(Worker):
         # Gradients are averaged over the shares: scaled up by their number, the losses (each
         # normalised by the whole mini-batch) sum to the mini-batch's.
         inputs = [
-            (
-                batch.select(micro),
-                *self._micro_targets(micro, batch, advantages, ref_logprobs, old_logprobs),
-            )
+            _with_targets(batch.select(micro), micro, advantages, ref_logprobs, old_logprobs)
             for micro in micro_batches
         ]
         if manager.pipeline_stages > 1:
@@ -590,24 +587,6 @@ class ActorWorker(Worker):
         out["time/actor_forward_backward"] = optimizer_started - passes_started
         out["time/actor_optimizer"] = time.perf_counter() - optimizer_started
         return out
-
-    @staticmethod
-    def _micro_targets(
-        rows: list[int],
-        batch: RolloutBatch,
-        advantages: Tensor,
-        ref_logprobs: Tensor | None,
-        old_logprobs: Tensor | None,
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """The advantages, reference and old log-probs of ``rows``, cut to the response
-        width."""
-        width = batch.response_ids.shape[1]
-        index = torch.as_tensor(rows)
-        return (
-            advantages[index, :width],
-            None if ref_logprobs is None else ref_logprobs[index, :width],
-            None if old_logprobs is None else old_logprobs[index, :width],
-        )
 
     def _check_finite(self, loss: Tensor, index: int) -> None:
         value = float(loss.detach())
@@ -839,6 +818,27 @@ def data_parallel_rows(manager: TrainingBackend, rows: list[int]) -> list[int]:
     a share per tensor × pipeline grid."""
     share, shares = manager.data_parallel_rank, manager.data_parallel_size
     return rows[share * len(rows) // shares : (share + 1) * len(rows) // shares]
+
+
+def _with_targets(
+    micro: RolloutBatch,
+    rows: list[int],
+    advantages: Tensor,
+    ref_logprobs: Tensor | None,
+    old_logprobs: Tensor | None,
+) -> tuple[RolloutBatch, Tensor, Tensor | None, Tensor | None]:
+    """The micro-batch ``micro`` (``rows`` of the batch, `RolloutBatch.select`) with its rows of
+    the batch-wide advantages, reference and old log-probs, cut to ``micro``'s own response
+    width: `select` trims the columns no row of the micro-batch uses, which the batch-wide
+    tensors still hold when a longer response sits in another micro-batch."""
+    width = micro.response_ids.shape[1]
+    index = torch.as_tensor(rows)
+    return (
+        micro,
+        advantages[index, :width],
+        None if ref_logprobs is None else ref_logprobs[index, :width],
+        None if old_logprobs is None else old_logprobs[index, :width],
+    )
 
 
 def token_micro_batches(batch: RolloutBatch, rows: list[int], budget: int) -> list[list[int]]:
