@@ -1,7 +1,8 @@
 """Pure transforms between generated token batches and the tensors training needs.
 
 Masks, positions, reward placement, DAPO's overlong penalty and dynamic-sampling
-filter, Kimi k1.5's length penalty, the weighted total of several rewards,
+filter, Kimi k1.5's length penalty, the weighted total of several rewards, the KL
+penalty in the reward and its adaptive coefficient,
 variable-length packing (``cu_seqlens``, as flash-attention and
 padding-free HF models take it) and token-budget micro-batching.
 """
@@ -17,15 +18,18 @@ from jaxtyping import Bool, Float, Int, Shaped
 from torch import Tensor
 
 from rlcore._checking import typecheck
+from rlcore.losses import KLKind, kl_estimate
 from rlcore.types import Mask, as_bool_mask
 
 __all__ = [
     "PackedSequences",
+    "adaptive_kl_coef",
     "balanced_micro_batches",
     "broadcast_to_tokens",
     "combine_rewards",
     "filter_informative_groups",
     "group_mini_batches",
+    "kl_penalized_rewards",
     "length_penalty",
     "overlong_penalty",
     "pack_sequences",
@@ -94,6 +98,68 @@ def place_on_last_token(
     rewards = torch.zeros(valid.shape, dtype=scores.dtype, device=scores.device)
     rewards.scatter_(-1, last.unsqueeze(-1), scores.unsqueeze(-1))
     return rewards
+
+
+@typecheck
+def kl_penalized_rewards(
+    token_rewards: Float[Tensor, "batch time"],
+    logprobs: Float[Tensor, "batch time"],
+    ref_logprobs: Float[Tensor, "batch time"],
+    mask: Mask[Tensor, "batch time"],
+    coef: float,
+    kind: KLKind = "k1",
+) -> tuple[Float[Tensor, "batch time"], Float[Tensor, "batch time"]]:
+    """The KL penalty in the reward (Ziegler et al. 2019, arXiv:1909.08593; InstructGPT):
+    (r̃, k) with
+
+    r̃ₜ = rₜ − β·kₜ on valid tokens, rₜ at padding,    kₜ = KL estimate of token t
+
+    where kₜ = `rlcore.losses.kl_estimate` (``kind``) of the sampling policy's
+    ``logprobs`` (π_old, before the update) against ``ref_logprobs``, 0 at padding, and
+    β = ``coef``. The estimator sees no gradient here: the straight-through ``+`` kinds,
+    which differ from their base only in the gradient, are refused. With ``k1`` the
+    penalty of a row sums to β·Σₜ log π(yₜ)/π_ref(yₜ), the sampled estimate of
+    β·KL(π ‖ π_ref) over the whole response; an outcome estimator (GRPO, RLOO) then
+    works on that row's penalised total, GAE and REINFORCE++ on the tokens.
+    """
+    if kind.endswith("+"):
+        raise ValueError(
+            f"KL estimator kind {kind!r} is straight-through: it changes the gradient of a KL "
+            "loss, and a reward has none; use its base kind "
+            f"{kind[:-1]!r}"
+        )
+    if coef < 0:
+        raise ValueError(f"the KL coefficient must be at least 0, got {coef}")
+    valid = as_bool_mask(mask)
+    with torch.no_grad():
+        kl = torch.where(valid, kl_estimate(logprobs, ref_logprobs, kind), 0.0)
+        return token_rewards - coef * kl, kl
+
+
+@typecheck
+def adaptive_kl_coef(coef: float, kl: float, target: float, horizon: int, samples: int) -> float:
+    """The next KL coefficient of the adaptive controller (Ziegler et al. 2019, §2.2):
+
+    eₜ = clip(KLₜ / KL_target − 1, −0.2, 0.2),    βₜ₊₁ = βₜ · (1 + eₜ · n / H)
+
+    with KLₜ the step's observed KL (``kl``, ≥ 0), n = ``samples`` the responses it
+    was measured on and H = ``horizon``: β grows while the policy drifts further from
+    the reference than ``target`` and shrinks while it stays closer, by at most a
+    factor 1 ± 0.2·n/H a step. n/H must stay below 5, or a step could drive β to 0
+    or below.
+    """
+    if target <= 0 or horizon < 1 or samples < 1:
+        raise ValueError(
+            f"the adaptive KL controller needs target > 0, horizon ≥ 1 and samples ≥ 1, got "
+            f"{target}, {horizon} and {samples}"
+        )
+    if samples >= 5 * horizon:
+        raise ValueError(
+            f"{samples} samples a step against a horizon of {horizon}: a step could scale the "
+            "KL coefficient by 1 − 0.2·n/H ≤ 0; lengthen the horizon"
+        )
+    error = min(max(kl / target - 1.0, -0.2), 0.2)
+    return coef * (1.0 + error * samples / horizon)
 
 
 @typecheck

@@ -8,12 +8,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jaxtyping import TypeCheckError
 
+from rlcore.losses import kl_estimate
 from rlcore.rollout import (
+    adaptive_kl_coef,
     balanced_micro_batches,
     broadcast_to_tokens,
     combine_rewards,
     filter_informative_groups,
     group_mini_batches,
+    kl_penalized_rewards,
     length_penalty,
     overlong_penalty,
     pack_sequences,
@@ -23,7 +26,7 @@ from rlcore.rollout import (
     response_mask,
     unpack_sequences,
 )
-from rlcore.testing import group_scores, masks
+from rlcore.testing import TokenBatch, group_scores, masks, token_batches
 
 # --- response_mask --------------------------------------------------------------------------
 
@@ -94,6 +97,102 @@ def test_broadcast_to_tokens_hand_example() -> None:
 
 
 # --- DAPO: overlong penalty and dynamic sampling ----------------------------------------------
+
+
+# --- the KL penalty in the reward ----------------------------------------------------------
+
+
+@given(batch=token_batches(), coef=st.floats(0.0, 2.0))
+def test_the_k1_penalty_of_a_row_sums_to_coef_times_its_log_ratio(
+    batch: TokenBatch, coef: float
+) -> None:
+    rewards, kl = kl_penalized_rewards(
+        batch.token_rewards, batch.logprobs, batch.ref_logprobs, batch.mask, coef, "k1"
+    )
+    log_ratio = torch.where(batch.mask, batch.logprobs - batch.ref_logprobs, 0.0)
+    torch.testing.assert_close(kl, log_ratio)
+    # Padding keeps its reward; the row's total loses β·Σ log π/π_ref over its tokens.
+    assert torch.equal(rewards[~batch.mask], batch.token_rewards[~batch.mask])
+    torch.testing.assert_close(
+        rewards.sum(-1), batch.token_rewards.sum(-1) - coef * log_ratio.sum(-1)
+    )
+
+
+@given(
+    batch=token_batches(),
+    coef=st.floats(0.0, 2.0),
+    kind=st.sampled_from(["k1", "k2", "k3", "abs", "kl", "mse", "low_var_kl"]),
+)
+def test_the_penalty_is_the_named_estimate_and_vanishes_on_the_reference(
+    batch: TokenBatch, coef: float, kind: str
+) -> None:
+    rewards, kl = kl_penalized_rewards(
+        batch.token_rewards,
+        batch.logprobs,
+        batch.ref_logprobs,
+        batch.mask,
+        coef,
+        kind,  # type: ignore[arg-type]
+    )
+    expected = torch.where(batch.mask, kl_estimate(batch.logprobs, batch.ref_logprobs, kind), 0.0)  # type: ignore[arg-type]
+    torch.testing.assert_close(kl, expected)
+    torch.testing.assert_close(rewards, batch.token_rewards - coef * expected)
+    if kind not in ("k1", "kl"):  # the other estimates are ≥ 0: the reward only loses
+        assert torch.all(rewards <= batch.token_rewards + 1e-12)
+    # A policy equal to its reference pays nothing, whatever the kind and coefficient.
+    same, zero = kl_penalized_rewards(
+        batch.token_rewards,
+        batch.logprobs,
+        batch.logprobs,
+        batch.mask,
+        coef,
+        kind,  # type: ignore[arg-type]
+    )
+    assert torch.equal(same, batch.token_rewards)
+    assert torch.equal(zero, torch.zeros_like(zero))
+
+
+def test_the_penalty_refuses_straight_through_kinds_and_a_negative_coefficient() -> None:
+    rewards = torch.zeros(1, 2)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"'k3\+' is straight-through.*'k3'"):
+        kl_penalized_rewards(rewards, rewards, rewards, mask, 0.1, "k3+")
+    with pytest.raises(ValueError, match=r"at least 0, got -0\.1"):
+        kl_penalized_rewards(rewards, rewards, rewards, mask, -0.1)
+
+
+@given(
+    coef=st.floats(1e-4, 1.0),
+    kl=st.floats(0.0, 10.0),
+    target=st.floats(1e-3, 5.0),
+    horizon=st.integers(1, 10_000),
+    samples=st.integers(1, 512),
+)
+def test_the_adaptive_coefficient_moves_towards_the_target_by_a_bounded_factor(
+    coef: float, kl: float, target: float, horizon: int, samples: int
+) -> None:
+    if samples >= 5 * horizon:
+        with pytest.raises(ValueError, match="lengthen the horizon"):
+            adaptive_kl_coef(coef, kl, target, horizon, samples)
+        return
+    new = adaptive_kl_coef(coef, kl, target, horizon, samples)
+    step = 0.2 * samples / horizon
+    assert new > 0
+    assert coef * (1 - step) - 1e-12 <= new <= coef * (1 + step) + 1e-12
+    if kl > target:
+        assert new >= coef  # drifting too far: a stronger pull back
+    elif kl < target:
+        assert new <= coef
+    assert adaptive_kl_coef(coef, target, target, horizon, samples) == coef
+
+
+def test_the_adaptive_coefficient_follows_ziegler_et_al() -> None:
+    # e = clip(12/6 − 1, ±0.2) = 0.2 and n/H = 256/10000: β·(1 + 0.2·0.0256).
+    assert adaptive_kl_coef(0.1, 12.0, 6.0, 10_000, 256) == pytest.approx(0.1 * (1 + 0.2 * 0.0256))
+    # e = 5/6 − 1 = −1/6 inside the clip.
+    assert adaptive_kl_coef(0.1, 5.0, 6.0, 100, 10) == pytest.approx(0.1 * (1 - 1 / 60))
+    with pytest.raises(ValueError, match="target > 0"):
+        adaptive_kl_coef(0.1, 1.0, 0.0, 100, 10)
 
 
 def test_overlong_penalty_follows_dapo_piecewise_definition() -> None:
