@@ -2,7 +2,9 @@
 
 Dynamic sampling (groups whose samples are all right or all wrong are dropped and more prompts
 drawn, at most 3 rounds a step), clip-higher (ε_low 0.2, ε_high 0.28), token-level loss
-aggregation, the soft overlong penalty over the last 2 of the 4 new tokens, and no KL term.
+aggregation, the soft overlong penalty, and no KL term. The overlong penalty needs room past
+the longest right answer (two digits and the end token): responses may run to 6 tokens, the
+last 2 of them penalised, so a right answer is never penalised and rambling past it is.
 See docs/reasoning.md.
 """
 
@@ -25,5 +27,6 @@ config = evolve(
         overlong_buffer=2,
         overlong_penalty_factor=1.0,
     ),
+    rollout=evolve(base.rollout, max_new_tokens=6),
     runner=evolve(base.runner, experiment_name="dapo"),
 )

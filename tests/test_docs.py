@@ -83,6 +83,9 @@ RUN_HERE = {
     "runner.experiment_name=rloo",
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run algorithm.adv_type=reinforce_pp "
     "algorithm.kl_coef=0.001 algorithm.kl_kind=k2 runner.experiment_name=reinforce_pp_kl",
+    ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run algorithm.adv_type=reinforce_pp "
+    "algorithm.kl_coef=0.01 algorithm.kl_in_reward=true algorithm.kl_kind=k1 "
+    "algorithm.kl_target=0.5 runner.experiment_name=kl_in_reward",
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run rollout.weight_sync=shared "
     "runner.experiment_name=shared",
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run "

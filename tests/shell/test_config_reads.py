@@ -19,6 +19,7 @@ for would read them (its trainer is None, and nothing is refused for it).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
@@ -80,13 +81,22 @@ RUNS: dict[str, list[str]] = {
         'reward.weights={"math": 1.0, "format": 0.1, "length_penalty": 0.1}',
     ],
     "grpo_megatron": ["configs/grpo_megatron.py", *TINY_GRPO],
-    # PPO with a critic: GAE, the critic's processes, two epochs over two mini-batches.
+    # PPO with a critic: GAE, the critic's processes, two epochs over two mini-batches; the
+    # KL term as a penalty in the reward, with the adaptive coefficient (InstructGPT's PPO).
     "ppo_critic": [
         "configs/ppo_critic.py",
         *TINY_GRPO,
         "actor.mini_batch_size=1",
         "critic.warmup_steps=1",
         "runner.eval_interval=0",
+        "algorithm.kl_coef=0.05",
+        "algorithm.kl_in_reward=true",
+        "algorithm.kl_kind=k1",
+        "algorithm.kl_target=0.001",
+        "algorithm.kl_horizon=10",
+        # The reference's processes fit beside the critic's on the 2 CPUs.
+        "actor.reference_cpus_per_worker=0.0625",
+        "critic.cpus_per_worker=0.0625",
     ],
     "ppo_collocated": ["configs/ppo_cartpole.py", *TINY_CARTPOLE],
     "ppo_embodied_grpo": [
@@ -133,6 +143,7 @@ class TracedRun:
 
     config: Config
     read: frozenset[str]
+    run_dir: Path
 
 
 def _start(name: str, args: list[str], out: Path) -> subprocess.Popen[str]:
@@ -166,7 +177,11 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TracedRun]:
                 assert process.returncode == 0, f"{name} failed:\n{log[-4000:]}"
                 args = RUNS[name]
                 config = load_config(args[0], args[1:])
-                results[name] = TracedRun(config, frozenset(read_keys(root / name / "reads")))
+                results[name] = TracedRun(
+                    config,
+                    frozenset(read_keys(root / name / "reads")),
+                    root / name / "runs" / config.runner.experiment_name,
+                )
             assert time.monotonic() - started < 600, "the traced runs took over 10 minutes"
             time.sleep(0.2)
     finally:
@@ -306,3 +321,39 @@ def test_every_listed_exception_is_still_one(traced: dict[str, TracedRun]) -> No
         if key in run.read and key in READ_BUT_REFUSED
     }
     assert used == set(READ_BUT_REFUSED)
+
+
+def test_the_adaptive_kl_coefficient_moves_each_step_and_is_checkpointed(
+    traced: dict[str, TracedRun],
+) -> None:
+    """``algorithm.kl_in_reward`` with ``kl_target`` (the ppo_critic run): the β logged at each
+    step is the controller's step from the last one, and the checkpoint holds the next."""
+    from rlcore.rollout import adaptive_kl_coef
+    from rlshell.checkpoint import checkpoint_dir, read_trainer_state
+
+    run = traced["ppo_critic"]
+    algorithm = run.config.algorithm
+    steps = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in steps if "reward/kl_coef" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    rows = run.config.runner.prompts_per_step * algorithm.group_size
+
+    def after(metrics: dict[str, float]) -> float:
+        return adaptive_kl_coef(
+            metrics["reward/kl_coef"],
+            metrics["reward/kl"],
+            float(algorithm.kl_target or 0),
+            algorithm.kl_horizon,
+            rows,
+        )
+
+    first, second = steps
+    assert first["reward/kl_coef"] == pytest.approx(algorithm.kl_coef)
+    assert second["reward/kl_coef"] == pytest.approx(after(first))
+    assert second["reward/kl_penalty"] == pytest.approx(
+        second["reward/kl_coef"] * second["reward/kl"]
+    )
+    state = read_trainer_state(checkpoint_dir(run.run_dir, 2))
+    assert state.extra["kl_coef"] == pytest.approx(after(second))
+    # The loss has no KL term when it is in the reward.
+    assert "train/kl_loss" not in second

@@ -528,6 +528,18 @@ class AlgorithmConfig:
     score; clip-higher is ``clip_high`` and token-level aggregation
     ``loss_agg_mode='token-mean'``.
 
+    The KL term (reasoning runner; a reference policy runs when ``kl_coef`` > 0):
+    by default a loss, ``kl_coef`` × ``kl_kind``'s estimate of KL(π ‖ π_ref)
+    aggregated like the policy loss. With ``kl_in_reward`` it is a penalty in
+    the reward instead (Ziegler et al. 2019; verl's ``use_kl_in_reward``): each
+    response token's reward loses β·kₜ, kₜ the estimate of π_old (the policy
+    that sampled the batch, per ``old_logprobs``) against the reference and β
+    ``kl_coef`` (`rlcore.rollout.kl_penalized_rewards`), before the advantages
+    are computed; the loss then has no KL term. ``kl_target`` turns β adaptive
+    (`rlcore.rollout.adaptive_kl_coef`: β moves each step towards a mean
+    response KL, summed over its tokens, of ``kl_target``, at a rate set by
+    ``kl_horizon``; β is checkpointed).
+
     ``baseline_form`` (``adv_type='reinforce_pp_baseline'``): what the group
     mean is subtracted from before whitening, the discounted reward-to-go
     (``reward_to_go``) or the row's undiscounted score (``score``, verl's form;
@@ -551,6 +563,9 @@ class AlgorithmConfig:
     overlong_penalty_factor: float = field(default=1.0, metadata=NON_NEGATIVE)
     kl_coef: float = field(default=0.0, metadata=NON_NEGATIVE)
     kl_kind: KLKind = "k3"
+    kl_in_reward: bool = False
+    kl_target: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+    kl_horizon: int = field(default=10_000, metadata=POSITIVE_INT)
     entropy_coef: float = field(default=0.0, metadata=NON_NEGATIVE)
     gamma: float = field(default=1.0, metadata=UNIT_CLOSED)
     lam: float = field(default=1.0, metadata=UNIT_CLOSED)

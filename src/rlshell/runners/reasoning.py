@@ -22,7 +22,13 @@ from typing import Any, ClassVar, Self
 
 import torch
 
-from rlcore.rollout import filter_informative_groups, overlong_penalty
+from rlcore.rollout import (
+    adaptive_kl_coef,
+    filter_informative_groups,
+    kl_penalized_rewards,
+    overlong_penalty,
+    place_on_last_token,
+)
 from rlshell.checkpoint import TrainerState
 from rlshell.cluster.errors import WorkerDiedError
 from rlshell.cluster.group import WorkerGroup
@@ -117,6 +123,8 @@ class ReasoningTrainer:
         self.rewards = WeightedReward.of(config.reward)
         self.reward_watch = FailureWatches(self.rewards.functions(), config.reward.max_failed_steps)
         self._print_line: Callable[[str], None] = _print_to_stderr
+        # β of the KL penalty in the reward (algorithm.kl_in_reward); adaptive with kl_target.
+        self.kl_coef = config.algorithm.kl_coef
 
     def report_to(self, print_line: Callable[[str], None]) -> None:
         """Print what the run should hear (reward failures) with ``print_line`` from now on."""
@@ -191,6 +199,15 @@ class ReasoningTrainer:
                 "decoupled_ppo takes its ratio against the recomputed log-probs (the proximal "
                 "policy) and weights by their ratio to the rollout's (the behaviour policy): it "
                 "uses both, whatever old_logprobs says"
+            )
+        if algorithm.kl_coef > 0 and not algorithm.kl_in_reward:
+            in_loss = "algorithm.kl_in_reward is off: the KL term is a loss of fixed weight"
+            unread["algorithm.kl_target"] = f"steers the KL penalty in the reward; {in_loss}"
+            unread["algorithm.kl_horizon"] = f"steers the KL penalty in the reward; {in_loss}"
+        elif algorithm.kl_coef > 0 and algorithm.kl_target is None:
+            unread["algorithm.kl_horizon"] = (
+                "sets the adaptive KL controller's rate; algorithm.kl_target is null, so the "
+                "penalty's coefficient is algorithm.kl_coef throughout"
             )
         if config.algorithm.kl_coef == 0:
             unread.update(reference_unread(f"with algorithm.kl_coef 0 {who}"))
@@ -326,15 +343,26 @@ class ReasoningTrainer:
                 ref_logprobs = self._reference_logprobs(batch)
         self._update_phase()
         old_logprobs = None
+        algorithm = config.algorithm
         actor_trains = self.critic is None or step > config.critic.warmup_steps
-        if actor_trains and optimizer_steps_per_batch(config) > 1:
+        several = actor_trains and optimizer_steps_per_batch(config) > 1
+        # The KL penalty in the reward is taken on π_old: recomputed unless old_logprobs says
+        # the rollout's (as the policy ratio does).
+        kl_in_reward = self._kl_in_reward()
+        if several or (kl_in_reward and algorithm.old_logprobs == "recompute"):
             with timed(metrics, "time/old_logprobs"):
                 old_logprobs = self._actor().compute_logprobs(batch).wait()[0]
         values = None
         if values_call is not None:
             with timed(metrics, "time/values"):
                 values = values_call.wait()[0]
-        estimate = compute_advantages(batch, scores, config, values)
+        token_rewards = None
+        if kl_in_reward:
+            assert ref_logprobs is not None
+            sampled = batch.logprobs if old_logprobs is None else old_logprobs
+            token_rewards = self._kl_penalised(batch, scores, sampled, ref_logprobs, metrics)
+            ref_logprobs = None  # the penalty is in the reward: the loss has no KL term
+        estimate = compute_advantages(batch, scores, config, values, token_rewards)
         with timed(metrics, "time/update"):
             critic_call = None
             if self.critic is not None and values is not None:
@@ -367,6 +395,38 @@ class ReasoningTrainer:
             int(batch.response_mask.sum()), step_time
         )
         return metrics
+
+    def _kl_in_reward(self) -> bool:
+        """Whether the KL term is a penalty in the reward (read only where a reference runs:
+        with ``kl_coef`` 0 the key is declared unread)."""
+        return self.config.algorithm.kl_coef > 0 and self.config.algorithm.kl_in_reward
+
+    def _kl_penalised(
+        self,
+        batch: RolloutBatch,
+        scores: torch.Tensor,
+        logprobs: torch.Tensor,
+        ref_logprobs: torch.Tensor,
+        metrics: dict[str, float],
+    ) -> torch.Tensor:
+        """The token rewards with the KL penalty of π_old (``logprobs``) against the
+        reference at this step's β (`rlcore.rollout.kl_penalized_rewards`); β moves for the
+        next step when ``algorithm.kl_target`` is set (`rlcore.rollout.adaptive_kl_coef`)."""
+        algorithm = self.config.algorithm
+        mask = batch.response_mask
+        placed = place_on_last_token(scores.to(torch.float32), mask)
+        rewards, kl = kl_penalized_rewards(
+            placed, logprobs.float(), ref_logprobs.float(), mask, self.kl_coef, algorithm.kl_kind
+        )
+        response_kl = float(kl.sum(-1).mean())  # KL of a response: summed over its tokens
+        metrics["reward/kl"] = response_kl
+        metrics["reward/kl_coef"] = self.kl_coef
+        metrics["reward/kl_penalty"] = self.kl_coef * response_kl
+        if algorithm.kl_target is not None:
+            self.kl_coef = adaptive_kl_coef(
+                self.kl_coef, response_kl, algorithm.kl_target, algorithm.kl_horizon, batch.rows
+            )
+        return rewards
 
     def _sample_and_score(
         self,
@@ -580,11 +640,14 @@ class ReasoningTrainer:
         else:  # a Hub id: the files as transformers loads them
             load_tokenizer(self.tokenizer_dir).save_pretrained(directory / "tokenizer")
         sampler = self._sampler().state()
+        adaptive = self._kl_in_reward() and self.config.algorithm.kl_target is not None
+        extra = {"kl_coef": self.kl_coef} if adaptive else {}
         return TrainerState(
             step=step,
             sampler_epoch=sampler.epoch,
             sampler_position=sampler.position,
             experiment_name=self.config.runner.experiment_name,
+            extra=extra,
         )
 
     def load(self, checkpoint: Path, state: TrainerState) -> int:
@@ -593,6 +656,14 @@ class ReasoningTrainer:
         if self.critic is not None:
             self.critic.load_checkpoint(str(checkpoint)).wait()
         self._sampler().load_state(SamplerState(state.sampler_epoch, state.sampler_position))
+        if self._kl_in_reward() and self.config.algorithm.kl_target is not None:
+            if "kl_coef" in state.extra:
+                self.kl_coef = float(state.extra["kl_coef"])
+            else:
+                self._print_line(
+                    f"{checkpoint} holds no adaptive KL coefficient (its run had no "
+                    f"algorithm.kl_target): β starts again from algorithm.kl_coef={self.kl_coef}"
+                )
         self._synced = False
         return step
 
@@ -730,6 +801,20 @@ def _update_problems(config: Config, plan: PlacementPlan | None) -> list[str]:
             "compute through a pipeline (pipeline_model_parallel_size > 1); use one step per "
             "batch or pipeline_model_parallel_size 1"
         )
+    if algorithm.kl_in_reward and algorithm.kl_kind.endswith("+"):
+        problems.append(
+            f"algorithm.kl_kind: '{algorithm.kl_kind}' is straight-through, which changes the "
+            "gradient of a KL loss; in the reward (kl_in_reward) there is no gradient: use "
+            f"'{algorithm.kl_kind[:-1]}'"
+        )
+    if algorithm.kl_target is not None and algorithm.kl_in_reward:
+        rows = config.runner.prompts_per_step * algorithm.group_size
+        if rows >= 5 * algorithm.kl_horizon:
+            problems.append(
+                f"algorithm.kl_horizon: {rows} responses a step against a horizon of "
+                f"{algorithm.kl_horizon} could scale β by 1 − 0.2·{rows}/{algorithm.kl_horizon}"
+                " ≤ 0 in one step; make it longer"
+            )
     if algorithm.loss_type == "decoupled_ppo" and algorithm.rollout_is is not None:
         problems.append(
             f"algorithm.rollout_is: decoupled_ppo already weights each token by π_prox/μ "

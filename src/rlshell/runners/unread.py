@@ -102,6 +102,9 @@ def reference_unread(who: str) -> dict[str, str]:
     reason = f"{who} runs no reference policy, so there is no KL term"
     return {
         "algorithm.kl_kind": f"{reason} to estimate",
+        "algorithm.kl_in_reward": f"{reason} to put in the reward",
+        "algorithm.kl_target": f"{reason} to control",
+        "algorithm.kl_horizon": f"{reason} to control",
         "actor.reference_cpus_per_worker": f"{reason} and no reference worker to size",
     }
 

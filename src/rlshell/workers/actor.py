@@ -125,7 +125,11 @@ def build_rollout_model(config: Config, *, merged_lora: bool = False) -> nn.Modu
 
 
 def compute_advantages(
-    batch: RolloutBatch, scores: Tensor, config: Config, values: Tensor | None = None
+    batch: RolloutBatch,
+    scores: Tensor,
+    config: Config,
+    values: Tensor | None = None,
+    token_rewards: Tensor | None = None,
 ) -> Advantages:
     """Token advantages (and returns) of a batch from its outcome scores, by
     ``algorithm.adv_type``.
@@ -134,9 +138,13 @@ def compute_advantages(
     (`rlcore.rollout.place_on_last_token`) and the registered estimator does
     the rest (GRPO: (s − mean_group)/(std_group + ε) on every token; GAE: the
     critic's ``values`` of the response tokens, the returns are its targets).
+    ``token_rewards``: the token rewards when the trainer shaped them further
+    (the KL penalty in the reward, `rlcore.rollout.kl_penalized_rewards`);
+    ``scores`` are then not read.
     """
     algorithm = config.algorithm
-    token_rewards = place_on_last_token(scores.to(torch.float32), batch.response_mask)
+    if token_rewards is None:
+        token_rewards = place_on_last_token(scores.to(torch.float32), batch.response_mask)
     estimator = ADVANTAGES.get(algorithm.adv_type)
     return estimator(
         AdvantageBatch(
