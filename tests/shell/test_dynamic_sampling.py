@@ -11,6 +11,7 @@ with real workers.)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,7 @@ def _trainer(examples: list[PromptExample], rounds: int) -> ReasoningTrainer:
     return trainer
 
 
-def _scripted(trainer: ReasoningTrainer, right: dict[str, tuple[bool, ...]]) -> list[list[str]]:
+def _scripted(trainer: ReasoningTrainer, right: Mapping[str, tuple[bool, ...]]) -> list[list[str]]:
     """Replace sampling and scoring: prompt p's samples are right as ``right[p]`` says; each
     response's text is its prompt, so a batch says which prompts it holds. Returns the
     prompts of each round, as drawn."""
