@@ -70,6 +70,19 @@ def _worker(config: Config, tokenizer_dir: str) -> ActorWorker:
     return worker
 
 
+def _updates(
+    configs: list[Config], tokenizer_dir: str, batch: RolloutBatch, advantages: torch.Tensor
+) -> list[tuple[torch.Tensor, dict[str, float], dict[str, torch.Tensor]]]:
+    """π_old, the update's metrics and the weights after it, of a fresh worker per config."""
+    results = []
+    for config in configs:
+        worker = _worker(config, tokenizer_dir)
+        old = worker.compute_logprobs(batch)
+        metrics = worker.run_training(batch, advantages, old_logprobs=old)
+        results.append((old, metrics, worker.full_weights()))
+    return results
+
+
 def _oracle(
     config: Config, batch: RolloutBatch, advantages: torch.Tensor
 ) -> dict[str, torch.Tensor]:
@@ -217,12 +230,7 @@ def test_the_packed_update_makes_the_padded_updates_steps(
     batch, scores = _batch(padded_config, tokenizer_dir)
     assert len(set(batch.response_lengths.tolist())) > 1
     advantages = compute_advantages(batch, scores, padded_config).advantages
-    results = []
-    for config in (padded_config, packed_config):
-        worker = _worker(config, tokenizer_dir)
-        old = worker.compute_logprobs(batch)
-        metrics = worker.run_training(batch, advantages, old_logprobs=old)
-        results.append((old, metrics, worker.full_weights()))
+    results = _updates([padded_config, packed_config], tokenizer_dir, batch, advantages)
     (padded_old, padded_metrics, padded), (packed_old, packed_metrics, packed) = results
     mask = batch.response_mask
     torch.testing.assert_close(packed_old * mask, padded_old * mask, rtol=0, atol=1e-5)
@@ -253,13 +261,8 @@ def test_micro_batches_narrower_than_the_batch_make_the_whole_batchs_step(
     width = batch.response_ids.shape[1]
     assert int(batch.response_lengths.min()) < width
     advantages = compute_advantages(batch, scores, whole_config).advantages
-    results = []
-    for config in (whole_config, split_config):
-        worker = _worker(config, tokenizer_dir)
-        old = worker.compute_logprobs(batch)
-        metrics = worker.run_training(batch, advantages, old_logprobs=old)
-        results.append((metrics, worker.full_weights()))
-    (whole_metrics, whole), (split_metrics, split) = results
+    results = _updates([whole_config, split_config], tokenizer_dir, batch, advantages)
+    (_, whole_metrics, whole), (_, split_metrics, split) = results
     assert whole_metrics["train/micro_batches"] == 1
     assert split_metrics["train/micro_batches"] == batch.rows
     assert split_metrics["train/pg_loss"] == pytest.approx(whole_metrics["train/pg_loss"], abs=1e-5)
