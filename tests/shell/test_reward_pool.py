@@ -87,8 +87,30 @@ def test_math_scores_in_the_pool_match_direct_calls(math_pool: RewardPool) -> No
     assert result.failed == ()
 
 
+def test_arithmetic_left_undone_is_not_an_answer() -> None:
+    """Where the reference is a number, an unevaluated sum, difference or product of integers
+    scores 0 although math-verify accepts it; fractions and the rest keep its verdict."""
+    from math_verify import parse, verify
+
+    undone = [("19+1", "20"), ("1+9", "10"), ("2*10", "20"), ("\\boxed{25-5}", "20"), ("7+0", "7")]
+    for response, answer in undone:
+        assert verify(parse(answer), parse(response)), (response, answer)  # math-verify: equal
+        assert math_reward(response, answer) == 0.0, (response, answer)
+    kept = [
+        ("20", "20"),
+        ("#### 20", "20"),
+        ("1/4", "0.25"),
+        ("\\frac{1}{4}", "0.25"),
+        ("-4", "-4"),
+    ]
+    kept += [("x = 8", "8"), ("14++", "14"), ("\\boxed{2^{3}}", "8"), ("$1+x$", "$x+1$")]
+    for response, answer in kept:
+        assert math_reward(response, answer) == 1.0, (response, answer)
+
+
 def test_memoised_math_verdicts_equal_fresh_math_verify_ones() -> None:
-    """The parse and verdict caches change cost only: every call agrees with math-verify's own."""
+    """The parse and verdict caches change cost only: every call agrees with math-verify's own
+    (on answers that are not arithmetic left undone, where the reward differs on purpose)."""
     from math_verify import parse, verify
 
     responses = ["#### 1,000", "1000", "\\boxed{2^{3}}", "x = 8", "-4", "0.25", "1/4", "", "7"]

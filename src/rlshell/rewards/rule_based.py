@@ -19,6 +19,14 @@ _BOXED = re.compile(r"\\boxed\s*\{")
 def math_reward(response: str, answer: str) -> float:
     """1.0 when math-verify finds the response's answer equivalent to ``answer``, else 0.0.
 
+    One exception to math-verify's verdict: where ``answer`` is a number, a
+    response whose answer is an unevaluated sum, difference or product of
+    integers (``19+1``, ``2*10``) scores 0. math-verify evaluates it and
+    accepts it, but it restates arithmetic instead of doing it: a policy
+    trained on the arithmetic task learned to answer ``9+9+2=`` with ``19+1``
+    and ``1+9+0=`` with ``1+9``. Fractions (``1/4``, ``\\frac{1}{4}``),
+    percentages, powers and symbolic answers keep math-verify's verdict.
+
     math-verify's own signal-based timeouts only work on a main thread, so
     they are off here; callers bound the time of each call themselves.
     Verdicts are memoised per (response, answer) and parses per text: a
@@ -34,8 +42,25 @@ def _math_equivalent(response: str, answer: str) -> bool:
     gold, predicted = _parsed(answer), _parsed(response)
     if not gold or not predicted:
         return False
+    if _is_number(gold[0]) and _integer_arithmetic(predicted[0]):
+        return False
     # Fresh lists around the cached (immutable) parse results: verify reads lists only.
     return bool(verify(list(gold), list(predicted), timeout_seconds=None))
+
+
+def _is_number(expression: Any) -> bool:
+    return bool(getattr(expression, "is_Number", False))
+
+
+def _integer_arithmetic(expression: Any) -> bool:
+    """Whether a parsed answer is a sum or difference (sympy ``Add``) of anything, or a product
+    (``Mul``) of integers only: arithmetic left undone. ``1/4`` is ``Mul(1, Pow(4, -1))``, a
+    fraction, and is not."""
+    import sympy
+
+    if isinstance(expression, sympy.Add):
+        return True
+    return isinstance(expression, sympy.Mul) and all(arg.is_Integer for arg in expression.args)
 
 
 @lru_cache(maxsize=8192)
