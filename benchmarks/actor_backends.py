@@ -55,8 +55,14 @@ BACKENDS: dict[str, list[str]] = {
     "megatron_tp2": [*MEGATRON, "actor.megatron.tensor_model_parallel_size=2"],
     "megatron_dp2": MEGATRON,
 }
+# The batch and loss measured here until configs/grpo.py moved to 16 samples and an entropy bonus.
+MEASURED = ["algorithm.group_size=8", "algorithm.entropy_coef=0"]
 SIZES: dict[str, list[str]] = {
-    "grpo.py (0.1M)": [],
+    # configs/grpo.py's model until 2026-11-25 (2 layers, MLP 128), the size measured here.
+    "grpo.py (0.1M)": [
+        "actor.model.model_kwargs.intermediate_size=128",
+        "actor.model.model_kwargs.num_hidden_layers=2",
+    ],
     "5M": [
         "actor.model.model_kwargs.hidden_size=256",
         "actor.model.model_kwargs.intermediate_size=768",
@@ -73,7 +79,7 @@ def _config(size: str, backend: str, tokenizer_dir: str) -> Any:
     from rlshell.runners.validation import load_config
     from rlshell.tokenizer import with_tokenizer_ids
 
-    overrides = [*SIZES[size], *BACKENDS[backend]]
+    overrides = [*MEASURED, *SIZES[size], *BACKENDS[backend]]
     return with_tokenizer_ids(load_config(GRPO, overrides), tokenizer_dir)
 
 

@@ -224,6 +224,9 @@ def rlstack_trainer(spec: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]
         f"rollout.max_new_tokens={spec['max_new_tokens']}",
         f"actor.optim.lr={LEARNING_RATE}",
         f"rollout.weight_sync={WEIGHT_SYNC}",
+        # The step TRL runs: its loss has no entropy bonus and its rate no schedule here.
+        "algorithm.entropy_coef=0",
+        "actor.optim.lr_scheduler=constant",
         *(f"actor.model.model_kwargs.{key}={value}" for key, value in kwargs.items()),
     ]
     config = load_config(CONFIG, overrides)

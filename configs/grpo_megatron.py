@@ -3,7 +3,9 @@
 The two actor ranks are one model split in two (each holds one of the two key/value head groups,
 half of every MLP and half of the vocabulary rows) instead of two FSDP shards; each also runs an
 HF rollout engine, synced with the weights gathered back to Hugging Face names. On these CPU
-machines Megatron runs over gloo through rlshell's CPU shim. See docs/megatron.md.
+machines Megatron runs over gloo through rlshell's CPU shim. The model and settings are those of
+configs/grpo.py until 2026-11-25 (2 layers, 8 samples a prompt, no entropy bonus, a constant rate,
+1,500 steps), which docs/megatron.md's figures compare it with. See docs/megatron.md.
 """
 
 from rlshell.config import (

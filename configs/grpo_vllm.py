@@ -2,8 +2,9 @@
 
 Each of the two actor processes runs a vLLM engine beside its FSDP rank and reloads the engine's
 weights in place after every update (no restart, no disk). vLLM's CPU attention serves head sizes
-of 32 and up, so the model has 2 heads of 32 where configs/grpo.py has 4 of 16; everything else is
-the same. See docs/rollout.md.
+of 32 and up, so the model has 2 heads of 32 where configs/grpo.py has 4 of 16. The rest is
+configs/grpo.py as it was until 2026-11-25 (2 layers, 8 samples a prompt, no entropy bonus, a
+constant rate, 1,500 steps), the settings docs/rollout.md's figures were measured with.
 """
 
 from rlshell.config import (

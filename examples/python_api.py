@@ -50,7 +50,7 @@ def close_enough(response: str, answer: str) -> float:
 print(f"close_enough('12', '12') = {close_enough('12', '12')}")
 print(f"close_enough('9', '12') = {close_enough('9', '12'):.1f}")
 
-# %% The config, built from its typed records (configs/grpo.py's model, shortened).
+# %% The config, built from its typed records (a smaller model than configs/grpo.py's, shortened).
 config = Config(
     # One actor process that also generates, one reward process beside it.
     cluster=ClusterConfig(component_placement={"actor,rollout": "0:0", "reward": "0"}),
