@@ -60,8 +60,9 @@ def _scripted(trainer: ReasoningTrainer, right: Mapping[str, tuple[bool, ...]]) 
         assert round_ == len(drawn)
         drawn.append([p.prompt for p in prompts])
         rows = len(prompts) * params.n
-        # Responses of different lengths per round: the batch re-pads them.
-        width = 2 + round_
+        # Responses of different lengths per round (the batch re-pads them), short of
+        # configs/dapo.py's overlong penalty, which starts past 4 tokens.
+        width = 2 + round_ % 2
         batch = RolloutBatch(
             prompt_ids=torch.ones(rows, 3, dtype=torch.long),
             prompt_mask=torch.ones(rows, 3, dtype=torch.bool),

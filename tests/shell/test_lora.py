@@ -51,10 +51,12 @@ def lora_config(tokenizer_dir: Path, *overrides: str) -> Config:
 def test_adapters_go_on_every_attention_and_mlp_projection_and_only_they_train(
     tokenizer_dir: Path,
 ) -> None:
-    model = get_model(lora_config(tokenizer_dir).actor.model)
+    config = lora_config(tokenizer_dir)
+    model = get_model(config.actor.model)
     layers = lora_layers(model)
     assert sorted({name.rsplit(".", 1)[-1] for name in layers}) == PROJECTIONS
-    assert len(layers) == 2 * len(PROJECTIONS)  # two decoder layers; not the output head
+    decoder_layers = int(config.actor.model.model_kwargs["num_hidden_layers"])
+    assert len(layers) == decoder_layers * len(PROJECTIONS)  # each decoder layer; not the head
     assert {layer.scaling["default"] for layer in layers.values()} == {8 / 4}  # α / r
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     assert trainable == {

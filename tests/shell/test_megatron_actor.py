@@ -31,6 +31,8 @@ from tests.shell.test_run import free_port
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("megatron_actor")]
 
 BASE = [
+    # Two layers, as configs/grpo_megatron.py: a pipeline of 2 stages splits them evenly.
+    "actor.model.model_kwargs.num_hidden_layers=2",
     "actor.share_prompt_forward=false",  # Megatron's forward has no KV-cache prefix path
     "actor.micro_batch_max_tokens=64",  # several micro-batches: the pipeline schedules them
 ]

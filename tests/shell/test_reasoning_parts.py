@@ -275,10 +275,11 @@ def test_wrap_units_follow_the_policy_then_the_models_no_split_modules(
 ) -> None:
     cfg, _ = config
     model = get_model(cfg.actor.model)
+    layers = int(cfg.actor.model.model_kwargs["num_hidden_layers"])
     default = wrap_units(model, WrapPolicyConfig())
-    assert [type(m).__name__ for m in default] == ["Qwen2DecoderLayer"] * 2
+    assert [type(m).__name__ for m in default] == ["Qwen2DecoderLayer"] * layers
     by_class = wrap_units(model, WrapPolicyConfig(module_classes_to_wrap=("Qwen2MLP",)))
-    assert [type(m).__name__ for m in by_class] == ["Qwen2MLP"] * 2
+    assert [type(m).__name__ for m in by_class] == ["Qwen2MLP"] * layers
     model.model.norm._fsdp_wrap_name = "final_norm"  # type: ignore[union-attr]
     named = wrap_units(model, WrapPolicyConfig(no_split_names=("final_norm",)))
     assert named == [model.model.norm]  # type: ignore[union-attr]

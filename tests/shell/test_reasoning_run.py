@@ -37,6 +37,8 @@ SHORT = [
     "checkpoint.keep_last=null",
     # A gradient at every step, whatever the rewards: runs diverge if anything is lost.
     "algorithm.entropy_coef=0.01",
+    # A rate that does not depend on max_steps: the interrupted run is set to go on for long.
+    "actor.optim.lr_scheduler=constant",
 ]
 # Wall-clock figures differ between runs; everything else must not.
 CLOCK_KEYS = (

@@ -40,6 +40,12 @@ BASE = [
     "actor.optim.fused=false",
     "actor.optim.lr=0.01",
     "rollout.max_new_tokens=4",
+    # The oracle's loss and rate: PPO's alone (no entropy bonus), constant; and the 2-layer
+    # model whose seeded batch has responses of several lengths.
+    "algorithm.entropy_coef=0",
+    "actor.optim.lr_scheduler=constant",
+    "actor.model.model_kwargs.num_hidden_layers=2",
+    "actor.model.model_kwargs.intermediate_size=128",
 ]
 
 
