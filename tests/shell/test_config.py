@@ -736,3 +736,15 @@ def test_rollout_importance_weights_are_checked_before_start() -> None:
     assert twice[0].startswith("algorithm.rollout_is: 'token_truncate' re-weights")
     masked = ["algorithm.rollout_is=sequence_mask", "algorithm.old_logprobs=rollout"]
     assert reasoning_problems(masked, for_run=False) == []
+
+
+def test_the_kl_penalty_in_the_reward_refuses_what_it_cannot_use() -> None:
+    """A straight-through kind (its gradient is all it changes) and a horizon short enough
+    for one step to drive β to 0 are refused before start, naming the key."""
+    reward_kl = ["algorithm.kl_coef=0.1", "algorithm.kl_in_reward=true"]
+    straight = problems_of([*reward_kl, "algorithm.kl_kind=k3+"])
+    assert any(p.startswith("algorithm.kl_kind: 'k3+' is straight-through") for p in straight)
+    # 16 prompts × 16 samples = 256 responses a step against a horizon of 50: 256 ≥ 5 × 50.
+    short = problems_of([*reward_kl, "algorithm.kl_target=1.0", "algorithm.kl_horizon=50"])
+    assert any(p.startswith("algorithm.kl_horizon: 256 responses a step") for p in short)
+    load_config(GRPO, [*reward_kl, "algorithm.kl_target=1.0", "algorithm.kl_horizon=52"])

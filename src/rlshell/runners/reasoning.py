@@ -401,6 +401,10 @@ class ReasoningTrainer:
         with ``kl_coef`` 0 the key is declared unread)."""
         return self.config.algorithm.kl_coef > 0 and self.config.algorithm.kl_in_reward
 
+    def _adaptive_kl(self) -> bool:
+        """Whether β of the KL penalty in the reward moves (and so is checkpointed)."""
+        return self._kl_in_reward() and self.config.algorithm.kl_target is not None
+
     def _kl_penalised(
         self,
         batch: RolloutBatch,
@@ -640,8 +644,7 @@ class ReasoningTrainer:
         else:  # a Hub id: the files as transformers loads them
             load_tokenizer(self.tokenizer_dir).save_pretrained(directory / "tokenizer")
         sampler = self._sampler().state()
-        adaptive = self._kl_in_reward() and self.config.algorithm.kl_target is not None
-        extra = {"kl_coef": self.kl_coef} if adaptive else {}
+        extra = {"kl_coef": self.kl_coef} if self._adaptive_kl() else {}
         return TrainerState(
             step=step,
             sampler_epoch=sampler.epoch,
@@ -656,7 +659,7 @@ class ReasoningTrainer:
         if self.critic is not None:
             self.critic.load_checkpoint(str(checkpoint)).wait()
         self._sampler().load_state(SamplerState(state.sampler_epoch, state.sampler_position))
-        if self._kl_in_reward() and self.config.algorithm.kl_target is not None:
+        if self._adaptive_kl():
             if "kl_coef" in state.extra:
                 self.kl_coef = float(state.extra["kl_coef"])
             else:
