@@ -123,6 +123,27 @@ def test_grpo_step_quick_run_prints_the_expected_json() -> None:
     assert report["weight_sync"]["synced_equal"] is True
 
 
+def test_grpo_compute_quick_run_prints_the_expected_json() -> None:
+    report = quick_run("grpo_compute.py")
+    assert report["benchmark"] == "grpo_compute"
+    assert report["quick"] is True
+    assert report["threads"] == 1
+    (size,) = report["sizes"].values()
+    timed = size["generate_s"]
+    for key in ("generate", "decode_forward_only", "generate_static_cache"):
+        assert timed[key] > 0
+    assert timed["generate_loop_share"] == pytest.approx(
+        (timed["generate"] - timed["decode_forward_only"]) / timed["generate"]
+    )
+    workload = report["workload"]
+    assert size["rows"] == workload["prompts"] * workload["group_size"]
+    # The update's rows hold the prompt and the new tokens.
+    assert size["update_forward"]["tokens"] > size["rows"] * workload["new_tokens"]
+    assert size["update_forward"]["gflop_per_s"] > 0
+    assert size["update_forward_backward"]["eager_s"] > 0
+    assert size["update_forward_backward"]["compiled"] == "skipped in --quick"
+
+
 def test_embodied_ppo_quick_run_prints_the_expected_json() -> None:
     report = quick_run("embodied_ppo.py", ray=True)
     assert report["benchmark"] == "embodied_ppo"

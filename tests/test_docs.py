@@ -220,6 +220,9 @@ COVERED_ELSEWHERE = {
     ".venv/bin/python benchmarks/grpo_step.py --quick": (
         "tests/test_benchmarks_smoke.py::test_grpo_step_quick_run_prints_the_expected_json"
     ),
+    ".venv/bin/python benchmarks/grpo_compute.py --quick": (
+        "tests/test_benchmarks_smoke.py::test_grpo_compute_quick_run_prints_the_expected_json"
+    ),
     ".venv/bin/python benchmarks/shell_workers.py --quick": (
         "tests/test_benchmarks_smoke.py::test_shell_workers_quick_run_prints_the_expected_json"
     ),
