@@ -71,7 +71,17 @@ __all__ = [
     "tokens_per_second",
 ]
 
-NAMESPACES = ("train/", "critic/", "rollout/", "reward/", "eval/", "time/", "perf/", "env/")
+NAMESPACES = (
+    "train/",
+    "critic/",
+    "rollout/",
+    "reward/",
+    "eval/",
+    "time/",
+    "perf/",
+    "env/",
+    "async/",
+)
 BACKENDS = ("console", "jsonl", "tensorboard", "wandb")
 METRICS_FILE = "metrics.jsonl"
 WANDB_RUN_FILE = "wandb_run.json"

@@ -748,3 +748,27 @@ def test_the_kl_penalty_in_the_reward_refuses_what_it_cannot_use() -> None:
     short = problems_of([*reward_kl, "algorithm.kl_target=1.0", "algorithm.kl_horizon=50"])
     assert any(p.startswith("algorithm.kl_horizon: 256 responses a step") for p in short)
     load_config(GRPO, [*reward_kl, "algorithm.kl_target=1.0", "algorithm.kl_horizon=52"])
+
+
+ASYNC = "configs/grpo_async.py"
+
+
+def test_async_mode_is_refused_where_the_rollout_cannot_run_beside_the_update() -> None:
+    load_config(ROOT / ASYNC)  # its own processes for the rollout: accepted
+    (collocated,) = problems_of(["runner.mode=async"])  # configs/grpo.py shares the processes
+    assert collocated.startswith("runner.mode: 'async' generates while the actor trains")
+    assert "cluster.component_placement.actor,rollout" in collocated
+    with pytest.raises(ConfigError) as caught:
+        load_config(ROOT / ASYNC, ["algorithm.dynamic_sampling=true"])
+    (dynamic,) = caught.value.problems
+    assert dynamic.startswith("algorithm.dynamic_sampling: the asynchronous runner queues")
+
+
+def test_max_staleness_is_unread_in_sync_mode_and_async_is_the_reasoning_runners_only() -> None:
+    (sync,) = problems_of(["algorithm.max_staleness=2"])
+    assert sync.startswith("algorithm.max_staleness: bounds how far runner.mode='async'")
+    with pytest.raises(ConfigError) as caught:
+        load_config(ROOT / "configs/ppo_cartpole.py", ["runner.mode=async"])
+    (embodied,) = caught.value.problems
+    assert embodied.startswith("runner.mode: runs the reasoning runner's rollout ahead")
+    assert "the embodied runner has no asynchronous mode" in embodied

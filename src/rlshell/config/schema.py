@@ -540,6 +540,14 @@ class AlgorithmConfig:
     response KL, summed over its tokens, of ``kl_target``, at a rate set by
     ``kl_horizon``; β is checkpointed).
 
+    ``max_staleness`` (``runner.mode='async'``): a batch is sampled by
+    weights at most that many updates older than those it trains (0: the
+    synchronous runner's numbers exactly). Stale batches are off-policy: the
+    ratio is taken against the rollout's log-probs with
+    ``old_logprobs='rollout'``, and ``loss_type='decoupled_ppo'`` separates the
+    behaviour policy (the rollout's) from the proximal one (recomputed), its
+    weights capped by ``behavior_weight_cap``.
+
     ``baseline_form`` (``adv_type='reinforce_pp_baseline'``): what the group
     mean is subtracted from before whitening, the discounted reward-to-go
     (``reward_to_go``) or the row's undiscounted score (``score``, verl's form;
@@ -566,6 +574,7 @@ class AlgorithmConfig:
     kl_in_reward: bool = False
     kl_target: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     kl_horizon: int = field(default=10_000, metadata=POSITIVE_INT)
+    max_staleness: int = field(default=1, metadata=NON_NEGATIVE_INT)
     entropy_coef: float = field(default=0.0, metadata=NON_NEGATIVE)
     gamma: float = field(default=1.0, metadata=UNIT_CLOSED)
     lam: float = field(default=1.0, metadata=UNIT_CLOSED)
@@ -585,10 +594,15 @@ class RunnerConfig:
 
     ``eval_interval``: evaluate on the held-out split every that many steps
     (and before the first); 0 turns evaluation off. ``rollout_steps``
-    (embodied): env steps per env in each step's rollout.
+    (embodied): env steps per env in each step's rollout. ``mode``
+    (reasoning runner, its rollout in workers of its own): ``sync`` samples
+    each step's batch with the weights of the step before; ``async`` keeps
+    the rollout up to ``algorithm.max_staleness`` steps ahead of the update,
+    generating while the actor trains (`rlshell.runners.async_rollout`).
     """
 
     runner_type: Literal["reasoning", "embodied", "probe"] = "reasoning"
+    mode: Literal["sync", "async"] = "sync"
     experiment_name: str = "grpo"
     output_dir: str = "runs"
     max_steps: int = field(default=100, metadata=POSITIVE_INT)

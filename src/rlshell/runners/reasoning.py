@@ -31,7 +31,7 @@ from rlcore.rollout import (
 )
 from rlshell.checkpoint import TrainerState
 from rlshell.cluster.errors import WorkerDiedError
-from rlshell.cluster.group import WorkerGroup
+from rlshell.cluster.group import GroupCall, WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import Config
@@ -41,6 +41,7 @@ from rlshell.rewards.failures import FailureWatches
 from rlshell.rewards.pool import RewardResult
 from rlshell.rewards.weighted import WeightedReward, WeightedScores
 from rlshell.rollout import RolloutBatch, SamplingParams
+from rlshell.runners.async_rollout import AsyncRollouts, Slot
 from rlshell.runners.loop import timed
 from rlshell.runners.offload import OffloadPlan, offload_problems, plan_offload
 from rlshell.runners.spec import ProcessLayout, RunSpec
@@ -57,7 +58,10 @@ from rlshell.workers.critic import CriticWorker
 from rlshell.workers.reward import RewardWorker
 from rlshell.workers.rollout import ReferenceWorker, RolloutWorker
 
-__all__ = ["ReasoningTrainer"]
+__all__ = ["QUEUE_FILE", "ReasoningTrainer"]
+
+# runner.mode='async': the rollouts generated ahead of a checkpoint's step, saved with it.
+QUEUE_FILE = "rollout_queue.pt"
 
 # What the reasoning trainer cannot feed a loss or estimator: values, teacher or proximal
 # log-probs.
@@ -125,6 +129,12 @@ class ReasoningTrainer:
         self._print_line: Callable[[str], None] = _print_to_stderr
         # β of the KL penalty in the reward (algorithm.kl_in_reward); adaptive with kl_target.
         self.kl_coef = config.algorithm.kl_coef
+        # The actor's version: how many updates its weights have had (runner.mode='async'
+        # tags rollouts with the version that sampled them).
+        self.version = 0
+        self.pipeline: AsyncRollouts | None = None
+        self._sync_calls: list[GroupCall] = []  # async weight syncs queued on the rollout
+        self._t0 = time.time()  # the async timeline's origin
 
     def report_to(self, print_line: Callable[[str], None]) -> None:
         """Print what the run should hear (reward failures) with ``print_line`` from now on."""
@@ -156,6 +166,8 @@ class ReasoningTrainer:
             )
         if plan is not None:
             problems += offload_problems(config, plan)
+        if config.runner.mode == "async":
+            problems += _async_problems(config, plan)
         return problems
 
     @classmethod
@@ -182,6 +194,11 @@ class ReasoningTrainer:
             **hyperparameters_unread(config),
         }
         algorithm = config.algorithm
+        if config.runner.mode == "sync":
+            unread["algorithm.max_staleness"] = (
+                "bounds how far runner.mode='async' lets the rollout run ahead of the update; "
+                "runner.mode is 'sync'"
+            )
         if not algorithm.dynamic_sampling:
             unread["algorithm.max_sampling_rounds"] = (
                 "bounds dynamic sampling's rounds; algorithm.dynamic_sampling is off"
@@ -301,6 +318,8 @@ class ReasoningTrainer:
             self.actor.execute_on(0).set_rollout_handles(self.rollout.actors).wait()
         tokenizer = load_tokenizer(self.tokenizer_dir)
         self.pad_id = int(tokenizer.pad_token_id)
+        if config.runner.mode == "async":
+            self.pipeline = AsyncRollouts(config.algorithm.max_staleness, self._submit_step)
         where = "collocated with the actor" if self.hybrid else "in its own workers"
         print(
             f"workers up in {time.perf_counter() - started:.1f} s "
@@ -312,28 +331,70 @@ class ReasoningTrainer:
     # -- the step
 
     def step(self, step: int) -> dict[str, float]:
-        """One GRPO step on the sampler's next prompts."""
+        """One GRPO step on the sampler's next prompts (``runner.mode='async'``: on the
+        rollout queued for this step)."""
+        if self.pipeline is not None:
+            return self._async_step(step, self.pipeline)
         return self.train_on(step, self._sampler().next())
 
     def train_on(self, step: int, prompts: Sequence[PromptExample]) -> dict[str, float]:
         """One GRPO step on ``prompts``: rollout, reward, (reference), update, sync."""
-        config = self.config
         metrics: dict[str, float] = {}
         self._ensure_synced()
         started = time.perf_counter()
-        params = SamplingParams(
+        params = self._sampling_params()
+        batch, scored = self._sample_and_score(prompts, params, step, 0, metrics)
+        return self._learn(step, batch, scored, params, metrics, started)
+
+    def _async_step(self, step: int, pipeline: AsyncRollouts) -> dict[str, float]:
+        """One step of ``runner.mode='async'``: the batch queued ``max_staleness`` steps ago
+        (or sooner), its update while the rollout generates the next ones, then the new
+        weights queued behind them (`rlshell.runners.async_rollout`)."""
+        metrics: dict[str, float] = {}
+        self._ensure_synced()
+        started = time.perf_counter()
+        params = self._sampling_params()
+        with timed(metrics, "time/rollout"):  # the actor's wait for this step's rollout
+            slot, queue = pipeline.take(step, self.version)
+            merged = self._merge([r.batch for r in slot.collect()], slot.counts, params.n)
+        metrics.update(queue)
+        metrics["async/generate_s"] = queue["async/generate_end"] - queue["async/generate_start"]
+        for key in ("async/generate_start", "async/generate_end"):  # seconds since launch
+            metrics[key] -= self._t0
+        scored = self._score(slot.prompts, merged, params, step, 0, metrics)
+        self._check_syncs(wait=False)
+        metrics["async/update_start"] = time.time() - self._t0
+        out = self._learn(step, merged, scored, params, metrics, started)
+        out["async/update_end"] = time.time() - self._t0
+        return out
+
+    def _sampling_params(self) -> SamplingParams:
+        config = self.config
+        return SamplingParams(
             n=config.algorithm.group_size,
             temperature=config.rollout.temperature,
             top_p=config.rollout.top_p,
             top_k=config.rollout.top_k,
             max_new_tokens=config.rollout.max_new_tokens,
         )
-        batch, scored = self._sample_and_score(prompts, params, step, 0, metrics)
+
+    def _learn(
+        self,
+        step: int,
+        batch: RolloutBatch,
+        scored: WeightedScores,
+        params: SamplingParams,
+        metrics: dict[str, float],
+        started: float,
+    ) -> dict[str, float]:
+        """The step from a scored batch on: reference, advantages, update, weight sync."""
+        config = self.config
+        prompts = batch.rows // params.n
         scores = self._shaped_scores(batch, scored)
         if config.algorithm.dynamic_sampling:
             with timed(metrics, "time/dynamic_sampling"):
                 batch, scores = self._informative_batch(
-                    batch, scores, scored, len(prompts), params, step, metrics
+                    batch, scores, scored, prompts, params, step, metrics
                 )
         # The critic's values (its own processes) while the reference and actor compute theirs.
         values_call = None if self.critic is None else self.critic.compute_values(batch)
@@ -378,7 +439,10 @@ class ReasoningTrainer:
                 train.update(critic_call.wait()[0])
                 train.update(_value_metrics(values, estimate.returns, batch.response_mask))
         with timed(metrics, "time/sync"):
-            sync = self.sync_weights(full=False) if actor_trains else {}
+            sync = {}
+            if actor_trains:
+                self.version = step
+                sync = self.sync_weights(full=False)
         step_time = time.perf_counter() - started
         metrics.update(train)
         metrics.update(scored.metrics())
@@ -445,6 +509,19 @@ class ReasoningTrainer:
         suffix = "" if round_ == 0 else "_resample"
         with timed(metrics, f"time/rollout{suffix}"):
             batch = self.generate([p.prompt for p in prompts], params, step, round_)
+        return batch, self._score(prompts, batch, params, step, round_, metrics)
+
+    def _score(
+        self,
+        prompts: Sequence[PromptExample],
+        batch: RolloutBatch,
+        params: SamplingParams,
+        step: int,
+        round_: int,
+        metrics: dict[str, float],
+    ) -> WeightedScores:
+        """The rewards of ``batch``'s responses to ``prompts`` (``params.n`` each)."""
+        suffix = "" if round_ == 0 else "_resample"
         answers = [p.answer for p in prompts for _ in range(params.n)]
         with timed(metrics, f"time/reward{suffix}"):
             parts = self._reward().score(list(batch.response_texts), answers).wait()[0]
@@ -452,7 +529,7 @@ class ReasoningTrainer:
         self._report_failures(parts, f"step {step}")
         if round_ == 0:
             self.reward_watch.check(step, parts)  # before the update: no step on 0s only
-        return batch, scored
+        return scored
 
     def _shaped_scores(self, batch: RolloutBatch, scored: WeightedScores) -> torch.Tensor:
         """The scores the advantages read: the rewards' total plus DAPO's overlong penalty
@@ -515,6 +592,14 @@ class ReasoningTrainer:
     ) -> RolloutBatch:
         """Prompts split evenly over the rollout ranks; one batch back, in prompt order."""
         self._rollout_phase()
+        ticket = self._submit_generate(prompts, params, step, round_, "generate")
+        return self._merge(ticket.wait(), ticket.counts, params.n)
+
+    def _submit_generate(
+        self, prompts: Sequence[str], params: SamplingParams, step: int, round_: int, method: str
+    ) -> _Generation:
+        """Queue ``prompts``' rollout on the rollout ranks (``method``: the workers' generate
+        or generate_versioned), round-robin; the requests, not waited for."""
         group = self._rollout_group()
         ranks = group.world_size
         shares = [list(prompts[rank::ranks]) for rank in range(ranks)]
@@ -526,21 +611,15 @@ class ReasoningTrainer:
             for rank in busy
         ]
         calls = [
-            group.execute_on(rank).generate(shares[rank], params, seed)
+            group.execute_on(rank).call(method, shares[rank], params, seed)
             for rank, seed in zip(busy, seeds, strict=True)
         ]
-        try:
-            parts = [call.wait()[0] for call in calls]
-        except WorkerDiedError as error:
-            error.extend_message(
-                f" It was generating with the '{self.config.rollout.backend}' rollout engine, "
-                "which runs in that process."
-            )
-            raise
-        merged = RolloutBatch.concat(parts, self.pad_id)
-        # Rank r answered prompts r, r+R, ...: put the groups back in prompt order.
-        order = _interleave_order([len(shares[rank]) for rank in busy], params.n)
-        return merged.select(order, group_size=params.n)
+        return _Generation(calls, [len(shares[rank]) for rank in busy], self.config.rollout.backend)
+
+    def _merge(self, parts: Sequence[RolloutBatch], counts: Sequence[int], n: int) -> RolloutBatch:
+        """The ranks' batches as one, in prompt order (rank r answered prompts r, r+R, …)."""
+        merged = RolloutBatch.concat(list(parts), self.pad_id)
+        return merged.select(_interleave_order(counts, n), group_size=n)
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Greedy decoding on the held-out split: ``eval/accuracy`` is the mean score of the
@@ -605,6 +684,8 @@ class ReasoningTrainer:
         self._synced = self._synced or full
         if self.hybrid and self.config.rollout.weight_sync == "shared":
             return {"rollout/sync_bytes": 0.0}  # the engine generates with the actor's module
+        if self.pipeline is not None:
+            return self._push_weights(full)
         actor = self._actor()
         results = actor.sync_model_to_rollout(full=full).wait()
         stats: dict[str, float] = results[0]
@@ -612,6 +693,40 @@ class ReasoningTrainer:
             finished = self._rollout_group().finish_sync(full).wait()
             stats["engine_reload_seconds"] = max(part["engine_reload_seconds"] for part in finished)
         return {f"rollout/sync_{key}": value for key, value in stats.items()}
+
+    # -- runner.mode='async'
+
+    def _submit_step(self, step: int) -> Slot:
+        """Draw step ``step``'s prompts and queue its rollout (`AsyncRollouts`)."""
+        prompts = self._sampler().next()
+        params = self._sampling_params()
+        ticket = self._submit_generate(
+            [p.prompt for p in prompts], params, step, 0, "generate_versioned"
+        )
+        return Slot(step, prompts, ticket.counts, ticket)
+
+    def _push_weights(self, full: bool) -> dict[str, float]:
+        """Stage the actor's weights and queue them on every rollout worker behind the
+        requests already there, as version ``self.version``; waits for the actor only."""
+        results = self._actor().stage_weights(full).wait()
+        refs, stats = results[0]
+        rollout = self._rollout_group()
+        self._sync_calls += [
+            rollout.execute_on(rank).apply_sync(refs, full, self.version)
+            for rank in range(rollout.world_size)
+        ]
+        return {f"rollout/sync_{key}": value for key, value in stats.items()}
+
+    def _check_syncs(self, wait: bool) -> None:
+        """Surface the errors of the weight syncs queued on the rollout workers: of those
+        done (``wait``: of all, waiting for them)."""
+        pending = []
+        for call in self._sync_calls:
+            if wait or call.done():
+                call.wait()
+            else:
+                pending.append(call)
+        self._sync_calls = pending
 
     def _reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
         reference = self.reference
@@ -643,6 +758,11 @@ class ReasoningTrainer:
             shutil.copytree(self.tokenizer_dir, directory / "tokenizer")
         else:  # a Hub id: the files as transformers loads them
             load_tokenizer(self.tokenizer_dir).save_pretrained(directory / "tokenizer")
+        if self.pipeline is not None:
+            # What was generated ahead is saved too: a resume trains on it first, once.
+            queued = self.pipeline.drain()
+            torch.save(queued, directory / QUEUE_FILE)
+            self._check_syncs(wait=True)
         sampler = self._sampler().state()
         extra = {"kl_coef": self.kl_coef} if self._adaptive_kl() else {}
         return TrainerState(
@@ -659,6 +779,19 @@ class ReasoningTrainer:
         if self.critic is not None:
             self.critic.load_checkpoint(str(checkpoint)).wait()
         self._sampler().load_state(SamplerState(state.sampler_epoch, state.sampler_position))
+        self.version = step
+        queue_file = checkpoint / QUEUE_FILE
+        restored: list[Slot] = []
+        if queue_file.is_file():
+            restored = torch.load(queue_file, weights_only=False)
+        if self.pipeline is not None:
+            self.pipeline.start_at(step, restored)
+        elif restored:
+            raise ValueError(
+                f"{checkpoint} holds the rollouts of steps {[s.step for s in restored]}, "
+                "generated ahead by a runner.mode='async' run, and its prompt sampler is past "
+                "them: resume it with runner.mode=async, or they would be skipped"
+            )
         if self._adaptive_kl():
             if "kl_coef" in state.extra:
                 self.kl_coef = float(state.extra["kl_coef"])
@@ -701,6 +834,34 @@ class ReasoningTrainer:
                 group.shutdown()
 
 
+def _async_problems(config: Config, plan: PlacementPlan | None) -> list[str]:
+    """What ``runner.mode='async'`` cannot run: a rollout in the actor's processes (the
+    same processes cannot generate while they train), rollout and actor taking turns on
+    GPUs they share, and dynamic sampling (its extra rounds would wait for the update)."""
+    problems = []
+    layout = ProcessLayout.of(config.cluster.component_placement)
+    if layout.shared("actor", "rollout"):
+        problems.append(
+            f"runner.mode: 'async' generates while the actor trains, in other processes; "
+            f"cluster.component_placement.{layout.key_of('rollout')} puts the rollout in the "
+            "actor's. Give the rollout a key of its own, e.g. "
+            '{"actor": "0:0", "rollout": "0:1", "reward": "0"}'
+        )
+    if plan is not None and plan_offload(config, plan).any:
+        problems.append(
+            "runner.mode: 'async' runs the rollout during the update, and this plan has the "
+            "actor and the rollout take turns on GPUs they share (rollout.offload); give them "
+            "devices of their own"
+        )
+    if config.algorithm.dynamic_sampling:
+        problems.append(
+            "algorithm.dynamic_sampling: the asynchronous runner queues each step's rollout "
+            "ahead, and dynamic sampling's further rounds are drawn once a step's scores are "
+            "in; use runner.mode=sync with dynamic sampling"
+        )
+    return problems
+
+
 def _print_to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -712,6 +873,28 @@ def _describe(offload: OffloadPlan) -> str:
     if offload.rollout:
         moved.append("rollout model")
     return f"; offloading the {' and the '.join(moved)} between phases" if moved else ""
+
+
+class _Generation:
+    """Rollout requests queued on the rollout ranks (`ReasoningTrainer._submit_generate`)."""
+
+    def __init__(self, calls: list[GroupCall], counts: list[int], backend: str) -> None:
+        self.calls = calls
+        self.counts = counts  # prompts per request, in the order of the calls
+        self.backend = backend
+
+    def done(self) -> bool:
+        return all(call.done() for call in self.calls)
+
+    def wait(self) -> list[Any]:
+        try:
+            return [call.wait()[0] for call in self.calls]
+        except WorkerDiedError as error:
+            error.extend_message(
+                f" It was generating with the '{self.backend}' rollout engine, which runs in "
+                "that process."
+            )
+            raise
 
 
 def _interleave_order(counts: Sequence[int], n: int) -> list[int]:

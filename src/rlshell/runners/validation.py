@@ -179,6 +179,15 @@ def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, s
         unread["actor.megatron"] = (
             f"Megatron-core's parallel sizes; actor.backend is '{config.actor.backend}'"
         )
+    if config.runner.runner_type != "reasoning":
+        who = f"the {config.runner.runner_type} runner"
+        unread["runner.mode"] = (
+            f"runs the reasoning runner's rollout ahead of its update; {who} has no "
+            "asynchronous mode"
+        )
+        unread["algorithm.max_staleness"] = (
+            f"bounds the reasoning runner's asynchronous rollout; {who} has none"
+        )
     if config.checkpoint.interval == 0:
         never = "checkpoint.interval is 0: the run saves no checkpoint"
         unread["checkpoint.keep_last"] = f"{never} to keep or prune"

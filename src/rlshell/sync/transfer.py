@@ -29,7 +29,14 @@ from rlshell.sync.codec import (
     iter_buckets,
 )
 
-__all__ = ["WeightReceiver", "WeightSender"]
+__all__ = ["WeightReceiver", "WeightSender", "message_bytes"]
+
+
+def message_bytes(message: Bucket | Patch) -> int:
+    """The weight bytes one record carries, as a receiver counts them applied."""
+    if isinstance(message, Bucket):
+        return sum(piece.nbytes for piece in message.pieces)
+    return message.nbytes
 
 
 class WeightSender:

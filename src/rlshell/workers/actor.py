@@ -58,7 +58,7 @@ from rlshell.models import get_model, torch_dtype
 from rlshell.models.lora import MergedLoRAWeights
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.sync.codec import FlatBuckets
-from rlshell.sync.transfer import WeightSender
+from rlshell.sync.transfer import WeightSender, message_bytes
 from rlshell.workers.packing import packed_policy_forward
 
 __all__ = [
@@ -440,6 +440,40 @@ class ActorWorker(Worker):
                     gathered.items(), self.rollout_handles, full=full
                 )
         return {}
+
+    def stage_weights(self, full: bool = False) -> tuple[list[Any], dict[str, float]]:
+        """One sync to the rollout workers, put in the object store without waiting for them.
+
+        ``runner.mode='async'``: the rollout workers are busy generating, so
+        rank 0 does not deliver the records itself (`sync_model_to_rollout`
+        waits for every worker to apply each one); it returns their refs, and
+        the driver queues them on each worker (`RolloutWorker.apply_sync`),
+        which applies them between two requests. Every rank takes part (the
+        gather is collective); the others return no refs. The stats: the bytes
+        and records staged and the seconds it took.
+        """
+        import ray
+
+        if self.sender is None or self.manager is None:
+            raise RuntimeError("init_worker() has not run")
+        if self.engine is not None:
+            raise RuntimeError(
+                "stage_weights() sends to rollout workers of their own; this actor's rollout "
+                "engine is in its process (sync_model_to_rollout)"
+            )
+        started = time.perf_counter()
+        refs: list[Any] = []
+        staged = 0
+        with self.manager.unsharded() as model:
+            gathered: Mapping[str, Tensor] = gathered_named_tensors(model)
+            if self.config.actor.model.is_lora:
+                gathered = MergedLoRAWeights(model, gathered)
+            if self.rank == 0:
+                for message in self.sender.messages(gathered.items(), full):
+                    staged += message_bytes(message)
+                    refs.append(ray.put(message))  # a copy: the gathered tensors are freed
+        stats = {"bytes": float(staged), "seconds": time.perf_counter() - started}
+        return refs, {**stats, "messages": float(len(refs))} if self.rank == 0 else {}
 
     def rollout_weights(self) -> dict[str, Tensor]:
         """The in-process rollout engine's weights (tests compare them with the actor's)."""

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from attrs import evolve
+from attrs import evolve, frozen
 from torch import Tensor
 
 from rlshell.cluster.worker import Worker
@@ -27,7 +27,25 @@ from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.sync.transfer import WeightReceiver
 from rlshell.workers.actor import build_rollout_model, policy_forward, worker_device
 
-__all__ = ["ReferenceWorker", "RolloutWorker"]
+__all__ = ["ReferenceWorker", "RolloutResult", "RolloutWorker"]
+
+
+@frozen
+class RolloutResult:
+    """A batch with what the asynchronous runner keeps of its making.
+
+    ``version``: the actor version of the weights that sampled it (the
+    number of updates behind them: `RolloutWorker.apply_sync`'s); ``started``
+    and ``finished``: wall-clock times (``time.time()``) of the generation;
+    ``idle_before``: how long the worker waited between its previous request
+    and this one (0 for its first).
+    """
+
+    batch: RolloutBatch
+    version: int
+    started: float
+    finished: float
+    idle_before: float
 
 
 class RolloutWorker(Worker):
@@ -37,6 +55,8 @@ class RolloutWorker(Worker):
         self.config = config
         self.engine: RolloutEngine | None = None
         self.receiver: WeightReceiver | None = None
+        self.version = 0  # the actor version of the weights held (runner.mode='async')
+        self._last_finished: float | None = None
 
     def init_worker(self, tokenizer_path: str) -> None:
         from rlshell.tokenizer import load_tokenizer
@@ -49,6 +69,32 @@ class RolloutWorker(Worker):
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> RolloutBatch:
         return self._engine().generate(prompts, params, seed=seed)
+
+    def generate_versioned(
+        self, prompts: Sequence[str], params: SamplingParams, seed: int
+    ) -> RolloutResult:
+        """`generate`, tagged with the weights' version and the generation's times."""
+        started = time.time()
+        idle = 0.0 if self._last_finished is None else max(0.0, started - self._last_finished)
+        batch = self._engine().generate(prompts, params, seed=seed)
+        self._last_finished = time.time()
+        return RolloutResult(batch, self.version, started, self._last_finished, idle)
+
+    def apply_sync(self, refs: Sequence[Any], full: bool, version: int) -> dict[str, float]:
+        """Apply one sync staged by the actor (`ActorWorker.stage_weights`: the refs of its
+        records, in order) and take up version ``version``; returns what was received.
+
+        Queued behind the requests already submitted, it lands between two of
+        them: a request in flight finishes with the weights it started with.
+        """
+        import ray
+
+        started = time.perf_counter()
+        applied = sum(self.receive_weights(ray.get(ref)) for ref in refs)
+        received = self.finish_sync(full)
+        self.version = version
+        seconds = time.perf_counter() - started
+        return {**received, "applied_bytes": float(applied), "seconds": seconds}
 
     def receive_weights(self, message: Any) -> int:
         """Apply one bucket or patch sent by actor rank 0; returns the bytes applied."""

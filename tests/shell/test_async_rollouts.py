@@ -1,0 +1,194 @@
+"""`rlshell.runners.async_rollout`: the staleness bound under random delays on both sides.
+
+The rollout workers are simulated by threads that serve their queue in order, as a Ray actor
+serves its calls: rollout requests and weight syncs, each taking a delay drawn by
+hypothesis. The driver does what `ReasoningTrainer` does in ``runner.mode='async'``: take the
+step's rollout, update (a drawn delay), queue the new version's sync on every worker.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlshell.data import PromptExample
+from rlshell.rollout import RolloutBatch
+from rlshell.runners.async_rollout import AsyncRollouts, Slot, StalenessError, lag_metrics
+from rlshell.workers.rollout import RolloutResult
+
+MS = 0.001
+
+
+def tiny_batch(rows: int, tokens: int) -> RolloutBatch:
+    mask = torch.zeros(rows, 3, dtype=torch.bool)
+    mask[:, :tokens] = True
+    return RolloutBatch(
+        prompt_ids=torch.ones(rows, 2, dtype=torch.long),
+        prompt_mask=torch.ones(rows, 2, dtype=torch.bool),
+        response_ids=torch.ones(rows, 3, dtype=torch.long),
+        response_mask=mask,
+        logprobs=torch.zeros(rows, 3),
+        response_texts=("x",) * rows,
+        group_size=1,
+    )
+
+
+class FifoWorker:
+    """Serves rollout requests and syncs in the order they were queued, one at a time."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.tasks: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while (task := self.tasks.get()) is not None:
+            task()
+
+    def generate(self, rows: int, delay: float) -> Future[RolloutResult]:
+        future: Future[RolloutResult] = Future()
+
+        def run() -> None:
+            started = time.time()
+            time.sleep(delay)
+            future.set_result(
+                RolloutResult(tiny_batch(rows, 2), self.version, started, time.time(), 0.0)
+            )
+
+        self.tasks.put(run)
+        return future
+
+    def sync(self, version: int, delay: float) -> None:
+        def run() -> None:
+            time.sleep(delay)
+            self.version = version
+
+        self.tasks.put(run)
+
+    def stop(self) -> None:
+        self.tasks.put(None)
+        self.thread.join()
+
+
+class Ticket:
+    def __init__(self, futures: list[Future[RolloutResult]]) -> None:
+        self.futures = futures
+
+    def done(self) -> bool:
+        return all(f.done() for f in self.futures)
+
+    def wait(self) -> list[RolloutResult]:
+        return [f.result(timeout=30) for f in self.futures]
+
+
+def drive(
+    max_staleness: int, workers: int, gen_ms: list[int], update_ms: list[int], sync_ms: list[int]
+) -> list[dict[str, float]]:
+    """Run ``len(update_ms)`` steps; each step's queue metrics."""
+    pool = [FifoWorker() for _ in range(workers)]
+    delays = iter(gen_ms * 100)
+
+    def submit(step: int) -> Slot:
+        prompts = [PromptExample(f"{step}", str(step))]
+        futures = [w.generate(1, next(delays) * MS) for w in pool]
+        return Slot(step, prompts, [1] * workers, Ticket(futures))
+
+    rollouts = AsyncRollouts(max_staleness, submit)
+    version, seen = 0, []
+    try:
+        for step, (update, sync) in enumerate(zip(update_ms, sync_ms, strict=True), start=1):
+            slot, metrics = rollouts.take(step, version)
+            assert slot.step == step
+            assert slot.prompts[0].prompt == f"{step}"
+            seen.append(metrics)
+            time.sleep(update * MS)  # the update
+            version = step
+            for worker in pool:
+                worker.sync(version, sync * MS)
+    finally:
+        for worker in pool:
+            worker.stop()
+    return seen
+
+
+delays = st.lists(st.integers(0, 4), min_size=1, max_size=6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    max_staleness=st.integers(0, 3),
+    workers=st.integers(1, 3),
+    gen_ms=delays,
+    update_ms=st.lists(st.integers(0, 4), min_size=6, max_size=6),
+    sync_ms=st.lists(st.integers(0, 2), min_size=6, max_size=6),
+)
+def test_no_batch_is_ever_older_than_the_bound_whatever_the_delays(
+    max_staleness: int, workers: int, gen_ms: list[int], update_ms: list[int], sync_ms: list[int]
+) -> None:
+    steps = drive(max_staleness, workers, gen_ms, update_ms, sync_ms)
+    for step, metrics in enumerate(steps, start=1):
+        assert 0 <= metrics["async/staleness_max"] <= max_staleness
+        # The first K steps' rollouts were all queued before any sync: sampled by version 0.
+        if step <= max_staleness + 1:
+            assert metrics["async/staleness_max"] == step - 1
+        total = sum(metrics[f"async/rows_frac_lag{lag}"] for lag in range(max_staleness + 1))
+        assert total == pytest.approx(1.0)
+        assert metrics["async/queue_length"] == max_staleness + 1
+
+
+def test_with_a_bound_of_0_every_batch_is_sampled_by_the_weights_it_trains() -> None:
+    steps = drive(0, 2, [3, 0, 1], [2] * 5, [1] * 5)
+    assert [m["async/staleness_max"] for m in steps] == [0.0] * 5
+
+
+def test_a_breach_of_the_bound_is_an_error_naming_both_versions() -> None:
+    late = RolloutResult(tiny_batch(2, 1), version=3, started=0.0, finished=1.0, idle_before=0.0)
+    with pytest.raises(
+        StalenessError, match="sampled by version 3 reached the update of version 6"
+    ):
+        lag_metrics([late], version=6, max_staleness=2)
+    with pytest.raises(StalenessError, match="-1 versions behind"):
+        lag_metrics([late], version=2, max_staleness=2)  # from the future: a bookkeeping bug
+
+
+def test_lag_metrics_weigh_rows_and_tokens() -> None:
+    fresh = RolloutResult(tiny_batch(3, 1), version=4, started=0.0, finished=2.0, idle_before=0.5)
+    stale = RolloutResult(tiny_batch(1, 3), version=3, started=1.0, finished=4.0, idle_before=0.0)
+    metrics = lag_metrics([fresh, stale], version=4, max_staleness=1)
+    assert metrics["async/rows_frac_lag0"] == 0.75
+    assert metrics["async/tokens_frac_lag1"] == 0.5  # 3 of 6 tokens
+    assert metrics["async/staleness_mean"] == 0.25
+    assert metrics["async/rollout_busy_s"] == 5.0
+    assert metrics["async/rollout_idle_s"] == 0.5
+    assert (metrics["async/generate_start"], metrics["async/generate_end"]) == (0.0, 4.0)
+
+
+def test_restored_rollouts_are_taken_first_and_must_follow_the_checkpoints_step() -> None:
+    submitted: list[int] = []
+
+    def submit(step: int) -> Slot:
+        submitted.append(step)
+        result = RolloutResult(tiny_batch(1, 1), step - 1, 0.0, 0.0, 0.0)
+        return Slot(step, [PromptExample("p", "a")], [1], results=[result])
+
+    restored = [
+        Slot(
+            5, [PromptExample("q", "a")], [1], results=[RolloutResult(tiny_batch(1, 1), 4, 0, 0, 0)]
+        )
+    ]
+    rollouts = AsyncRollouts(1, submit)
+    rollouts.start_at(4, restored)
+    slot, _ = rollouts.take(5, version=4)
+    assert slot is restored[0]
+    assert submitted == [6]  # the next step's, queued before step 5 trains
+    with pytest.raises(ValueError, match=r"of steps \[7\], expected \[5\] after step 4"):
+        AsyncRollouts(1, submit).start_at(4, [Slot(7, [], [1])])
