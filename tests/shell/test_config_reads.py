@@ -65,11 +65,13 @@ RUNS: dict[str, list[str]] = {
         *TINY_GRPO,
     ],
     # LoRA (configs/grpo_lora.py): the rollout worker of its own receives merged weights, the
-    # reference is the base model.
+    # reference is the base model; the rollout runs a step ahead (runner.mode='async').
     "grpo_lora_disaggregated_kl": [
         "configs/grpo_lora.py",
         *TINY_GRPO,
         'cluster.component_placement={"actor": "0:0", "rollout": "0:0", "reward": "0"}',
+        "runner.mode=async",
+        "algorithm.max_staleness=1",
         # One actor rank in its model's precision is not sharded: no wrap policy to tune.
         "actor.fsdp_config.wrap_policy.min_num_params=0",
         "algorithm.kl_coef=0.1",

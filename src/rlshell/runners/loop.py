@@ -27,6 +27,7 @@ from types import FrameType
 from attrs import frozen
 
 from rlshell.checkpoint import (
+    CheckpointError,
     clean_partials,
     commit,
     list_checkpoints,
@@ -41,6 +42,7 @@ from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import Config
 from rlshell.export import export_final_policy
 from rlshell.metrics import logger_for_run, plot_run
+from rlshell.runners.async_rollout import queue_problem
 from rlshell.runners.spec import RunSpec
 from rlshell.runners.trainer import Cadence, Reporting, Trainer
 
@@ -88,6 +90,8 @@ def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> 
     run_dir.mkdir(parents=True, exist_ok=True)
     clean_partials(run_dir)
     resume_from = resolve_resume(config.checkpoint.resume, run_dir)
+    if resume_from is not None and (problem := queue_problem(resume_from, config.runner.mode)):
+        raise CheckpointError(problem)
     cadence = Cadence.of(config)
     # Read now, as every key a run reads: a run that saves no checkpoint does not read it.
     save_on_interrupt = bool(cadence.checkpoint_interval) and config.checkpoint.save_on_interrupt

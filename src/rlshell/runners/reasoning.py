@@ -41,7 +41,7 @@ from rlshell.rewards.failures import FailureWatches
 from rlshell.rewards.pool import RewardResult
 from rlshell.rewards.weighted import WeightedReward, WeightedScores
 from rlshell.rollout import RolloutBatch, SamplingParams
-from rlshell.runners.async_rollout import AsyncRollouts, Slot
+from rlshell.runners.async_rollout import QUEUE_FILE, AsyncRollouts, Slot, queue_problem
 from rlshell.runners.loop import timed
 from rlshell.runners.offload import OffloadPlan, offload_problems, plan_offload
 from rlshell.runners.spec import ProcessLayout, RunSpec
@@ -58,10 +58,7 @@ from rlshell.workers.critic import CriticWorker
 from rlshell.workers.reward import RewardWorker
 from rlshell.workers.rollout import ReferenceWorker, RolloutWorker
 
-__all__ = ["QUEUE_FILE", "ReasoningTrainer"]
-
-# runner.mode='async': the rollouts generated ahead of a checkpoint's step, saved with it.
-QUEUE_FILE = "rollout_queue.pt"
+__all__ = ["ReasoningTrainer"]
 
 # What the reasoning trainer cannot feed a loss or estimator: values, teacher or proximal
 # log-probs.
@@ -786,12 +783,8 @@ class ReasoningTrainer:
             restored = torch.load(queue_file, weights_only=False)
         if self.pipeline is not None:
             self.pipeline.start_at(step, restored)
-        elif restored:
-            raise ValueError(
-                f"{checkpoint} holds the rollouts of steps {[s.step for s in restored]}, "
-                "generated ahead by a runner.mode='async' run, and its prompt sampler is past "
-                "them: resume it with runner.mode=async, or they would be skipped"
-            )
+        elif restored:  # (refused before start: rlshell.runners.loop.run)
+            raise ValueError(queue_problem(checkpoint, self.config.runner.mode))
         if self._adaptive_kl():
             if "kl_coef" in state.extra:
                 self.kl_coef = float(state.extra["kl_coef"])

@@ -1,0 +1,154 @@
+"""``runner.mode='async'`` for real (`python -m rlshell.train configs/grpo_async.py`, Ray).
+
+- With ``algorithm.max_staleness=0`` the asynchronous runner is the synchronous one, to the
+  bit: the same metrics and the same final weights, on the same placement and seed.
+- With a bound of 1, a run stopped at a checkpoint and resumed with ``resume=auto`` trains on
+  the rollout generated ahead of the checkpoint (saved with it) once, and reproduces the
+  uninterrupted run exactly.
+- That checkpoint resumed by a synchronous run is refused, naming the steps it would skip.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlshell.metrics import read_metrics
+from rlshell.runners.async_rollout import QUEUE_FILE
+from tests.shell.test_run import cli_env, train
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("async_run")]
+
+TINY = [
+    "runner.prompts_per_step=4",
+    "algorithm.group_size=4",
+    "rollout.max_new_tokens=4",
+    "data.num_val=16",
+    "runner.eval_interval=2",
+    "checkpoint.keep_last=null",
+    "algorithm.entropy_coef=0.01",  # a gradient at every step, whatever the rewards
+    "actor.optim.lr_scheduler=constant",  # a rate that does not depend on max_steps
+    "actor.optim.lr=0.003",  # large enough that a stale batch differs from a fresh one
+    'logger.backends=["jsonl"]',
+]
+# configs/grpo_async.py's placement and loss, for the synchronous run it is compared with.
+DISAGGREGATED = [
+    'cluster.component_placement={"actor": "0:0", "rollout": "0:0", "reward": "0"}',
+    "actor.fsdp_config.wrap_policy.min_num_params=0",
+    "algorithm.loss_type=decoupled_ppo",
+    "algorithm.behavior_weight_cap=2.0",
+]
+# Wall-clock figures and the queue's timing differ between runs; nothing else may.
+TIMING = ("time/", "perf/", "reward/seconds", "rollout/sync_seconds", "rollout/sync_engine")
+ASYNC_TIMING = (
+    "async/queue_ready",
+    "async/wait_s",
+    "async/rollout_busy_s",
+    "async/rollout_idle_s",
+    "async/generate",
+    "async/update_",
+)
+
+
+def _deterministic(records: list[dict[str, float]]) -> list[dict[str, float]]:
+    return [
+        {k: v for k, v in r.items() if not k.startswith(TIMING + ASYNC_TIMING)} for r in records
+    ]
+
+
+@pytest.fixture(scope="module")
+def ray_tmp() -> Path:
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="ra", dir="/tmp"))
+
+
+def _run(ray_tmp: Path, out: Path, *args: str) -> Path:
+    result = train(*args, f"runner.output_dir={out}", env=cli_env(ray_tmp), timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(run_dir / "hf_model", local_files_only=True)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_a_bound_of_0_is_the_synchronous_run_to_the_bit(tmp_path: Path, ray_tmp: Path) -> None:
+    steps = ["runner.max_steps=3", "checkpoint.interval=3"]
+    sync = _run(ray_tmp, tmp_path / "sync", "configs/grpo.py", *TINY, *DISAGGREGATED, *steps)
+    asynchronous = _run(
+        ray_tmp,
+        tmp_path / "async",
+        "configs/grpo_async.py",
+        *TINY,
+        *steps,
+        "algorithm.max_staleness=0",
+    )
+    expected = _deterministic(read_metrics(sync / "grpo" / "metrics.jsonl"))
+    got = _deterministic(read_metrics(asynchronous / "grpo_async" / "metrics.jsonl"))
+    assert [int(r["step"]) for r in got] == [0, 1, 2, 3]
+    for step, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
+        if step:  # the async run's own metrics: every batch sampled by the weights it trains
+            assert mine.pop("async/staleness_max") == 0.0
+            assert mine.pop("async/rows_frac_lag0") == 1.0
+        assert {k: v for k, v in mine.items() if not k.startswith("async/")} == theirs
+    weights, reference = _weights(asynchronous / "grpo_async"), _weights(sync / "grpo")
+    assert weights.keys() == reference.keys()
+    for name, tensor in weights.items():
+        assert torch.equal(tensor, reference[name]), name
+
+
+def test_a_resume_trains_on_the_saved_queue_once_and_matches_the_uninterrupted_run(
+    tmp_path: Path, ray_tmp: Path
+) -> None:
+    args = ["configs/grpo_async.py", *TINY, "checkpoint.interval=2", "runner.max_steps=4"]
+    whole = _run(ray_tmp, tmp_path / "whole", *args) / "grpo_async"
+    records = read_metrics(whole / "metrics.jsonl")
+    # Steps 1 and 2 were sampled by version 0 (queued at the start), later ones one behind.
+    assert [r["async/staleness_max"] for r in records[1:]] == [0.0, 1.0, 1.0, 1.0]
+    checkpoint = whole / "checkpoints" / "global_step_2"
+    (queued,) = torch.load(checkpoint / QUEUE_FILE, weights_only=False)
+    assert queued.step == 3  # generated ahead by version 1 while step 2 trained
+    assert [result.version for result in queued.results] == [1]
+
+    # The run as it stood after step 2's checkpoint (as a crash at step 3 leaves it).
+    part = tmp_path / "part" / "grpo_async"
+    shutil.copytree(checkpoint, part / "checkpoints" / "global_step_2")
+    kept = [line for line in (whole / "metrics.jsonl").read_text().splitlines()[:3]]
+    (part / "metrics.jsonl").write_text("\n".join(kept) + "\n")
+    resumed = train(
+        *args,
+        f"runner.output_dir={tmp_path / 'part'}",
+        "checkpoint.resume=auto",
+        env=cli_env(ray_tmp),
+        timeout=400,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+    assert _deterministic(read_metrics(part / "metrics.jsonl")) == _deterministic(records)
+    final, reference = _weights(part), _weights(whole)
+    assert all(torch.equal(final[name], reference[name]) for name in reference)
+
+    # The async checkpoint in a synchronous run: refused before start, or step 3's rollout
+    # would be skipped.
+    refused = train(
+        "configs/grpo.py",
+        *TINY,
+        *DISAGGREGATED,
+        "runner.max_steps=4",
+        f"runner.output_dir={tmp_path / 'sync'}",
+        f"checkpoint.resume={checkpoint}",
+        env=cli_env(ray_tmp),
+        timeout=400,
+    )
+    assert refused.returncode != 0
+    assert f"checkpoint.resume: {checkpoint} holds rollouts generated ahead by a " in (
+        refused.stderr
+    )
+    assert "workers up" not in refused.stdout
