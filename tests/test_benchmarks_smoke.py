@@ -144,6 +144,25 @@ def test_grpo_compute_quick_run_prints_the_expected_json() -> None:
     assert size["update_forward_backward"]["compiled"] == "skipped in --quick"
 
 
+def test_async_runner_quick_run_prints_the_expected_json() -> None:
+    report = quick_run("async_runner.py", ray=True)
+    assert report["benchmark"] == "async_runner"
+    assert report["quick"] is True
+    assert isinstance(report["met"], bool)
+    sync, asynchronous = report["results"]["sync"], report["results"]["async"]
+    for run in (sync, asynchronous):
+        assert run["steps"] == report["workload"]["max_steps"]
+        assert run["samples"] == run["steps"] * 2 * 2  # --quick: 2 prompts x 2 samples a step
+        assert 0 < run["busy_frac"]["actor"] < 1
+        assert 0 < run["busy_frac"]["rollout"] < 1
+        assert run["eval_curve"][0][0] == 0.0
+    assert report["samples_per_s_ratio"] == pytest.approx(
+        asynchronous["samples_per_s"] / sync["samples_per_s"]
+    )
+    # 4 steps, a bound of 1: steps 1 and 2 sampled by version 0, steps 3 and 4 one behind.
+    assert asynchronous["staleness_mean"] == pytest.approx(0.75)
+
+
 def test_embodied_ppo_quick_run_prints_the_expected_json() -> None:
     report = quick_run("embodied_ppo.py", ray=True)
     assert report["benchmark"] == "embodied_ppo"

@@ -96,6 +96,8 @@ RUN_HERE = {
     ".venv/bin/python -m rlshell.train configs/dapo.py --dry-run runner.experiment_name=dapo_plan",
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run actor.pack_sequences=true "
     "actor.micro_batch_max_tokens=1024 runner.experiment_name=packed",
+    # docs/async.md
+    ".venv/bin/python -m rlshell.train configs/grpo_async.py --dry-run",
     # docs/extending.md
     "PYTHONPATH=examples/extension RLSHELL_EXT_MODULE=rlshell_example_ext .venv/bin/python -m "
     "rlshell.train configs/grpo.py --dry-run reward.reward_type=contains_answer "
@@ -107,6 +109,13 @@ RUN_HERE = {
     "examples/typed_extension/rlstack_typed_ext",
 }
 COVERED_ELSEWHERE = {
+    ".venv/bin/python -m rlshell.train configs/grpo_async.py": (
+        "tests/shell/test_async_run.py runs it for 3 and 4 steps, resumes it and compares it "
+        "with the synchronous runner; the full run's figures are benchmarks/async_runner.py's"
+    ),
+    "RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/async_runner.py --quick": (
+        "tests/test_benchmarks_smoke.py::test_async_runner_quick_run_prints_the_expected_json"
+    ),
     ".venv/bin/python -m rlshell.train configs/ppo_cartpole.py": (
         "tests/shell/test_embodied_run.py runs it for 4 steps and resumes it"
     ),

@@ -109,10 +109,13 @@ def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> 
                 logger.log(0, trainer.evaluate(0))
             saved: dict[str, float] = {}
             with _first_ctrl_c_finishes_the_step() as stop:
+                began = time.perf_counter()
                 for step in range(start_step + 1, cadence.max_steps + 1):
                     metrics = trainer.step(step)
                     if cadence.eval_due(step):
                         metrics.update(trainer.evaluate(step))
+                    # Wall time since this process's first step began (evaluations included).
+                    metrics["time/elapsed"] = time.perf_counter() - began
                     # Logged before the checkpoint: a checkpoint of step N implies its metrics
                     # are on disk. The time a save took is reported with the step after it.
                     final = {**metrics, **saved}
