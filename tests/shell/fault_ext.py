@@ -7,7 +7,10 @@ the response pass only when the prompts run apart)
 (``RLSHELL_TEST_FAULT=nan``) or kills its own process with SIGKILL
 (``RLSHELL_TEST_FAULT=kill``, rank 1 only, once: it leaves the marker file
 ``RLSHELL_TEST_FAULT_MARKER`` so that the resumed run trains normally).
-Rollout and reference copies run in eval mode and are never affected.
+Rollout and reference copies run in eval mode and are not affected, except by
+``RLSHELL_TEST_FAULT=kill_rollout``: a rollout worker's process (eval mode, no
+torch.distributed group) kills itself with SIGKILL at the start of its N-th
+generation (its N-th prefill pass), once (the marker file again).
 """
 
 from __future__ import annotations
@@ -30,10 +33,17 @@ def _build(cfg: ModelConfig, dtype: torch.dtype) -> nn.Module:
     fault = os.environ.get("RLSHELL_TEST_FAULT", "")
     at = int(os.environ.get("RLSHELL_TEST_FAULT_AT", "0"))
     marker = Path(os.environ.get("RLSHELL_TEST_FAULT_MARKER", "/nonexistent/marker"))
-    calls = {"training": 0}
+    calls = {"training": 0, "generations": 0}
 
     def hook(module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> Any:
         if not module.training:
+            if fault == "kill_rollout" and not torch.distributed.is_initialized():
+                ids = kwargs.get("input_ids")
+                if ids is not None and ids.shape[1] > 1:  # a prefill: a generation begins
+                    calls["generations"] += 1
+                    if calls["generations"] == at and not marker.exists():
+                        marker.write_text("killed once\n")
+                        os.kill(os.getpid(), signal.SIGKILL)
             return output
         if kwargs.get("use_cache") and kwargs.get("past_key_values") is None:
             return output  # the shared prompts' pass (`prompt_prefix_forward`): not a step's

@@ -102,7 +102,7 @@ def drive(
         futures = [w.generate(1, next(delays) * MS) for w in pool]
         return Slot(step, prompts, [1] * workers, Ticket(futures))
 
-    rollouts = AsyncRollouts(max_staleness, submit)
+    rollouts = AsyncRollouts(max_staleness, submit, resubmit=unexpected)
     version, seen = 0, []
     try:
         for step, (update, sync) in enumerate(zip(update_ms, sync_ms, strict=True), start=1):
@@ -118,6 +118,10 @@ def drive(
         for worker in pool:
             worker.stop()
     return seen
+
+
+def unexpected(slot: Slot) -> Ticket:
+    raise AssertionError(f"step {slot.step} was queued again")
 
 
 delays = st.lists(st.integers(0, 4), min_size=1, max_size=6)
@@ -173,22 +177,57 @@ def test_lag_metrics_weigh_rows_and_tokens() -> None:
 
 
 def test_restored_rollouts_are_taken_first_and_must_follow_the_checkpoints_step() -> None:
-    submitted: list[int] = []
+    order: list[str] = []
 
     def submit(step: int) -> Slot:
-        submitted.append(step)
+        order.append(f"submit {step}")
         result = RolloutResult(tiny_batch(1, 1), step - 1, 0.0, 0.0, 0.0)
         return Slot(step, [PromptExample("p", "a")], [1], results=[result])
 
+    def resubmit(slot: Slot) -> Ticket:
+        order.append(f"again {slot.step} {slot.prompts[0].prompt}")
+        future: Future[RolloutResult] = Future()
+        future.set_result(RolloutResult(tiny_batch(1, 1), 4, 0.0, 0.0, 0.0))
+        return Ticket([future])
+
+    done = RolloutResult(tiny_batch(1, 1), 4, 0.0, 0.0, 0.0)
     restored = [
-        Slot(
-            5, [PromptExample("q", "a")], [1], results=[RolloutResult(tiny_batch(1, 1), 4, 0, 0, 0)]
-        )
+        Slot(5, [PromptExample("q5", "a")], [1], results=[done]),
+        Slot(6, [PromptExample("q6", "a")], [1]),  # its worker died: prompts only
     ]
-    rollouts = AsyncRollouts(1, submit)
+    rollouts = AsyncRollouts(2, submit, resubmit)
     rollouts.start_at(4, restored)
     slot, _ = rollouts.take(5, version=4)
     assert slot is restored[0]
-    assert submitted == [6]  # the next step's, queued before step 5 trains
+    # Step 6's prompts are queued again before step 7's are drawn.
+    assert order == ["again 6 q6", "submit 7"]
+    slot, metrics = rollouts.take(6, version=5)
+    assert slot.prompts[0].prompt == "q6"
+    assert metrics["async/staleness_max"] == 1.0
     with pytest.raises(ValueError, match=r"of steps \[7\], expected \[5\] after step 4"):
-        AsyncRollouts(1, submit).start_at(4, [Slot(7, [], [1])])
+        AsyncRollouts(1, submit, resubmit).start_at(4, [Slot(7, [], [1])])
+
+
+class DeadTicket:
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> list[RolloutResult]:
+        from rlshell.cluster.errors import WorkerDiedError, WorkerFailure
+
+        raise WorkerDiedError("rollout rank 0 died", WorkerFailure(component="rollout", rank=0))
+
+
+def test_a_failed_rollout_stays_queued_and_a_salvaging_drain_keeps_its_prompts() -> None:
+    slots = iter([Slot(1, [PromptExample("p1", "a")], [1], DeadTicket())])
+    rollouts = AsyncRollouts(0, lambda step: next(slots), resubmit=unexpected)
+    from rlshell.cluster.errors import WorkerDiedError
+
+    with pytest.raises(WorkerDiedError):
+        rollouts.take(1, version=0)
+    assert [slot.step for slot in rollouts.slots] == [1]  # not lost with the failure
+    with pytest.raises(WorkerDiedError):
+        rollouts.drain()
+    (kept,) = rollouts.drain(keep_failed=True)
+    assert (kept.step, kept.results, kept.ticket) == (1, None, None)
+    assert kept.prompts[0].prompt == "p1"

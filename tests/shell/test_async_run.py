@@ -6,10 +6,15 @@
   the rollout generated ahead of the checkpoint (saved with it) once, and reproduces the
   uninterrupted run exactly.
 - That checkpoint resumed by a synchronous run is refused, naming the steps it would skip.
+- A rollout worker killed mid-run: the run stops naming it after saving its last complete
+  step with the queue (finished rollouts, and the prompts of the lost one), and the resume
+  trains every step once, on exactly the prompts an uninterrupted run draws.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -18,7 +23,7 @@ import torch
 
 from rlshell.metrics import read_metrics
 from rlshell.runners.async_rollout import QUEUE_FILE
-from tests.shell.test_run import cli_env, train
+from tests.shell.test_run import ROOT, cli_env, train
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("async_run")]
 
@@ -152,3 +157,55 @@ def test_a_resume_trains_on_the_saved_queue_once_and_matches_the_uninterrupted_r
         refused.stderr
     )
     assert "workers up" not in refused.stdout
+
+
+def test_a_rollout_worker_killed_mid_run_loses_no_step_and_repeats_none(
+    tmp_path: Path, ray_tmp: Path
+) -> None:
+    marker = tmp_path / "killed"
+    env = cli_env(
+        ray_tmp,
+        RLSHELL_EXT_MODULE="fault_ext",
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT / "tests" / "shell"), os.environ.get("PYTHONPATH", "")]
+        ),
+        RLSHELL_TEST_FAULT="kill_rollout",
+        # The 4th generation is step 4's rollout (no evaluation): queued at the start of step 3,
+        # it dies while step 3 trains, and step 4 finds it dead.
+        RLSHELL_TEST_FAULT_AT="4",
+        RLSHELL_TEST_FAULT_MARKER=str(marker),
+    )
+    args = [
+        "configs/grpo_async.py",
+        "actor.model.model_type=faulty_lm",
+        *TINY,
+        "runner.eval_interval=0",
+        "checkpoint.interval=2",
+        "runner.max_steps=6",
+        f"runner.output_dir={tmp_path}",
+    ]
+    run_dir = tmp_path / "grpo_async"
+    crashed = train(*args, env=env, timeout=400)
+    assert crashed.returncode == 1, crashed.stdout[-2000:] + crashed.stderr[-2000:]
+    assert marker.is_file()
+    assert "component 'rollout' rank 0" in crashed.stderr
+    saved = run_dir / "checkpoints" / "global_step_3"
+    assert f"saved a checkpoint of step 3, its last complete step ({saved})" in crashed.stderr
+    assert [int(r["step"]) for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    # Step 4's rollout, and step 5's if step 4 had queued it before finding the worker dead:
+    # lost with the worker, their prompts kept, to be sampled again.
+    lost = torch.load(saved / QUEUE_FILE, weights_only=False)
+    assert [slot.step for slot in lost] in ([4], [4, 5])
+    assert all(slot.results is None and len(slot.prompts) == 4 for slot in lost)
+
+    resumed = train(*args, "checkpoint.resume=auto", env=env, timeout=400)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stdout
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [int(r["step"]) for r in records] == [1, 2, 3, 4, 5, 6]
+    assert records[3]["async/staleness_max"] == 0.0  # step 4 sampled again, by version 3
+    # Prompts drawn for steps 1-7 (one ahead of 6), no more: step 4's were not drawn twice.
+    state = json.loads(
+        (run_dir / "checkpoints" / "global_step_6" / "trainer_state.json").read_text()
+    )
+    assert (state["sampler_epoch"], state["sampler_position"]) == (0, 7 * 4)

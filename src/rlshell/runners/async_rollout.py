@@ -37,6 +37,7 @@ from typing import Protocol
 
 from attrs import define
 
+from rlshell.cluster.errors import WorkerError
 from rlshell.data import PromptExample
 from rlshell.workers.rollout import RolloutResult
 
@@ -101,11 +102,17 @@ class AsyncRollouts:
     waiting for its results, after queueing every rollout up to step s + K.
     """
 
-    def __init__(self, max_staleness: int, submit: Callable[[int], Slot]) -> None:
+    def __init__(
+        self,
+        max_staleness: int,
+        submit: Callable[[int], Slot],
+        resubmit: Callable[[Slot], RolloutTicket],
+    ) -> None:
         if max_staleness < 0:
             raise ValueError(f"algorithm.max_staleness must be >= 0, got {max_staleness}")
         self.max_staleness = max_staleness
         self._submit = submit
+        self._resubmit = resubmit
         self.slots: deque[Slot] = deque()
         self.submitted_through = 0  # the last step whose rollout is queued or held
 
@@ -127,6 +134,9 @@ class AsyncRollouts:
         """Step ``step``'s rollout (results collected) and what the queue looked like;
         ``version``: the actor's, which this step trains (``step`` − 1, unless updates were
         skipped, as in a critic's warm-up)."""
+        for slot in self.slots:  # restored without results: queued again first, in order
+            if slot.results is None and slot.ticket is None:
+                slot.ticket = self._resubmit(slot)
         while self.submitted_through < step + self.max_staleness:
             self.submitted_through += 1
             slot = self._submit(self.submitted_through)
@@ -137,9 +147,10 @@ class AsyncRollouts:
             queued = [slot.step for slot in self.slots]
             raise RuntimeError(f"step {step} asked for its rollout; the queue holds {queued}")
         ready = sum(slot.ready() for slot in self.slots)
-        slot = self.slots.popleft()
+        slot = self.slots[0]
         started = time.perf_counter()
-        results = slot.collect()
+        results = slot.collect()  # (a failure leaves the slot queued: a checkpoint keeps it)
+        self.slots.popleft()
         metrics = {
             "async/queue_ready": float(ready),
             "async/queue_length": float(len(self.slots) + 1),
@@ -148,11 +159,17 @@ class AsyncRollouts:
         }
         return slot, metrics
 
-    def drain(self) -> list[Slot]:
+    def drain(self, keep_failed: bool = False) -> list[Slot]:
         """Wait for every queued rollout; the slots, collected, still queued (a checkpoint
-        saves them)."""
+        saves them). ``keep_failed``: a slot whose requests failed (a rollout worker died)
+        keeps its prompts without results, and is queued again after a resume."""
         for slot in self.slots:
-            slot.collect()
+            try:
+                slot.collect()
+            except WorkerError:
+                if not keep_failed:
+                    raise
+                slot.ticket = None
         return list(self.slots)
 
 

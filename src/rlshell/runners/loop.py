@@ -37,6 +37,7 @@ from rlshell.checkpoint import (
     staging_dir,
     write_trainer_state,
 )
+from rlshell.cluster.errors import WorkerError
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import Config
@@ -44,7 +45,7 @@ from rlshell.export import export_final_policy
 from rlshell.metrics import logger_for_run, plot_run
 from rlshell.runners.async_rollout import queue_problem
 from rlshell.runners.spec import RunSpec
-from rlshell.runners.trainer import Cadence, Reporting, Trainer
+from rlshell.runners.trainer import Cadence, Reporting, Salvaging, Trainer
 
 __all__ = ["Interrupted", "TrainResult", "run", "save_checkpoint", "timed"]
 
@@ -111,7 +112,11 @@ def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> 
             with _first_ctrl_c_finishes_the_step() as stop:
                 began = time.perf_counter()
                 for step in range(start_step + 1, cadence.max_steps + 1):
-                    metrics = trainer.step(step)
+                    try:
+                        metrics = trainer.step(step)
+                    except Exception as error:
+                        _salvage(trainer, error, run_dir, step - 1, start_step, cadence, config)
+                        raise
                     if cadence.eval_due(step):
                         metrics.update(trainer.evaluate(step))
                     # Wall time since this process's first step began (evaluations included).
@@ -145,6 +150,32 @@ def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> 
         checkpoint=checkpoints[-1][1] if checkpoints else None,
         exported=exported,
     )
+
+
+def _salvage(
+    trainer: Trainer,
+    error: Exception,
+    run_dir: Path,
+    last: int,
+    start_step: int,
+    cadence: Cadence,
+    config: Config,
+) -> None:
+    """Save a checkpoint of ``last``, the last completed step, before ``error`` stops the run,
+    where the trainer says its state survived (`Salvaging`) and no checkpoint holds it yet."""
+    if not cadence.checkpoint_interval or last <= start_step or cadence.checkpoint_due(last):
+        return
+    if not isinstance(trainer, Salvaging) or not trainer.salvage(error):
+        return
+    path = save_checkpoint(trainer, run_dir, last, config.checkpoint.keep_last)
+    note = (
+        f" Before stopping, the run saved a checkpoint of step {last}, its last complete "
+        f"step ({path}); checkpoint.resume=auto continues from it."
+    )
+    if isinstance(error, WorkerError):
+        error.extend_message(note)
+    else:
+        error.add_note(note.strip())
 
 
 def save_checkpoint(trainer: Trainer, run_dir: Path, step: int, keep_last: int | None) -> Path:

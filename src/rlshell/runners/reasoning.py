@@ -30,7 +30,7 @@ from rlcore.rollout import (
     place_on_last_token,
 )
 from rlshell.checkpoint import TrainerState
-from rlshell.cluster.errors import WorkerDiedError
+from rlshell.cluster.errors import WorkerDiedError, WorkerError
 from rlshell.cluster.group import GroupCall, WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
@@ -132,6 +132,7 @@ class ReasoningTrainer:
         self.pipeline: AsyncRollouts | None = None
         self._sync_calls: list[GroupCall] = []  # async weight syncs queued on the rollout
         self._t0 = time.time()  # the async timeline's origin
+        self._salvaging = False  # saving after a rollout worker died (salvage)
 
     def report_to(self, print_line: Callable[[str], None]) -> None:
         """Print what the run should hear (reward failures) with ``print_line`` from now on."""
@@ -316,7 +317,9 @@ class ReasoningTrainer:
         tokenizer = load_tokenizer(self.tokenizer_dir)
         self.pad_id = int(tokenizer.pad_token_id)
         if config.runner.mode == "async":
-            self.pipeline = AsyncRollouts(config.algorithm.max_staleness, self._submit_step)
+            self.pipeline = AsyncRollouts(
+                config.algorithm.max_staleness, self._submit_step, self._resubmit
+            )
         where = "collocated with the actor" if self.hybrid else "in its own workers"
         print(
             f"workers up in {time.perf_counter() - started:.1f} s "
@@ -349,6 +352,7 @@ class ReasoningTrainer:
         weights queued behind them (`rlshell.runners.async_rollout`)."""
         metrics: dict[str, float] = {}
         self._ensure_synced()
+        self._check_syncs(wait=False)  # before the step takes its rollout from the queue
         started = time.perf_counter()
         params = self._sampling_params()
         with timed(metrics, "time/rollout"):  # the actor's wait for this step's rollout
@@ -359,7 +363,6 @@ class ReasoningTrainer:
         for key in ("async/generate_start", "async/generate_end"):  # seconds since launch
             metrics[key] -= self._t0
         scored = self._score(slot.prompts, merged, params, step, 0, metrics)
-        self._check_syncs(wait=False)
         metrics["async/update_start"] = time.time() - self._t0
         out = self._learn(step, merged, scored, params, metrics, started)
         out["async/update_end"] = time.time() - self._t0
@@ -702,6 +705,22 @@ class ReasoningTrainer:
         )
         return Slot(step, prompts, ticket.counts, ticket)
 
+    def _resubmit(self, slot: Slot) -> _Generation:
+        """Queue a restored slot's prompts again (its rollout was lost with a worker)."""
+        params = self._sampling_params()
+        prompts = [p.prompt for p in slot.prompts]
+        ticket = self._submit_generate(prompts, params, slot.step, 0, "generate_versioned")
+        slot.counts = ticket.counts
+        return ticket
+
+    def salvage(self, error: BaseException) -> bool:
+        """Whether the last completed step can still be saved after ``error``: in
+        ``runner.mode='async'``, when a rollout worker failed (the actor holds the step's
+        weights; the queued rollouts that finished are saved, the others' prompts kept)."""
+        rollout_lost = isinstance(error, WorkerError) and error.component == "rollout"
+        self._salvaging = self.pipeline is not None and rollout_lost
+        return self._salvaging
+
     def _push_weights(self, full: bool) -> dict[str, float]:
         """Stage the actor's weights and queue them on every rollout worker behind the
         requests already there, as version ``self.version``; waits for the actor only."""
@@ -757,9 +776,10 @@ class ReasoningTrainer:
             load_tokenizer(self.tokenizer_dir).save_pretrained(directory / "tokenizer")
         if self.pipeline is not None:
             # What was generated ahead is saved too: a resume trains on it first, once.
-            queued = self.pipeline.drain()
+            queued = self.pipeline.drain(keep_failed=self._salvaging)
             torch.save(queued, directory / QUEUE_FILE)
-            self._check_syncs(wait=True)
+            if not self._salvaging:  # (a dead worker's syncs failed with it)
+                self._check_syncs(wait=True)
         sampler = self._sampler().state()
         extra = {"kl_coef": self.kl_coef} if self._adaptive_kl() else {}
         return TrainerState(

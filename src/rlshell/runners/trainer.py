@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from rlshell.cluster.ray_cluster import Cluster
     from rlshell.runners.spec import RunSpec
 
-__all__ = ["Cadence", "Reporting", "Trainer", "launched_group"]
+__all__ = ["Cadence", "Reporting", "Salvaging", "Trainer", "launched_group"]
 
 
 @frozen
@@ -140,6 +140,19 @@ class Reporting(Protocol):
     """
 
     def report_to(self, print_line: Callable[[str], None]) -> None: ...
+
+
+@runtime_checkable
+class Salvaging(Protocol):
+    """A trainer that can still save a checkpoint after some failures of a step.
+
+    When a step raises ``error``, the loop asks `salvage`; True means the
+    state of the last completed step is intact (the actor is alive: a
+    rollout worker died, say) and `Trainer.save` of that step will work, and
+    the loop saves it before the error stops the run.
+    """
+
+    def salvage(self, error: BaseException) -> bool: ...
 
 
 @contextmanager
