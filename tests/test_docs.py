@@ -109,6 +109,12 @@ RUN_HERE = {
     "examples/typed_extension/rlstack_typed_ext",
 }
 COVERED_ELSEWHERE = {
+    ".venv/bin/python -m rlshell.train configs/ppo_cartpole.py cluster.component_placement="
+    """'{"actor": "0:0", "rollout": "0:0", "env": "0:0"}' rollout.pipeline_stage_num=2 """
+    "runner.mode=async": (
+        "tests/shell/test_config_reads.py runs it for 2 steps (its 'ppo_pipelined' run) and "
+        "checks the lag of each step's window"
+    ),
     ".venv/bin/python -m rlshell.train configs/grpo_async.py": (
         "tests/shell/test_async_run.py runs it for 3 and 4 steps, resumes it and compares it "
         "with the synchronous runner; the full run's figures are benchmarks/async_runner.py's"

@@ -767,8 +767,17 @@ def test_async_mode_is_refused_where_the_rollout_cannot_run_beside_the_update() 
 def test_max_staleness_is_unread_in_sync_mode_and_async_is_the_reasoning_runners_only() -> None:
     (sync,) = problems_of(["algorithm.max_staleness=2"])
     assert sync.startswith("algorithm.max_staleness: bounds how far runner.mode='async'")
+    cartpole = ROOT / "configs/ppo_cartpole.py"
     with pytest.raises(ConfigError) as caught:
-        load_config(ROOT / "configs/ppo_cartpole.py", ["runner.mode=async"])
-    (embodied,) = caught.value.problems
-    assert embodied.startswith("runner.mode: runs the reasoning runner's rollout ahead")
-    assert "the embodied runner has no asynchronous mode" in embodied
+        load_config(cartpole, ["runner.mode=async"])
+    (collocated,) = caught.value.problems
+    assert collocated.startswith("runner.mode: the embodied PPO runner has no asynchronous mode")
+    assert "hybrid placement" in collocated
+    hybrid = ['cluster.component_placement={"actor": "0:0", "rollout": "0:0", "env": "0:0"}']
+    load_config(cartpole, [*hybrid, "runner.mode=async", "algorithm.max_staleness=2"])
+    with pytest.raises(ConfigError) as caught:
+        load_config(cartpole, [*hybrid, "algorithm.max_staleness=2"])
+    (sync,) = caught.value.problems
+    assert sync.startswith(
+        "algorithm.max_staleness: bounds how far runner.mode='async' lets the env"
+    )

@@ -112,11 +112,14 @@ RUNS: dict[str, list[str]] = {
         "algorithm.lam=1.0",
         "algorithm.vf_coef=0.5",
     ],
+    # The env and rollout workers a window ahead of the update (runner.mode='async').
     "ppo_pipelined": [
         "configs/ppo_cartpole.py",
         *TINY_CARTPOLE,
         'cluster.component_placement={"actor": "0:0", "rollout": "0:0", "env": "0:0"}',
         "rollout.pipeline_stage_num=2",
+        "runner.mode=async",
+        "algorithm.max_staleness=1",
     ],
     "sac": [
         "configs/sac_pendulum.py",
@@ -359,3 +362,15 @@ def test_the_adaptive_kl_coefficient_moves_each_step_and_is_checkpointed(
     assert state.extra["kl_coef"] == pytest.approx(after(second))
     # The loss has no KL term when it is in the reward.
     assert "train/kl_loss" not in second
+
+
+@pytest.mark.parametrize("name", ["grpo_lora_disaggregated_kl", "ppo_pipelined"])
+def test_the_async_runs_train_step_2_on_a_batch_one_update_old(
+    traced: dict[str, TracedRun], name: str
+) -> None:
+    """Both were queued before the first update (a bound of 1): step 1's batch is sampled by
+    the weights it trains, step 2's by the same, one update behind."""
+    run = traced[name]
+    steps = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    lags = [m["async/staleness_max"] for m in steps if m["step"] > 0]
+    assert lags == [0.0, 1.0]

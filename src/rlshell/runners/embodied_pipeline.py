@@ -32,6 +32,7 @@ busiest rollout and env worker computed in the window; set against
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -45,6 +46,7 @@ from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import Config
 from rlshell.metrics import merge_rank_metrics
+from rlshell.runners.async_rollout import StalenessError
 from rlshell.runners.embodied import EmbodiedTrainer
 from rlshell.runners.embodied_ppo import (
     COLLOCATED_EXAMPLE,
@@ -82,6 +84,10 @@ class PipelinedPPOTrainer(EmbodiedTrainer):
         self.rollout = rollout
         self.actor = actor
         self.pipeline: Pipeline | None = None  # made at the first step, after any resume
+        # runner.mode='async': windows submitted ahead (step, the version sampling it, calls).
+        self.windows: deque[tuple[int, int, SubmittedWindow]] = deque()
+        self.version = 0
+        self.submitted_through = 0
 
     @classmethod
     def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
@@ -121,13 +127,22 @@ class PipelinedPPOTrainer(EmbodiedTrainer):
 
     @classmethod
     def unread(cls, config: Config) -> dict[str, str]:
-        return {
+        unread = {
             **ppo_unread(config, "the pipelined embodied PPO runner"),
             **compile_unread(
                 "only the collocated placement (env, rollout and actor in the same processes, "
                 f"e.g. {COLLOCATED_EXAMPLE}) reads it; the hybrid placement runs eager"
             ),
         }
+        del unread["runner.mode"]  # this runner has the asynchronous mode
+        if config.runner.mode == "async":
+            del unread["algorithm.max_staleness"]
+        else:
+            unread["algorithm.max_staleness"] = (
+                "bounds how far runner.mode='async' lets the env and rollout workers run ahead "
+                "of the update; runner.mode is 'sync'"
+            )
+        return unread
 
     @classmethod
     def launch(cls, spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> Self:
@@ -174,7 +189,12 @@ class PipelinedPPOTrainer(EmbodiedTrainer):
         return cls(config, envs, rollout, actor, stack)
 
     def step(self, step: int) -> dict[str, float]:
+        """One window and its update. ``runner.mode='async'``: the windows of the next
+        ``algorithm.max_staleness`` steps are submitted before this step's update and its
+        weight sync, so the env and rollout workers step them while the actor trains; each
+        is sampled by weights at most that many updates behind those it trains."""
         config = self.config
+        ahead = config.algorithm.max_staleness if config.runner.mode == "async" else 0
         if self.pipeline is None:  # the first step of this process: the actor's weights first
             for call in _sync_weights(self.actor, self.rollout):
                 call.wait()
@@ -184,22 +204,44 @@ class PipelinedPPOTrainer(EmbodiedTrainer):
                 config.runner.rollout_steps,
                 config.rollout.pipeline_stage_num,
             )
+            self.version = step - 1  # updates the weights have had (a resume's step)
+            self.submitted_through = step - 1
         step_started = time.perf_counter()
-        window = self.pipeline.submit()
+        # A worker runs its calls in submission order: a window submitted now is sampled by
+        # the weights of the last sync submitted before it, self.version.
+        while self.submitted_through < step + ahead:
+            self.submitted_through += 1
+            self.windows.append((self.submitted_through, self.version, self.pipeline.submit()))
+        planned, sampled_by, window = self.windows.popleft()
+        if planned != step:
+            raise RuntimeError(f"step {step} took the window submitted for step {planned}")
+        lag = self.version - sampled_by
+        if not 0 <= lag <= ahead:
+            raise StalenessError(
+                f"step {step}'s window was sampled by version {sampled_by} and trains version "
+                f"{self.version}: {lag} versions behind, algorithm.max_staleness is {ahead}"
+            )
         parts = [call.refs[0] for call in window.rollout_windows]
         train = self.actor.train_on(*parts, *window.env_windows.refs)
         synced = _sync_weights(self.actor, self.rollout)
+        self.version = step
         window.calls.extend([train, *synced])
         collected = window.wait(window.env_windows)
         busy = window.wait(window.rollout_metrics)
         rollout_done = time.perf_counter()
         train_metrics = window.wait(train)
-        for call in synced:
+        update_done = time.perf_counter()
+        for call in synced:  # async: behind the next window's calls on the rollout workers
             window.wait(call)
         metrics = merge_rank_metrics([w.metrics for w in collected] + busy)
         metrics.update(merge_rank_metrics(train_metrics))
         metrics["time/rollout"] = rollout_done - step_started
-        metrics["time/update"] = time.perf_counter() - rollout_done
+        metrics["time/update"] = update_done - rollout_done
+        if config.runner.mode == "async":
+            metrics["async/staleness_max"] = float(lag)
+            metrics["async/queue_length"] = float(len(self.windows) + 1)
+            metrics["async/wait_s"] = rollout_done - step_started
+            metrics["time/sync"] = time.perf_counter() - update_done
         return self.counted(metrics, step_started)
 
 

@@ -178,6 +178,14 @@ def embodied_unread(config: Config, who: str) -> dict[str, str]:
     }
     unread.update(reference_unread(who))
     unread.update(env_unread(config))
+    hybrid = (
+        "embodied PPO's hybrid placement (env, rollout and actor under keys of their own, "
+        'e.g. {"actor": "0:0-1", "rollout": "0:0", "env": "0:0"})'
+    )
+    unread["runner.mode"] = f"{who} has no asynchronous mode; {hybrid} has one"
+    unread["algorithm.max_staleness"] = (
+        f"bounds an asynchronous run's staleness; {who} has no asynchronous mode, {hybrid} has"
+    )
     return unread
 
 

@@ -179,14 +179,12 @@ def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, s
         unread["actor.megatron"] = (
             f"Megatron-core's parallel sizes; actor.backend is '{config.actor.backend}'"
         )
-    if config.runner.runner_type != "reasoning":
-        who = f"the {config.runner.runner_type} runner"
+    if config.runner.runner_type == "probe":
         unread["runner.mode"] = (
-            f"runs the reasoning runner's rollout ahead of its update; {who} has no "
-            "asynchronous mode"
+            "runs a trainer's rollout ahead of its update; the probe trains nothing"
         )
         unread["algorithm.max_staleness"] = (
-            f"bounds the reasoning runner's asynchronous rollout; {who} has none"
+            "bounds an asynchronous run's staleness; the probe trains nothing"
         )
     if config.checkpoint.interval == 0:
         never = "checkpoint.interval is 0: the run saves no checkpoint"
