@@ -30,6 +30,7 @@ from typing import Any
 from attrs import Factory, asdict, frozen
 
 __all__ = [
+    "QUEUE_FILE",
     "RUN_CONFIG",
     "TRAINER_STATE",
     "CheckpointError",
@@ -49,6 +50,8 @@ __all__ = [
 _NAME = re.compile(r"^global_step_(\d+)$")
 TRAINER_STATE = "trainer_state.json"
 RUN_CONFIG = "config.json"
+# runner.mode='async': the rollouts generated ahead of a checkpoint's step, saved with it.
+QUEUE_FILE = "rollout_queue.pt"
 
 
 class CheckpointError(RuntimeError):
@@ -121,6 +124,23 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
         if match and (path / TRAINER_STATE).is_file():
             found.append((int(match.group(1)), path))
     return sorted(found)
+
+
+def queue_problem(checkpoint: Path, mode: str) -> str | None:
+    """Why ``checkpoint`` cannot be resumed in ``runner.mode`` ``mode`` (None: it can).
+
+    A ``runner.mode='async'`` run saves the rollouts it generated ahead of a
+    checkpoint's step with it (`QUEUE_FILE`, `rlshell.runners.async_rollout`);
+    a synchronous run would skip them, since the prompt sampler is past their
+    prompts.
+    """
+    if mode == "async" or not (checkpoint / QUEUE_FILE).is_file():
+        return None
+    return (
+        f"checkpoint.resume: {checkpoint} holds rollouts generated ahead by a "
+        "runner.mode='async' run (its prompt sampler is past their prompts); resume it with "
+        "runner.mode=async, or they would be skipped"
+    )
 
 
 def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:

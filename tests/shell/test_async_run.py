@@ -16,13 +16,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 import torch
 
+from rlshell.checkpoint import QUEUE_FILE
+from rlshell.cluster.ray_cluster import Cluster
 from rlshell.metrics import read_metrics
-from rlshell.runners.async_rollout import QUEUE_FILE
+from rlshell.runners.reasoning import ReasoningTrainer
+from rlshell.runners.spec import resolve_spec
+from rlshell.runners.validation import load_config, plan_for
 from tests.shell.test_run import ROOT, cli_env, train
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("async_run")]
@@ -84,26 +89,33 @@ def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
-def test_a_bound_of_0_is_the_synchronous_run_to_the_bit(tmp_path: Path, ray_tmp: Path) -> None:
-    steps = ["runner.max_steps=3", "checkpoint.interval=3"]
-    sync = _run(ray_tmp, tmp_path / "sync", "configs/grpo.py", *TINY, *DISAGGREGATED, *steps)
-    asynchronous = _run(
-        ray_tmp,
-        tmp_path / "async",
-        "configs/grpo_async.py",
-        *TINY,
-        *steps,
-        "algorithm.max_staleness=0",
+def _three_steps(
+    cluster: Cluster, run_dir: Path, path: str, *overrides: str
+) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
+    """Three steps of a trainer launched on ``cluster``: their metrics and the final weights."""
+    config = load_config(Path(path), [*TINY, *overrides])
+    plan = plan_for(config, cluster.spec())
+    with closing(ReasoningTrainer.launch(resolve_spec(config), cluster, plan, run_dir)) as trainer:
+        records = [trainer.step(step) for step in (1, 2, 3)]
+        assert trainer.actor is not None
+        weights = trainer.actor.full_weights().wait()[0]
+    return _deterministic(records), weights
+
+
+def test_a_bound_of_0_is_the_synchronous_run_to_the_bit(
+    ray_cluster: Cluster, tmp_path: Path
+) -> None:
+    sync, reference = _three_steps(
+        ray_cluster, tmp_path / "sync", "configs/grpo.py", *DISAGGREGATED
     )
-    expected = _deterministic(read_metrics(sync / "grpo" / "metrics.jsonl"))
-    got = _deterministic(read_metrics(asynchronous / "grpo_async" / "metrics.jsonl"))
-    assert [int(r["step"]) for r in got] == [0, 1, 2, 3]
-    for step, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
-        if step:  # the async run's own metrics: every batch sampled by the weights it trains
-            assert mine.pop("async/staleness_max") == 0.0
-            assert mine.pop("async/rows_frac_lag0") == 1.0
+    asynchronous, weights = _three_steps(
+        ray_cluster, tmp_path / "async", "configs/grpo_async.py", "algorithm.max_staleness=0"
+    )
+    for mine, theirs in zip(asynchronous, sync, strict=True):
+        # The async run's own metrics: every batch sampled by the weights it trains.
+        assert mine.pop("async/staleness_max") == 0.0
+        assert mine.pop("async/rows_frac_lag0") == 1.0
         assert {k: v for k, v in mine.items() if not k.startswith("async/")} == theirs
-    weights, reference = _weights(asynchronous / "grpo_async"), _weights(sync / "grpo")
     assert weights.keys() == reference.keys()
     for name, tensor in weights.items():
         assert torch.equal(tensor, reference[name]), name

@@ -32,7 +32,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Protocol
 
 from attrs import define
@@ -41,18 +40,7 @@ from rlshell.cluster.errors import WorkerError
 from rlshell.data import PromptExample
 from rlshell.workers.rollout import RolloutResult
 
-__all__ = [
-    "QUEUE_FILE",
-    "AsyncRollouts",
-    "RolloutTicket",
-    "Slot",
-    "StalenessError",
-    "lag_metrics",
-    "queue_problem",
-]
-
-# The rollouts generated ahead of a checkpoint's step, saved with it.
-QUEUE_FILE = "rollout_queue.pt"
+__all__ = ["AsyncRollouts", "RolloutTicket", "Slot", "StalenessError", "lag_metrics"]
 
 
 class StalenessError(RuntimeError):
@@ -171,19 +159,6 @@ class AsyncRollouts:
                     raise
                 slot.ticket = None
         return list(self.slots)
-
-
-def queue_problem(checkpoint: Path, mode: str) -> str | None:
-    """Why ``checkpoint`` cannot be resumed in ``runner.mode`` ``mode`` (None: it can): a
-    synchronous run would skip the rollouts an asynchronous one saved with it, since its
-    prompt sampler is past their prompts."""
-    if mode == "async" or not (checkpoint / QUEUE_FILE).is_file():
-        return None
-    return (
-        f"checkpoint.resume: {checkpoint} holds rollouts generated ahead by a "
-        "runner.mode='async' run (its prompt sampler is past their prompts); resume it with "
-        "runner.mode=async, or they would be skipped"
-    )
 
 
 def lag_metrics(

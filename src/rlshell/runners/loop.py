@@ -32,6 +32,7 @@ from rlshell.checkpoint import (
     commit,
     list_checkpoints,
     prune,
+    queue_problem,
     read_trainer_state,
     resolve_resume,
     staging_dir,
@@ -43,7 +44,6 @@ from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import Config
 from rlshell.export import export_final_policy
 from rlshell.metrics import logger_for_run, plot_run
-from rlshell.runners.async_rollout import queue_problem
 from rlshell.runners.spec import RunSpec
 from rlshell.runners.trainer import Cadence, Reporting, Salvaging, Trainer
 

@@ -29,7 +29,7 @@ from rlcore.rollout import (
     overlong_penalty,
     place_on_last_token,
 )
-from rlshell.checkpoint import TrainerState
+from rlshell.checkpoint import QUEUE_FILE, TrainerState, queue_problem
 from rlshell.cluster.errors import WorkerDiedError, WorkerError
 from rlshell.cluster.group import GroupCall, WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
@@ -41,7 +41,7 @@ from rlshell.rewards.failures import FailureWatches
 from rlshell.rewards.pool import RewardResult
 from rlshell.rewards.weighted import WeightedReward, WeightedScores
 from rlshell.rollout import RolloutBatch, SamplingParams
-from rlshell.runners.async_rollout import QUEUE_FILE, AsyncRollouts, Slot, queue_problem
+from rlshell.runners.async_rollout import AsyncRollouts, Slot
 from rlshell.runners.loop import timed
 from rlshell.runners.offload import OffloadPlan, offload_problems, plan_offload
 from rlshell.runners.spec import ProcessLayout, RunSpec

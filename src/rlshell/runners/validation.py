@@ -33,6 +33,7 @@ from typing import Any
 import attrs
 
 from rlcore.registry import ADVANTAGES, POLICY_LOSSES, Registry
+from rlshell.checkpoint import list_checkpoints, queue_problem
 from rlshell.cluster.placement import ClusterSpec, ComponentRequest, PlacementError, PlacementPlan
 from rlshell.config import (
     COMPONENTS,
@@ -744,6 +745,12 @@ def _run_only_problems(config: Config) -> list[str]:
     resume = config.checkpoint.resume
     if resume not in (None, "auto") and not Path(resume).is_dir():
         problems.append(f"checkpoint.resume: no checkpoint directory at {resume}")
+    elif resume is not None:
+        # An async run's checkpoint resumed synchronously would skip its queued rollouts.
+        run_dir = Path(config.runner.output_dir) / config.runner.experiment_name
+        checkpoints = list_checkpoints(run_dir) if resume == "auto" else [(0, Path(resume))]
+        if checkpoints and (problem := queue_problem(checkpoints[-1][1], config.runner.mode)):
+            problems.append(problem)
     return problems
 
 
