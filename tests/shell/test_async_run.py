@@ -2,13 +2,12 @@
 
 - With ``algorithm.max_staleness=0`` the asynchronous runner is the synchronous one, to the
   bit: the same metrics and the same final weights, on the same placement and seed.
-- With a bound of 1, a run stopped at a checkpoint and resumed with ``resume=auto`` trains on
-  the rollout generated ahead of the checkpoint (saved with it) once, and reproduces the
-  uninterrupted run exactly.
-- That checkpoint resumed by a synchronous run is refused, naming the steps it would skip.
-- A rollout worker killed mid-run: the run stops naming it after saving its last complete
-  step with the queue (finished rollouts, and the prompts of the lost one), and the resume
-  trains every step once, on exactly the prompts an uninterrupted run draws.
+- A rollout worker killed mid-run (bound 1): the run stops naming it after saving its last
+  complete step with the queue (the prompts of the rollouts lost with it); the resume samples
+  them again first and trains every step once, on the prompts an uninterrupted run draws.
+- Resumed from an earlier checkpoint, the run trains on the rollout saved with it and makes
+  exactly the step it made before, to the same weights.
+- An async checkpoint resumed by a synchronous run is refused before start.
 """
 
 from __future__ import annotations
@@ -24,10 +23,13 @@ import torch
 
 from rlshell.checkpoint import QUEUE_FILE
 from rlshell.cluster.ray_cluster import Cluster
+from rlshell.export import load_policy
 from rlshell.metrics import read_metrics
+from rlshell.models import MODELS
 from rlshell.runners.reasoning import ReasoningTrainer
 from rlshell.runners.spec import resolve_spec
 from rlshell.runners.validation import load_config, plan_for
+from tests.shell import fault_ext
 from tests.shell.test_run import ROOT, cli_env, train
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("async_run")]
@@ -76,19 +78,6 @@ def ray_tmp() -> Path:
     return Path(tempfile.mkdtemp(prefix="ra", dir="/tmp"))
 
 
-def _run(ray_tmp: Path, out: Path, *args: str) -> Path:
-    result = train(*args, f"runner.output_dir={out}", env=cli_env(ray_tmp), timeout=400)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return out
-
-
-def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(run_dir / "hf_model", local_files_only=True)
-    return {k: v.clone() for k, v in model.state_dict().items()}
-
-
 def _three_steps(
     cluster: Cluster, run_dir: Path, path: str, *overrides: str
 ) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
@@ -121,57 +110,7 @@ def test_a_bound_of_0_is_the_synchronous_run_to_the_bit(
         assert torch.equal(tensor, reference[name]), name
 
 
-def test_a_resume_trains_on_the_saved_queue_once_and_matches_the_uninterrupted_run(
-    tmp_path: Path, ray_tmp: Path
-) -> None:
-    args = ["configs/grpo_async.py", *TINY, "checkpoint.interval=2", "runner.max_steps=4"]
-    whole = _run(ray_tmp, tmp_path / "whole", *args) / "grpo_async"
-    records = read_metrics(whole / "metrics.jsonl")
-    # Steps 1 and 2 were sampled by version 0 (queued at the start), later ones one behind.
-    assert [r["async/staleness_max"] for r in records[1:]] == [0.0, 1.0, 1.0, 1.0]
-    checkpoint = whole / "checkpoints" / "global_step_2"
-    (queued,) = torch.load(checkpoint / QUEUE_FILE, weights_only=False)
-    assert queued.step == 3  # generated ahead by version 1 while step 2 trained
-    assert [result.version for result in queued.results] == [1]
-
-    # The run as it stood after step 2's checkpoint (as a crash at step 3 leaves it).
-    part = tmp_path / "part" / "grpo_async"
-    shutil.copytree(checkpoint, part / "checkpoints" / "global_step_2")
-    kept = [line for line in (whole / "metrics.jsonl").read_text().splitlines()[:3]]
-    (part / "metrics.jsonl").write_text("\n".join(kept) + "\n")
-    resumed = train(
-        *args,
-        f"runner.output_dir={tmp_path / 'part'}",
-        "checkpoint.resume=auto",
-        env=cli_env(ray_tmp),
-        timeout=400,
-    )
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout
-    assert _deterministic(read_metrics(part / "metrics.jsonl")) == _deterministic(records)
-    final, reference = _weights(part), _weights(whole)
-    assert all(torch.equal(final[name], reference[name]) for name in reference)
-
-    # The async checkpoint in a synchronous run: refused before start, or step 3's rollout
-    # would be skipped.
-    refused = train(
-        "configs/grpo.py",
-        *TINY,
-        *DISAGGREGATED,
-        "runner.max_steps=4",
-        f"runner.output_dir={tmp_path / 'sync'}",
-        f"checkpoint.resume={checkpoint}",
-        env=cli_env(ray_tmp),
-        timeout=400,
-    )
-    assert refused.returncode != 0
-    assert f"checkpoint.resume: {checkpoint} holds rollouts generated ahead by a " in (
-        refused.stderr
-    )
-    assert "workers up" not in refused.stdout
-
-
-def test_a_rollout_worker_killed_mid_run_loses_no_step_and_repeats_none(
+def test_a_rollout_worker_killed_mid_run_loses_no_step_and_a_resume_repeats_none(
     tmp_path: Path, ray_tmp: Path
 ) -> None:
     marker = tmp_path / "killed"
@@ -193,24 +132,65 @@ def test_a_rollout_worker_killed_mid_run_loses_no_step_and_repeats_none(
         *TINY,
         "runner.eval_interval=0",
         "checkpoint.interval=2",
-        "runner.max_steps=6",
-        f"runner.output_dir={tmp_path}",
     ]
-    run_dir = tmp_path / "grpo_async"
-    crashed = train(*args, env=env, timeout=400)
+    run_dir = tmp_path / "crash" / "grpo_async"
+    crashed = train(
+        *args, "runner.max_steps=6", f"runner.output_dir={run_dir.parent}", env=env, timeout=400
+    )
     assert crashed.returncode == 1, crashed.stdout[-2000:] + crashed.stderr[-2000:]
     assert marker.is_file()
     assert "component 'rollout' rank 0" in crashed.stderr
     saved = run_dir / "checkpoints" / "global_step_3"
     assert f"saved a checkpoint of step 3, its last complete step ({saved})" in crashed.stderr
-    assert [int(r["step"]) for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [int(r["step"]) for r in records] == [1, 2, 3]
+    # Steps 1 and 2 were sampled by version 0 (queued before any update): step 1's batch by
+    # the weights it trained, the others one update behind.
+    assert [r["async/staleness_max"] for r in records] == [0.0, 1.0, 1.0]
     # Step 4's rollout, and step 5's if step 4 had queued it before finding the worker dead:
     # lost with the worker, their prompts kept, to be sampled again.
     lost = torch.load(saved / QUEUE_FILE, weights_only=False)
     assert [slot.step for slot in lost] in ([4], [4, 5])
     assert all(slot.results is None and len(slot.prompts) == 4 for slot in lost)
+    # The checkpoint of step 2 holds step 3's rollout, generated by version 1 while step 2
+    # trained.
+    second = run_dir / "checkpoints" / "global_step_2"
+    (queued,) = torch.load(second / QUEUE_FILE, weights_only=False)
+    assert (queued.step, [result.version for result in queued.results]) == (3, [1])
 
-    resumed = train(*args, "checkpoint.resume=auto", env=env, timeout=400)
+    # Resumed from step 2's checkpoint, step 3 trains on that saved rollout: exactly the step
+    # 3 the run made, to the same weights.
+    part = tmp_path / "part" / "grpo_async"
+    shutil.copytree(second, part / "checkpoints" / "global_step_2")
+    kept = (run_dir / "metrics.jsonl").read_text().splitlines()[:2]
+    (part / "metrics.jsonl").write_text("\n".join(kept) + "\n")
+    again = train(
+        *args,
+        "runner.max_steps=3",
+        f"runner.output_dir={part.parent}",
+        "checkpoint.resume=auto",
+        env=env,
+        timeout=400,
+    )
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert _deterministic(read_metrics(part / "metrics.jsonl")) == _deterministic(records)
+    fault_ext.register()  # the runs' model type, to rebuild their checkpoints here
+    try:
+        mine = load_policy(part / "checkpoints" / "global_step_3").model.state_dict()
+        theirs = load_policy(saved).model.state_dict()
+    finally:
+        MODELS.unregister("faulty_lm")
+    assert all(torch.equal(mine[name], theirs[name]) for name in theirs)
+
+    # The crashed run resumed: step 4's prompts sampled again first, then on to step 6.
+    resumed = train(
+        *args,
+        "runner.max_steps=6",
+        f"runner.output_dir={run_dir.parent}",
+        "checkpoint.resume=auto",
+        env=env,
+        timeout=400,
+    )
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout
     records = read_metrics(run_dir / "metrics.jsonl")
@@ -221,3 +201,19 @@ def test_a_rollout_worker_killed_mid_run_loses_no_step_and_repeats_none(
         (run_dir / "checkpoints" / "global_step_6" / "trainer_state.json").read_text()
     )
     assert (state["sampler_epoch"], state["sampler_position"]) == (0, 7 * 4)
+
+    # An async checkpoint in a synchronous run: refused before start, or step 3's rollout
+    # would be skipped.
+    refused = train(
+        "configs/grpo.py",
+        *TINY,
+        *DISAGGREGATED,
+        "runner.max_steps=4",
+        f"runner.output_dir={tmp_path / 'sync'}",
+        f"checkpoint.resume={second}",
+        env=cli_env(ray_tmp),
+        timeout=400,
+    )
+    assert refused.returncode != 0
+    assert f"checkpoint.resume: {second} holds rollouts generated ahead by a " in refused.stderr
+    assert "workers up" not in refused.stdout
