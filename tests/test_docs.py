@@ -116,8 +116,9 @@ COVERED_ELSEWHERE = {
         "checks the lag of each step's window"
     ),
     ".venv/bin/python -m rlshell.train configs/grpo_async.py": (
-        "tests/shell/test_async_run.py runs it for 3 and 4 steps, resumes it and compares it "
-        "with the synchronous runner; the full run's figures are benchmarks/async_runner.py's"
+        "tests/shell/test_async_run.py runs it (3 steps against the synchronous runner; 6 "
+        "steps with a rollout worker killed, resumed twice); the full run's figures are "
+        "benchmarks/async_runner.py's"
     ),
     "RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/async_runner.py --quick": (
         "tests/test_benchmarks_smoke.py::test_async_runner_quick_run_prints_the_expected_json"
