@@ -781,3 +781,14 @@ def test_max_staleness_is_unread_in_sync_mode_and_async_is_the_reasoning_runners
     assert sync.startswith(
         "algorithm.max_staleness: bounds how far runner.mode='async' lets the env"
     )
+
+
+def test_async_pipelined_ppo_refuses_observation_statistics_it_would_rewind() -> None:
+    hybrid = 'cluster.component_placement={"actor": "0:0", "rollout": "0:0", "env": "0:0"}'
+    with pytest.raises(ConfigError) as caught:
+        load_config(ROOT / "configs/ppo_halfcheetah.py", [hybrid, "runner.mode=async"])
+    assert any(
+        p.startswith("actor.model.model_kwargs.normalize_obs: with runner.mode='async'")
+        for p in caught.value.problems
+    )
+    load_config(ROOT / "configs/ppo_halfcheetah.py", [hybrid])  # synchronous: accepted

@@ -94,6 +94,13 @@ class PipelinedPPOTrainer(EmbodiedTrainer):
         """The hybrid placement's sizes: envs split evenly over env workers, stages and actor
         ranks, no more rollout workers than env workers, and GAE."""
         problems = ppo_problems(config, "the pipelined embodied PPO runner")
+        if config.runner.mode == "async" and config.actor.model.model_kwargs.get("normalize_obs"):
+            problems.append(
+                "actor.model.model_kwargs.normalize_obs: with runner.mode='async' the weight "
+                "sync after an update would bring the rollout workers observation statistics "
+                "a window old, undoing what the window submitted ahead added; not built yet: "
+                "use runner.mode=sync with normalize_obs"
+            )
         if config.algorithm.adv_type != "gae":
             problems.append(
                 f"algorithm.adv_type: the hybrid placement trains PPO with GAE; "
