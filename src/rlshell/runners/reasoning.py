@@ -698,15 +698,13 @@ class ReasoningTrainer:
 
     def _submit_step(self, step: int) -> Slot:
         """Draw step ``step``'s prompts and queue its rollout (`AsyncRollouts`)."""
-        prompts = self._sampler().next()
-        params = self._sampling_params()
-        ticket = self._submit_generate(
-            [p.prompt for p in prompts], params, step, 0, "generate_versioned"
-        )
-        return Slot(step, prompts, ticket.counts, ticket)
+        slot = Slot(step, self._sampler().next(), [])
+        slot.ticket = self._resubmit(slot)
+        return slot
 
     def _resubmit(self, slot: Slot) -> _Generation:
-        """Queue a restored slot's prompts again (its rollout was lost with a worker)."""
+        """Queue ``slot``'s prompts on the rollout workers (a restored slot's again: its
+        rollout was lost with a worker); its per-worker counts follow the requests."""
         params = self._sampling_params()
         prompts = [p.prompt for p in slot.prompts]
         ticket = self._submit_generate(prompts, params, slot.step, 0, "generate_versioned")
