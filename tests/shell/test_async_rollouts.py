@@ -42,10 +42,18 @@ def tiny_batch(rows: int, tokens: int) -> RolloutBatch:
 
 
 class FifoWorker:
-    """Serves rollout requests and syncs in the order they were queued, one at a time."""
+    """Serves rollout requests and syncs in the order they were queued, one at a time.
 
-    def __init__(self) -> None:
+    ``partial`` (``rollout.partial_rollouts``): a sync is offered at once instead of
+    queued, and a request takes up what was offered at its start and again halfway (its
+    second token is then sampled by the newer version), as `RolloutWorker` does.
+    """
+
+    def __init__(self, partial: bool = False) -> None:
         self.version = 0
+        self.partial = partial
+        self.offered: list[int] = []
+        self.lock = threading.Lock()
         self.tasks: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -59,15 +67,39 @@ class FifoWorker:
 
         def run() -> None:
             started = time.time()
-            time.sleep(delay)
-            future.set_result(
-                RolloutResult(tiny_batch(rows, 2), self.version, started, time.time(), 0.0)
+            if not self.partial:
+                time.sleep(delay)
+                result = RolloutResult(tiny_batch(rows, 2), self.version, started, time.time(), 0.0)
+                future.set_result(result)
+                return
+            self.take_offers()
+            first = self.version
+            time.sleep(delay / 2)
+            switched = self.take_offers()
+            time.sleep(delay / 2)
+            tags = torch.tensor([[first, self.version, -1]] * rows)
+            syncs = ({"bytes": 0.0},) if switched else ()
+            result = RolloutResult(
+                tiny_batch(rows, 2), first, started, time.time(), 0.0, tags, syncs
             )
+            future.set_result(result)
 
         self.tasks.put(run)
         return future
 
+    def take_offers(self) -> bool:
+        with self.lock:
+            offered, self.offered = self.offered, []
+        if offered:
+            self.version = offered[-1]
+        return bool(offered)
+
     def sync(self, version: int, delay: float) -> None:
+        if self.partial:  # offered, acknowledged at once
+            with self.lock:
+                self.offered.append(version)
+            return
+
         def run() -> None:
             time.sleep(delay)
             self.version = version
@@ -91,10 +123,15 @@ class Ticket:
 
 
 def drive(
-    max_staleness: int, workers: int, gen_ms: list[int], update_ms: list[int], sync_ms: list[int]
+    max_staleness: int,
+    workers: int,
+    gen_ms: list[int],
+    update_ms: list[int],
+    sync_ms: list[int],
+    partial: bool = False,
 ) -> list[dict[str, float]]:
     """Run ``len(update_ms)`` steps; each step's queue metrics."""
-    pool = [FifoWorker() for _ in range(workers)]
+    pool = [FifoWorker(partial) for _ in range(workers)]
     delays = iter(gen_ms * 100)
 
     def submit(step: int) -> Slot:
@@ -134,19 +171,40 @@ delays = st.lists(st.integers(0, 4), min_size=1, max_size=6)
     gen_ms=delays,
     update_ms=st.lists(st.integers(0, 4), min_size=6, max_size=6),
     sync_ms=st.lists(st.integers(0, 2), min_size=6, max_size=6),
+    partial=st.booleans(),
 )
 def test_no_batch_is_ever_older_than_the_bound_whatever_the_delays(
-    max_staleness: int, workers: int, gen_ms: list[int], update_ms: list[int], sync_ms: list[int]
+    max_staleness: int,
+    workers: int,
+    gen_ms: list[int],
+    update_ms: list[int],
+    sync_ms: list[int],
+    partial: bool,
 ) -> None:
-    steps = drive(max_staleness, workers, gen_ms, update_ms, sync_ms)
+    steps = drive(max_staleness, workers, gen_ms, update_ms, sync_ms, partial)
     for step, metrics in enumerate(steps, start=1):
         assert 0 <= metrics["async/staleness_max"] <= max_staleness
         # The first K steps' rollouts were all queued before any sync: sampled by version 0.
-        if step <= max_staleness + 1:
+        if step <= max_staleness + 1 and not partial:
             assert metrics["async/staleness_max"] == step - 1
-        total = sum(metrics[f"async/rows_frac_lag{lag}"] for lag in range(max_staleness + 1))
-        assert total == pytest.approx(1.0)
+        for unit in ("rows", "tokens"):
+            lags = range(max_staleness + 1)
+            total = sum(metrics[f"async/{unit}_frac_lag{lag}"] for lag in lags)
+            assert total == pytest.approx(1.0)
         assert metrics["async/queue_length"] == max_staleness + 1
+        if partial:  # no token is older than its row's first
+            assert metrics["async/requests_interrupted_frac"] <= 1.0
+            assert metrics["async/tokens_frac_lag0"] >= metrics["async/rows_frac_lag0"]
+
+
+def test_partial_rollouts_take_new_weights_mid_request_and_stay_within_the_bound() -> None:
+    # Generation (200 ms) outlasts the update (5 ms): every request after the first steps
+    # is interrupted by the sync made while it ran, its second token one version newer.
+    steps = drive(1, 1, [200], [5] * 5, [0] * 5, partial=True)
+    later = steps[2:]
+    assert all(m["async/requests_interrupted_frac"] == 1.0 for m in later)
+    assert all(m["async/tokens_frac_lag0"] == 0.5 for m in later)
+    assert all(m["async/staleness_max"] == 1.0 for m in later)
 
 
 def test_with_a_bound_of_0_every_batch_is_sampled_by_the_weights_it_trains() -> None:
@@ -162,6 +220,25 @@ def test_a_breach_of_the_bound_is_an_error_naming_both_versions() -> None:
         lag_metrics([late], version=6, max_staleness=2)
     with pytest.raises(StalenessError, match="-1 versions behind"):
         lag_metrics([late], version=2, max_staleness=2)  # from the future: a bookkeeping bug
+
+
+def test_a_token_older_than_the_bound_is_a_breach_even_when_its_row_started_fresh() -> None:
+    tags = torch.tensor([[5, 2, -1]])  # impossible (versions only grow): a bookkeeping bug
+    odd = RolloutResult(tiny_batch(1, 2), 5, 0.0, 1.0, 0.0, tags, ({},))
+    with pytest.raises(StalenessError, match="3 versions behind"):
+        lag_metrics([odd], version=5, max_staleness=2)
+
+
+def test_lag_metrics_count_each_tokens_version_with_partial_rollouts() -> None:
+    mixed = RolloutResult(
+        tiny_batch(2, 2), 3, 0.0, 1.0, 0.0, torch.tensor([[3, 4, -1], [3, 4, -1]]), ({},)
+    )
+    whole = RolloutResult(tiny_batch(1, 2), 4, 0.0, 1.0, 0.0, torch.tensor([[4, 4, -1]]))
+    metrics = lag_metrics([mixed, whole], version=4, max_staleness=1)
+    assert metrics["async/rows_frac_lag1"] == pytest.approx(2 / 3)  # rows: their first token's
+    assert metrics["async/tokens_frac_lag1"] == pytest.approx(2 / 6)
+    assert metrics["async/syncs_mid_generation"] == 1.0
+    assert metrics["async/requests_interrupted_frac"] == 0.5
 
 
 def test_lag_metrics_weigh_rows_and_tokens() -> None:

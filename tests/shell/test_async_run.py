@@ -1,7 +1,9 @@
 """``runner.mode='async'`` for real (`python -m rlshell.train configs/grpo_async.py`, Ray).
 
 - With ``algorithm.max_staleness=0`` the asynchronous runner is the synchronous one, to the
-  bit: the same metrics and the same final weights, on the same placement and seed.
+  bit: the same metrics and the same final weights, on the same placement and seed; also
+  with partial rollouts, whose weights, offered while a request generates, switch its rows'
+  version between two tokens.
 - A rollout worker killed mid-run (bound 1): the run stops naming it after saving its last
   complete step with the queue (the prompts of the rollouts lost with it); the resume samples
   them again first and trains every step once, on the prompts an uninterrupted run draws.
@@ -15,8 +17,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -26,6 +31,7 @@ from rlshell.cluster.ray_cluster import Cluster
 from rlshell.export import load_policy
 from rlshell.metrics import read_metrics
 from rlshell.models import MODELS
+from rlshell.rollout import SamplingParams
 from rlshell.runners.reasoning import ReasoningTrainer
 from rlshell.runners.spec import resolve_spec
 from rlshell.runners.validation import load_config, plan_for
@@ -79,27 +85,40 @@ def ray_tmp() -> Path:
 
 
 def _three_steps(
-    cluster: Cluster, run_dir: Path, path: str, *overrides: str
+    cluster: Cluster,
+    run_dir: Path,
+    path: str,
+    *overrides: str,
+    then: Callable[[ReasoningTrainer], None] | None = None,
 ) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
-    """Three steps of a trainer launched on ``cluster``: their metrics and the final weights."""
+    """Three steps of a trainer launched on ``cluster``: their metrics and the final weights
+    (``then``: called with the trainer after them)."""
     config = load_config(Path(path), [*TINY, *overrides])
     plan = plan_for(config, cluster.spec())
     with closing(ReasoningTrainer.launch(resolve_spec(config), cluster, plan, run_dir)) as trainer:
         records = [trainer.step(step) for step in (1, 2, 3)]
         assert trainer.actor is not None
         weights = trainer.actor.full_weights().wait()[0]
+        if then is not None:
+            then(trainer)
     return _deterministic(records), weights
 
 
-def test_a_bound_of_0_is_the_synchronous_run_to_the_bit(
-    ray_cluster: Cluster, tmp_path: Path
+@pytest.fixture(scope="module")
+def synchronous(
+    ray_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
+    """The synchronous runner's three steps on configs/grpo_async.py's placement and loss."""
+    run_dir = tmp_path_factory.mktemp("sync")
+    return _three_steps(ray_cluster, run_dir, "configs/grpo.py", *DISAGGREGATED)
+
+
+def _same_as_synchronous(
+    asynchronous: list[dict[str, float]],
+    weights: dict[str, torch.Tensor],
+    synchronous: tuple[list[dict[str, float]], dict[str, torch.Tensor]],
 ) -> None:
-    sync, reference = _three_steps(
-        ray_cluster, tmp_path / "sync", "configs/grpo.py", *DISAGGREGATED
-    )
-    asynchronous, weights = _three_steps(
-        ray_cluster, tmp_path / "async", "configs/grpo_async.py", "algorithm.max_staleness=0"
-    )
+    sync, reference = synchronous
     for mine, theirs in zip(asynchronous, sync, strict=True):
         # The async run's own metrics: every batch sampled by the weights it trains.
         assert mine.pop("async/staleness_max") == 0.0
@@ -108,6 +127,68 @@ def test_a_bound_of_0_is_the_synchronous_run_to_the_bit(
     assert weights.keys() == reference.keys()
     for name, tensor in weights.items():
         assert torch.equal(tensor, reference[name]), name
+
+
+def test_a_bound_of_0_is_the_synchronous_run_to_the_bit(
+    ray_cluster: Cluster,
+    tmp_path: Path,
+    synchronous: tuple[list[dict[str, float]], dict[str, torch.Tensor]],
+) -> None:
+    asynchronous, weights = _three_steps(
+        ray_cluster, tmp_path, "configs/grpo_async.py", "algorithm.max_staleness=0"
+    )
+    _same_as_synchronous(asynchronous, weights, synchronous)
+
+
+def test_partial_rollouts_switch_weights_mid_request_and_at_bound_0_are_the_synchronous_run(
+    ray_cluster: Cluster,
+    tmp_path: Path,
+    synchronous: tuple[list[dict[str, float]], dict[str, torch.Tensor]],
+) -> None:
+    """With ``rollout.partial_rollouts`` the weights are offered beside the requests (the
+    workers' control thread) instead of queued behind them. At bound 0 nothing is in flight
+    when they arrive: the synchronous run, to the bit. Then a long request (every response
+    made to run 200 tokens) is given new weights while it generates: its rows switch version
+    between two tokens, every row at the same token."""
+    seen: dict[str, Any] = {}
+
+    def interrupt(trainer: ReasoningTrainer) -> None:
+        params = SamplingParams(n=2, max_new_tokens=200, min_new_tokens=200)
+        for pause in (0.3, 0.15, 0.05):  # the offer must land while the request generates
+            ticket = trainer._submit_generate(["1+1=", "2+3="], params, 9, 0, "generate_versioned")
+            time.sleep(pause)
+            trainer.version += 1  # as after an update: the same weights, a new version
+            trainer.sync_weights(full=False)
+            (result,) = ticket.wait()
+            if result.syncs:
+                break
+        seen.update(result=result, version=trainer.version)
+
+    asynchronous, weights = _three_steps(
+        ray_cluster,
+        tmp_path,
+        "configs/grpo_async.py",
+        "algorithm.max_staleness=0",
+        "rollout.partial_rollouts=true",
+        then=interrupt,
+    )
+    for record in asynchronous:
+        assert record.pop("async/syncs_mid_generation") == 0.0
+        assert record.pop("async/requests_interrupted_frac") == 0.0
+        assert record.pop("async/tokens_frac_lag0") == 1.0
+    _same_as_synchronous(asynchronous, weights, synchronous)
+
+    result, version = seen["result"], seen["version"]
+    assert len(result.syncs) == 1, "the offer never landed while the request generated"
+    assert result.syncs[0]["applied_bytes"] > 0
+    tags = result.token_versions
+    assert result.version == version - 1
+    assert tags.shape == (4, 200)
+    assert bool(result.batch.response_mask.all())
+    switch = int((tags == version - 1).sum(dim=1)[0])
+    assert 0 < switch < 200
+    assert torch.all(tags[:, :switch] == version - 1)
+    assert torch.all(tags[:, switch:] == version)
 
 
 def test_a_rollout_worker_killed_mid_run_loses_no_step_and_a_resume_repeats_none(

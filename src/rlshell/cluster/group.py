@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import difflib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import ray
@@ -223,6 +223,18 @@ class WorkerGroupView:
         """Call ``method`` by name (for names the group itself uses, like ``shutdown``)."""
         return self._group._submit(method, self._ranks, args, kwargs, scatter=self._scatter)
 
+    def call_in(self, concurrency_group: str, method: str, *args: Any, **kwargs: Any) -> GroupCall:
+        """Call ``method`` in one of the concurrency groups the workers were launched with
+        (`WorkerGroup.launch`): it runs beside the calls of the default group."""
+        return self._group._submit(
+            method,
+            self._ranks,
+            args,
+            kwargs,
+            scatter=self._scatter,
+            concurrency_group=concurrency_group,
+        )
+
     def __getattr__(self, name: str) -> _GroupMethod:
         if name.startswith("__") or "_group" not in self.__dict__:
             raise AttributeError(name)
@@ -268,6 +280,7 @@ class WorkerGroup(Generic[W]):
         name: str | None = None,
         *,
         max_concurrency: int | None = None,
+        concurrency_groups: Mapping[str, int] | None = None,
         call_timeout_s: float | None = None,
         timeout_s: float = 300.0,
     ) -> WorkerGroup[W]:
@@ -276,7 +289,11 @@ class WorkerGroup(Generic[W]):
         Actors are named ``f"{name}:{rank}"`` (``name`` defaults to the
         component's) in the cluster's namespace and pinned to their planned
         node and bundle. ``max_concurrency`` > 1 lets a worker run that many
-        calls at once (in threads). ``call_timeout_s`` is the default timeout
+        calls at once (in threads). ``concurrency_groups`` (name → threads):
+        Ray concurrency groups beside the default one (one thread, calls in
+        order); `WorkerGroupView.call_in` runs a call in one of them, so it
+        does not wait behind the calls in the default group.
+        ``call_timeout_s`` is the default timeout
         of `GroupCall.wait`; ``timeout_s`` bounds the reservation and the
         constructors. A constructor that raises fails the launch with its
         exception (also a `WorkerError` naming rank and node); every actor and
@@ -296,7 +313,7 @@ class WorkerGroup(Generic[W]):
         reservation = cluster.reserve(placement, timeout_s=timeout_s)
         self._reservation = reservation
         try:
-            self._start_actors(cluster, reservation, placement, max_concurrency)
+            self._start_actors(cluster, reservation, placement, max_concurrency, concurrency_groups)
             everyone = tuple(range(self.world_size))
             infos = self._startup_call(everyone, "_rlshell_ready", deadline)
             self._infos = list(infos)
@@ -318,8 +335,9 @@ class WorkerGroup(Generic[W]):
         reservation: Reservation,
         placement: ComponentPlan,
         max_concurrency: int | None,
+        concurrency_groups: Mapping[str, int] | None = None,
     ) -> None:
-        remote_cls = actor_class(self.worker_cls)
+        remote_cls = actor_class(self.worker_cls, concurrency_groups)
         for worker in placement.workers:
             context = WorkerContext(
                 component=self._name, placement=worker, world_size=placement.world_size
@@ -457,6 +475,7 @@ class WorkerGroup(Generic[W]):
         kwargs: dict[str, Any],
         *,
         scatter: bool,
+        concurrency_group: str | None = None,
     ) -> GroupCall:
         self._check_method(method)
         if not self._handles:
@@ -470,6 +489,8 @@ class WorkerGroup(Generic[W]):
         refs = []
         for index, rank in enumerate(targets):
             remote = getattr(self._handles[rank], method)
+            if concurrency_group is not None:
+                remote = remote.options(concurrency_group=concurrency_group)
             if scatter:
                 refs.append(
                     remote.remote(

@@ -33,7 +33,7 @@ import os
 import random
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, cast
@@ -212,19 +212,25 @@ def rendezvous_port(
     raise RuntimeError(f"no free TCP port for the rendezvous among {len(candidates)} tried")
 
 
-_ACTOR_CLASSES: dict[type[Worker], Any] = {}
+_ACTOR_CLASSES: dict[tuple[type[Worker], tuple[tuple[str, int], ...]], Any] = {}
 
 
-def actor_class(worker_cls: type[Worker]) -> Any:
+def actor_class(
+    worker_cls: type[Worker], concurrency_groups: Mapping[str, int] | None = None
+) -> Any:
     """The Ray actor class for ``worker_cls`` (cached): its constructor sets up the worker first.
+
+    ``concurrency_groups`` (name → threads) are declared on the class, where
+    Ray reads them (``.options()`` cannot set them).
 
     The subclass's ``__init__`` runs after `Worker._rlshell_start` (attributes,
     threads, extensions). An exception from either is kept and raised by
     ``_rlshell_ready``, so the driver sees the original exception type rather
     than Ray's generic actor-death error.
     """
-    if worker_cls in _ACTOR_CLASSES:
-        return _ACTOR_CLASSES[worker_cls]
+    key = (worker_cls, tuple(sorted((concurrency_groups or {}).items())))
+    if key in _ACTOR_CLASSES:
+        return _ACTOR_CLASSES[key]
 
     def __init__(
         self: Worker, context: WorkerContext, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -242,6 +248,10 @@ def actor_class(worker_cls: type[Worker]) -> Any:
         (worker_cls,),
         {"__init__": __init__, "__module__": __name__, "__qualname__": worker_cls.__qualname__},
     )
-    remote_cls: Any = ray.remote(actor_cls)
-    _ACTOR_CLASSES[worker_cls] = remote_cls
+    remote_cls: Any = (
+        ray.remote(concurrency_groups=dict(concurrency_groups))(actor_cls)  # type: ignore[call-overload]
+        if concurrency_groups
+        else ray.remote(actor_cls)
+    )
+    _ACTOR_CLASSES[key] = remote_cls
     return remote_cls

@@ -378,6 +378,11 @@ class RolloutConfig:
     (`rlshell.models.compiled.CompiledPredict`), compiled at worker start-up:
     the same actions from the same seed, log-probs and values to float
     rounding. One unsharded actor rank; other runners and placements refuse it.
+    ``partial_rollouts`` (the reasoning runner with ``runner.mode='async'``,
+    the hf engine): new weights interrupt a generation in flight between two
+    tokens; the worker applies them and continues the unfinished responses
+    with them, recording which version sampled each token (AReaL's partial
+    rollouts). Off, a worker switches versions only between two requests.
     """
 
     backend: Literal["hf", "vllm", "sglang"] = "hf"
@@ -395,6 +400,7 @@ class RolloutConfig:
     cpus_per_worker: float = field(default=0.25, metadata=POSITIVE)
     pipeline_stage_num: int = field(default=1, metadata=POSITIVE_INT)
     compile: bool = False
+    partial_rollouts: bool = False
 
 
 @frozen

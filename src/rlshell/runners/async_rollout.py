@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import torch
 from attrs import define
 
 from rlshell.cluster.errors import WorkerError
@@ -173,15 +174,24 @@ def lag_metrics(
     and idle seconds, their first start and last end).
     """
     lags = [version - result.version for result in results]
-    for lag, result in zip(lags, results, strict=True):
-        if not 0 <= lag <= max_staleness:
+    # Tokens per lag: a result's all at its lag, or each token's (partial rollouts).
+    token_lags = [
+        torch.full((int(r.batch.response_mask.sum()),), lag)
+        if r.token_versions is None
+        else version - r.token_versions[r.batch.response_mask]
+        for r, lag in zip(results, lags, strict=True)
+    ]
+    for lag, result, per_token in zip(lags, results, token_lags, strict=True):
+        seen = [lag, *per_token.tolist()]
+        worst = max(seen) if max(seen) > max_staleness else min(seen)
+        if not 0 <= worst <= max_staleness:
             raise StalenessError(
                 f"a rollout sampled by version {result.version} reached the update of version "
-                f"{version}: {lag} versions behind, algorithm.max_staleness is {max_staleness}"
+                f"{version}: {worst} versions behind, algorithm.max_staleness is {max_staleness}"
             )
     rows = [result.batch.rows for result in results]
-    tokens = [int(result.batch.response_mask.sum()) for result in results]
-    total_rows, total_tokens = sum(rows), max(1, sum(tokens))
+    every_token = torch.cat(token_lags)
+    total_rows, total_tokens = sum(rows), max(1, every_token.numel())
     metrics = {
         "async/staleness_mean": sum(lag * n for lag, n in zip(lags, rows, strict=True))
         / max(1, total_rows),
@@ -191,11 +201,14 @@ def lag_metrics(
         metrics[f"async/rows_frac_lag{lag}"] = sum(
             n for got, n in zip(lags, rows, strict=True) if got == lag
         ) / max(1, total_rows)
-        metrics[f"async/tokens_frac_lag{lag}"] = (
-            sum(n for got, n in zip(lags, tokens, strict=True) if got == lag) / total_tokens
-        )
+        metrics[f"async/tokens_frac_lag{lag}"] = int((every_token == lag).sum()) / total_tokens
     metrics["async/rollout_busy_s"] = sum(r.finished - r.started for r in results)
     metrics["async/rollout_idle_s"] = sum(r.idle_before for r in results)
     metrics["async/generate_start"] = min(r.started for r in results)
     metrics["async/generate_end"] = max(r.finished for r in results)
+    if any(r.token_versions is not None for r in results):  # rollout.partial_rollouts
+        metrics["async/syncs_mid_generation"] = float(sum(len(r.syncs) for r in results))
+        metrics["async/requests_interrupted_frac"] = sum(bool(r.syncs) for r in results) / len(
+            results
+        )
     return metrics

@@ -56,7 +56,7 @@ from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_
 from rlshell.workers.actor import ActorWorker, compute_advantages, optimizer_steps_per_batch
 from rlshell.workers.critic import CriticWorker
 from rlshell.workers.reward import RewardWorker
-from rlshell.workers.rollout import ReferenceWorker, RolloutWorker
+from rlshell.workers.rollout import PARTIAL_ENGINES, ReferenceWorker, RolloutWorker
 
 __all__ = ["ReasoningTrainer"]
 
@@ -289,8 +289,13 @@ class ReasoningTrainer:
             cluster, plan.component("reward"), call_timeout_s=timeout
         )
         if not self.hybrid:
+            # Partial rollouts: syncs are offered in a thread of their own, while one generates.
+            control = {"control": 1} if config.rollout.partial_rollouts else None
             self.rollout = RolloutWorker.create_group(config).launch(
-                cluster, plan.component("rollout"), call_timeout_s=timeout
+                cluster,
+                plan.component("rollout"),
+                concurrency_groups=control,
+                call_timeout_s=timeout,
             )
         if config.algorithm.kl_coef > 0:
             self.reference = ReferenceWorker.create_group(config).launch(
@@ -725,6 +730,14 @@ class ReasoningTrainer:
         results = self._actor().stage_weights(full).wait()
         refs, stats = results[0]
         rollout = self._rollout_group()
+        if self.config.rollout.partial_rollouts:
+            # Offered beside the requests in flight, which take them up between two tokens;
+            # acknowledged before anything else is queued, so a request queued later starts
+            # with these weights or newer (the staleness bound's premise).
+            for rank in range(rollout.world_size):
+                view = rollout.execute_on(rank)
+                view.call_in("control", "offer_sync", refs, full, self.version).wait()
+            return {f"rollout/sync_{key}": value for key, value in stats.items()}
         self._sync_calls += [
             rollout.execute_on(rank).apply_sync(refs, full, self.version)
             for rank in range(rollout.world_size)
@@ -864,6 +877,8 @@ def _async_problems(config: Config, plan: PlacementPlan | None) -> list[str]:
             "actor and the rollout take turns on GPUs they share (rollout.offload); give them "
             "devices of their own"
         )
+    if config.rollout.partial_rollouts and config.rollout.backend != "hf":
+        problems.append(PARTIAL_ENGINES)
     if config.algorithm.dynamic_sampling:
         problems.append(
             "algorithm.dynamic_sampling: the asynchronous runner queues each step's rollout "

@@ -180,6 +180,16 @@ def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, s
         unread["actor.megatron"] = (
             f"Megatron-core's parallel sizes; actor.backend is '{config.actor.backend}'"
         )
+    if config.runner.runner_type != "reasoning" or config.runner.mode != "async":
+        unread["rollout.partial_rollouts"] = (
+            "interrupts the reasoning runner's generations in flight when new weights arrive, "
+            "in runner.mode='async'; "
+            + (
+                "runner.mode is 'sync'"
+                if config.runner.runner_type == "reasoning"
+                else f"the {config.runner.runner_type} runner has no such generations"
+            )
+        )
     if config.runner.runner_type == "probe":
         unread["runner.mode"] = (
             "runs a trainer's rollout ahead of its update; the probe trains nothing"

@@ -11,6 +11,7 @@ KL term; it is started only when ``algorithm.kl_coef`` > 0.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -22,12 +23,19 @@ from torch import Tensor
 from rlshell.cluster.worker import Worker
 from rlshell.config import Config
 from rlshell.engines.rollout import RolloutEngine, make_rollout_engine
+from rlshell.engines.rollout.hf import HFRolloutEngine
 from rlshell.models import get_model
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.sync.transfer import WeightReceiver
 from rlshell.workers.actor import build_rollout_model, policy_forward, worker_device
 
-__all__ = ["ReferenceWorker", "RolloutResult", "RolloutWorker"]
+__all__ = ["PARTIAL_ENGINES", "ReferenceWorker", "RolloutResult", "RolloutWorker"]
+
+PARTIAL_ENGINES = (
+    "rollout.partial_rollouts interrupts a generation between two tokens, which the hf "
+    "engine does (its generate loop asks after every token); the vllm engine generates a "
+    "request to its end. Use rollout.backend=hf, or partial_rollouts=false"
+)
 
 
 @frozen
@@ -39,6 +47,12 @@ class RolloutResult:
     and ``finished``: wall-clock times (``time.time()``) of the generation;
     ``idle_before``: how long the worker waited between its previous request
     and this one (0 for its first).
+
+    With ``rollout.partial_rollouts`` a generation may switch weights between
+    two tokens: ``version`` is then the version it started with (its oldest
+    tokens'), ``token_versions`` each response token's (-1 past a response's
+    end; None without partial rollouts: every token is ``version``'s) and
+    ``syncs`` what each sync applied during it received.
     """
 
     batch: RolloutBatch
@@ -46,6 +60,8 @@ class RolloutResult:
     started: float
     finished: float
     idle_before: float
+    token_versions: Tensor | None = None
+    syncs: tuple[dict[str, float], ...] = ()
 
 
 class RolloutWorker(Worker):
@@ -57,6 +73,9 @@ class RolloutWorker(Worker):
         self.receiver: WeightReceiver | None = None
         self.version = 0  # the actor version of the weights held (runner.mode='async')
         self._last_finished: float | None = None
+        # rollout.partial_rollouts: syncs offered while a request generates (`offer_sync`,
+        # from the worker's control thread), applied by the generating thread.
+        self._offers = _OfferedSyncs(self)
 
     def init_worker(self, tokenizer_path: str) -> None:
         from rlshell.tokenizer import load_tokenizer
@@ -76,9 +95,29 @@ class RolloutWorker(Worker):
         """`generate`, tagged with the weights' version and the generation's times."""
         started = time.time()
         idle = 0.0 if self._last_finished is None else max(0.0, started - self._last_finished)
-        batch = self._engine().generate(prompts, params, seed=seed)
+        if not self.config.rollout.partial_rollouts:
+            batch = self._engine().generate(prompts, params, seed=seed)
+            self._last_finished = time.time()
+            return RolloutResult(batch, self.version, started, self._last_finished, idle)
+        offers = self._offers
+        offers.apply()  # what was offered before this request started
+        version, offers.applied = self.version, []
+        engine = self._engine()
+        if not isinstance(engine, HFRolloutEngine):
+            raise TypeError(PARTIAL_ENGINES)
+        batch, token_versions = engine.generate_partial(prompts, params, seed, switch=offers)
         self._last_finished = time.time()
-        return RolloutResult(batch, self.version, started, self._last_finished, idle)
+        syncs = tuple(offers.applied)
+        return RolloutResult(
+            batch, version, started, self._last_finished, idle, token_versions, syncs
+        )
+
+    def offer_sync(self, refs: Sequence[Any], full: bool, version: int) -> None:
+        """``rollout.partial_rollouts``: hold a sync staged by the actor for the generating
+        thread, which applies it between two tokens of the request in flight (or before
+        the next one). Called in the worker's ``control`` concurrency group, so it lands
+        while a request generates; syncs are applied in the order they were offered."""
+        self._offers.offer(refs, full, version)
 
     def apply_sync(self, refs: Sequence[Any], full: bool, version: int) -> dict[str, float]:
         """Apply one sync staged by the actor (`ActorWorker.stage_weights`: the refs of its
@@ -133,6 +172,35 @@ class RolloutWorker(Worker):
         if self.engine is None:
             raise RuntimeError("init_worker() has not run")
         return self.engine
+
+
+class _OfferedSyncs:
+    """The syncs offered to a `RolloutWorker` and not applied yet: its `WeightSwitch`
+    (`rlshell.engines.rollout.hf.HFRolloutEngine.generate_partial`)."""
+
+    def __init__(self, worker: RolloutWorker) -> None:
+        self.worker = worker
+        self.applied: list[dict[str, float]] = []  # by the request in flight, in order
+        self._waiting: list[tuple[Sequence[Any], bool, int]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def version(self) -> int:
+        return self.worker.version
+
+    def offer(self, refs: Sequence[Any], full: bool, version: int) -> None:
+        with self._lock:
+            self._waiting.append((refs, full, version))
+
+    def pending(self) -> bool:
+        with self._lock:
+            return bool(self._waiting)
+
+    def apply(self) -> None:
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+        for refs, full, version in waiting:
+            self.applied.append(self.worker.apply_sync(refs, full, version))
 
 
 class ReferenceWorker(Worker):

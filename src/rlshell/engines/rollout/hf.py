@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -21,7 +22,7 @@ from rlcore.logprobs import token_logprobs
 from rlcore.rollout import response_mask
 from rlshell.rollout import RolloutBatch, SamplingParams
 
-__all__ = ["HFRolloutEngine"]
+__all__ = ["HFRolloutEngine", "WeightSwitch"]
 
 
 class HFRolloutEngine:
@@ -125,8 +126,42 @@ class HFRolloutEngine:
         process's global random state (a resumed run samples what the
         uninterrupted run sampled).
         """
+        batch, _ = self._generate(prompts, params, seed, None)
+        return batch
+
+    @torch.no_grad()
+    def generate_partial(
+        self,
+        prompts: Sequence[str],
+        params: SamplingParams,
+        seed: int | None,
+        switch: WeightSwitch,
+    ) -> tuple[RolloutBatch, Tensor]:
+        """`generate`, interrupted whenever ``switch`` has new weights waiting
+        (``rollout.partial_rollouts``): the tokens so far are kept, the weights
+        applied (`WeightSwitch.apply`) and the unfinished responses continued
+        from where they stopped (their prefix encoded again by the new weights).
+
+        Returns the batch and each response token's version (the weights that
+        sampled it; -1 past a response's end). A token's behaviour log-prob is
+        that of the weights that sampled it. Without an interruption this is
+        `generate`, token for token.
+        """
+        batch, versions = self._generate(prompts, params, seed, switch)
+        assert versions is not None
+        return batch, versions
+
+    def _generate(
+        self,
+        prompts: Sequence[str],
+        params: SamplingParams,
+        seed: int | None,
+        switch: WeightSwitch | None,
+    ) -> tuple[RolloutBatch, Tensor | None]:
         if not prompts:
             raise ValueError("generate() needs at least one prompt")
+        from transformers import StoppingCriteriaList
+
         encoded = self.tokenizer(list(prompts), return_tensors="pt", padding=True)
         prompt_ids = encoded["input_ids"].repeat_interleave(params.n, dim=0)
         prompt_mask = encoded["attention_mask"].repeat_interleave(params.n, dim=0).bool()
@@ -140,34 +175,61 @@ class HFRolloutEngine:
                 "top_k": params.top_k,
             }
         )
-        if params.min_new_tokens:  # else the model's generation config decides
-            sampling["min_new_tokens"] = params.min_new_tokens
+        temperature = 1.0 if params.greedy else params.temperature
+        rows, budget = prompt_ids.shape[0], params.max_new_tokens
+        responses = torch.full((rows, budget), self.pad_id, dtype=torch.long)
+        logprobs = torch.zeros(rows, budget)
+        versions = torch.full((rows, budget), -1, dtype=torch.long)
+        active = torch.arange(rows)  # the rows still generating
+        done = 0  # tokens generated so far by every active row (they advance in lockstep)
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
             if seed is not None:
                 torch.manual_seed(seed)
-            with torch.inference_mode():  # lighter than no_grad per op; outputs copied below
-                out = self.model.generate(  # type: ignore[operator]
-                    input_ids=prompt_ids.to(self.device),
-                    attention_mask=prompt_mask.to(self.device).long(),
-                    max_new_tokens=params.max_new_tokens,
-                    pad_token_id=self.pad_id,
-                    eos_token_id=self.eos_id,
-                    return_dict_in_generate=True,
-                    output_logits=True,
-                    **sampling,
+            while True:
+                version = -1 if switch is None else switch.version
+                interrupt = _Interrupt(switch)
+                extra: dict[str, object] = dict(sampling)
+                if params.min_new_tokens > done:  # else the model's generation config decides
+                    extra["min_new_tokens"] = params.min_new_tokens - done
+                ids = torch.cat([prompt_ids[active], responses[active, :done]], dim=1)
+                mask = torch.cat(
+                    [prompt_mask[active], torch.ones(len(active), done, dtype=torch.bool)], dim=1
                 )
-        width = prompt_ids.shape[1]
-        # Inference tensors cannot be saved for backward: a trainer will index with these.
-        responses = out.sequences[:, width:].cpu().clone()
-        logits = torch.stack(out.logits, dim=1).float().cpu()
-        temperature = 1.0 if params.greedy else params.temperature
-        logprobs = token_logprobs(logits, responses, temperature)
+                with torch.inference_mode():  # lighter than no_grad per op; outputs copied below
+                    out = self.model.generate(  # type: ignore[operator]
+                        input_ids=ids.to(self.device),
+                        attention_mask=mask.to(self.device).long(),
+                        max_new_tokens=budget - done,
+                        pad_token_id=self.pad_id,
+                        eos_token_id=self.eos_id,
+                        return_dict_in_generate=True,
+                        output_logits=True,
+                        stopping_criteria=StoppingCriteriaList([interrupt]),
+                        **extra,
+                    )
+                # Inference tensors cannot be saved for backward: a trainer will index these.
+                new = out.sequences[:, ids.shape[1] :].cpu().clone()
+                logits = torch.stack(out.logits, dim=1).float().cpu()
+                width = new.shape[1]
+                span = slice(done, done + width)
+                responses[active, span] = new
+                logprobs[active, span] = token_logprobs(logits, new, temperature)
+                versions[active, span] = version
+                done += width
+                if not interrupt.fired or done >= budget:
+                    break
+                assert switch is not None
+                switch.apply()  # the new weights, between two tokens of the same responses
+                active = active[~(new == self.eos_id).any(dim=1)]
+                if len(active) == 0:
+                    break
+        responses, logprobs, versions = responses[:, :done], logprobs[:, :done], versions[:, :done]
         mask = response_mask(responses, self.eos_id)
         texts = self.tokenizer.batch_decode(
             [row[valid & (row != self.eos_id)] for row, valid in zip(responses, mask, strict=True)],
             skip_special_tokens=True,
         )
-        return RolloutBatch(
+        batch = RolloutBatch(
             prompt_ids=prompt_ids,
             prompt_mask=prompt_mask,
             response_ids=responses,
@@ -175,4 +237,41 @@ class HFRolloutEngine:
             logprobs=torch.where(mask, logprobs, 0.0),
             response_texts=tuple(texts),
             group_size=params.n,
+        )
+        return batch, None if switch is None else torch.where(mask, versions, -1)
+
+
+class WeightSwitch(Protocol):
+    """New weights that may arrive while a rollout generates (``rollout.partial_rollouts``).
+
+    `pending` is asked between two tokens (from the generating thread, while
+    another thread may be receiving an offer); `apply` takes the waiting
+    weights up and advances `version`.
+    """
+
+    @property
+    def version(self) -> int:
+        """The version of the weights the engine holds now."""
+        ...
+
+    def pending(self) -> bool:
+        """Whether newer weights are waiting."""
+        ...
+
+    def apply(self) -> None:
+        """Take the waiting weights up (their version becomes `version`)."""
+        ...
+
+
+class _Interrupt:
+    """A ``generate`` stopping criterion that stops every row once new weights are waiting."""
+
+    def __init__(self, switch: WeightSwitch | None) -> None:
+        self.switch = switch
+        self.fired = False
+
+    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: object) -> Tensor:
+        self.fired = self.fired or (self.switch is not None and self.switch.pending())
+        return torch.full(
+            (input_ids.shape[0],), self.fired, dtype=torch.bool, device=input_ids.device
         )
