@@ -4,7 +4,8 @@ After every sync, vLLM's greedy tokens equal Hugging Face ``generate`` on the
 actor's weights and its log-probs equal the actor's forward (fp32), collocated
 (an engine in each actor process, synced in memory); disaggregated (a rollout
 worker fed by actor rank 0) the log-probs of every step of a run equal the
-actor's. A patch after a small step moves a tenth of a bucket. The engine's
+actor's. A patch after a small step moves a tenth of a bucket, and the
+asynchronous runner's steps sample with vLLM one update behind. The engine's
 process killed mid-generation stops the run naming it, and
 ``checkpoint.resume=auto`` continues.
 """
@@ -135,14 +136,21 @@ def test_after_every_sync_vllm_samples_what_the_actor_computes(
             previous = sampled.logprobs
 
 
-def test_a_patch_after_one_small_step_moves_a_tenth_of_a_bucket(
+def test_a_patch_after_one_small_step_moves_a_tenth_of_a_bucket_then_async_steps_run(
     ray_cluster: Cluster, tmp_path: Path
 ) -> None:
+    """Disaggregated, in ``runner.mode='async'``: the actor stages each sync and the rollout
+    worker applies it between two requests (`RolloutWorker.apply_sync`); a patch after a
+    small step is a tenth of a bucket and leaves the engine's copy equal to the actor's.
+    Then asynchronous steps: each batch sampled by vLLM one update behind at most."""
     overrides = [
         "rollout.weight_sync=patch",
         "rollout.precision=bf16",  # what makes a patch small: few bf16 values move per step
         "actor.optim.lr=1e-6",
         f"cluster.component_placement={DISAGGREGATED}",
+        "runner.mode=async",
+        "algorithm.loss_type=decoupled_ppo",
+        "algorithm.behavior_weight_cap=2.0",
     ]
     with closing(_launch(tmp_path, ray_cluster, overrides)) as trainer:
         trainer.sync_weights(full=True)
@@ -155,9 +163,19 @@ def test_a_patch_after_one_small_step_moves_a_tenth_of_a_bucket(
         print(f"patch {patch_bytes:.0f} B against a bucket's {bucket_bytes} B")
         assert 0 < patch_bytes <= 0.1 * bucket_bytes
         actor = trainer._actor().full_weights().wait()[0]
+        # (queued behind the patch on the worker: it sees the patch applied)
         engine = trainer._rollout_group().execute_on(0).rollout_weights().wait()[0]
         for name, tensor in actor.items():
             assert torch.equal(engine[name], tensor.to(torch.bfloat16)), name
+        assert trainer.pipeline is not None
+        trainer.pipeline.start_at(1)
+        steps = [trainer.step(step) for step in (2, 3, 4)]
+        # Step 2's rollout was queued with step 3's before step 2's update, after step 1's.
+        assert [m["async/staleness_max"] for m in steps] == [0.0, 1.0, 1.0]
+        for m in steps:
+            assert m["rollout/sync_bytes"] > 0
+            assert m["rollout/mismatch_abs_diff_max"] < 0.5  # bf16 rollout against fp32
+            assert torch.isfinite(torch.tensor(m["train/loss"]))
 
 
 def _rollout_generating(ray_tmp: Path, deadline: float) -> int:

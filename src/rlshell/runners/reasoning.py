@@ -290,7 +290,8 @@ class ReasoningTrainer:
         )
         if not self.hybrid:
             # Partial rollouts: syncs are offered in a thread of their own, while one generates.
-            control = {"control": 1} if config.rollout.partial_rollouts else None
+            partial = config.runner.mode == "async" and config.rollout.partial_rollouts
+            control = {"control": 1} if partial else None
             self.rollout = RolloutWorker.create_group(config).launch(
                 cluster,
                 plan.component("rollout"),

@@ -32,7 +32,7 @@ from rlshell.workers.actor import build_rollout_model, policy_forward, worker_de
 __all__ = ["PARTIAL_ENGINES", "ReferenceWorker", "RolloutResult", "RolloutWorker"]
 
 PARTIAL_ENGINES = (
-    "rollout.partial_rollouts interrupts a generation between two tokens, which the hf "
+    "rollout.partial_rollouts: interrupts a generation between two tokens, which the hf "
     "engine does (its generate loop asks after every token); the vllm engine generates a "
     "request to its end. Use rollout.backend=hf, or partial_rollouts=false"
 )
