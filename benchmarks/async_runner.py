@@ -19,11 +19,16 @@ synchronous samples/s with held-out accuracy at equal wall time no lower. On 2 c
 gain is bounded by the cores: what the two sides can overlap is what the other processes
 leave.
 
+``--partial`` adds a third run, ``async_partial``: ``async`` with ``rollout.partial_rollouts``
+(the weights offered to the rollout worker while it generates, taken up between two tokens),
+reported beside the others with the share of its tokens sampled by the trained weights and of
+its requests interrupted.
+
 ``--timeline PATH`` draws the async run's busy periods (generation on the rollout worker,
 the step's update on the actor) over ten steps from its metrics into a PNG.
 
     RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/async_runner.py [--quick] \\
-        [--timeline docs/async_timeline.png]
+        [--partial] [--timeline docs/async_timeline.png]
 """
 
 from __future__ import annotations
@@ -46,7 +51,11 @@ PLACEMENT = [
     # One actor rank in its model's precision is not sharded: no wrap policy to tune.
     "actor.fsdp_config.wrap_policy.min_num_params=0",
 ]
-RUNS = {"sync": ["configs/grpo.py", *PLACEMENT], "async": ["configs/grpo_async.py"]}
+RUNS = {
+    "sync": ["configs/grpo.py", *PLACEMENT],
+    "async": ["configs/grpo_async.py"],
+    "async_partial": ["configs/grpo_async.py", "rollout.partial_rollouts=true"],
+}
 FULL = {"max_steps": 1000, "eval_interval": 100}
 QUICK = {
     "max_steps": 4,
@@ -104,7 +113,7 @@ def summarise(records: list[dict[str, float]], mode: str) -> dict[str, Any]:
         r.get("time/update", 0.0) + r.get("time/old_logprobs", 0.0) + r.get("time/reference", 0.0)
         for r in steps
     )
-    if mode == "async":
+    if mode.startswith("async"):
         rollout = sum(r["async/rollout_busy_s"] for r in steps)
     else:
         rollout = sum(r["time/rollout"] for r in steps)
@@ -120,10 +129,15 @@ def summarise(records: list[dict[str, float]], mode: str) -> dict[str, Any]:
         "eval_curve": curve,
         "median_step_s": sorted(r["time/step"] for r in steps)[len(steps) // 2],
     }
-    if mode == "async":
+    if mode.startswith("async"):
         out["staleness_mean"] = sum(r["async/staleness_mean"] for r in steps) / len(steps)
+        out["tokens_frac_lag0"] = sum(r["async/tokens_frac_lag0"] for r in steps) / len(steps)
         out["behavior_weight_mean"] = sum(
             r.get("train/behavior_weight_mean", 1.0) for r in steps
+        ) / len(steps)
+    if mode == "async_partial":
+        out["requests_interrupted_frac"] = sum(
+            r["async/requests_interrupted_frac"] for r in steps
         ) / len(steps)
     return out
 
@@ -163,21 +177,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run; figures mean nothing")
     parser.add_argument("--timeline", type=Path, help="draw the async run's busy periods here")
+    parser.add_argument("--partial", action="store_true", help="also async with partial rollouts")
     args = parser.parse_args()
     spec = QUICK if args.quick else FULL
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     results, records = {}, {}
     with tempfile.TemporaryDirectory(prefix="async_bench") as tmp:
-        for mode in ("sync", "async"):
+        for mode in ("sync", "async", "async_partial")[: 3 if args.partial else 2]:
             records[mode] = train(mode, spec, Path(tmp) / mode)
             results[mode] = summarise(records[mode], mode)
     if args.timeline is not None:
         draw_timeline(records["async"], args.timeline, first=2, count=min(10, spec["max_steps"]))
     sync, asynchronous = results["sync"], results["async"]
     ratio = asynchronous["samples_per_s"] / sync["samples_per_s"]
-    both = min(sync["elapsed_s"], asynchronous["elapsed_s"])
-    accuracy = {mode: accuracy_at(results[mode]["eval_curve"], both) for mode in ("sync", "async")}
+    both = min(result["elapsed_s"] for result in results.values())
+    accuracy = {mode: accuracy_at(result["eval_curve"], both) for mode, result in results.items()}
     met = ratio >= TARGET and accuracy["async"] >= accuracy["sync"]
     print(
         json.dumps(

@@ -98,6 +98,8 @@ RUN_HERE = {
     "actor.micro_batch_max_tokens=1024 runner.experiment_name=packed",
     # docs/async.md
     ".venv/bin/python -m rlshell.train configs/grpo_async.py --dry-run",
+    ".venv/bin/python -m rlshell.train configs/grpo_async.py --dry-run "
+    "rollout.partial_rollouts=true runner.experiment_name=grpo_async_partial",
     # docs/extending.md
     "PYTHONPATH=examples/extension RLSHELL_EXT_MODULE=rlshell_example_ext .venv/bin/python -m "
     "rlshell.train configs/grpo.py --dry-run reward.reward_type=contains_answer "
@@ -119,6 +121,12 @@ COVERED_ELSEWHERE = {
         "tests/shell/test_async_run.py runs it (3 steps against the synchronous runner; 6 "
         "steps with a rollout worker killed, resumed twice); the full run's figures are "
         "benchmarks/async_runner.py's"
+    ),
+    ".venv/bin/python -m rlshell.train configs/grpo_async.py rollout.partial_rollouts=true": (
+        "tests/shell/test_async_run.py::"
+        "test_partial_rollouts_switch_weights_mid_request_and_at_bound_0_are_the_synchronous_run "
+        "trains this config's trainer with partial rollouts (3 steps, then a request "
+        "interrupted by new weights); benchmarks/async_runner.py --partial runs it in full"
     ),
     "RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/async_runner.py --quick": (
         "tests/test_benchmarks_smoke.py::test_async_runner_quick_run_prints_the_expected_json"

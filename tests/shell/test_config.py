@@ -794,7 +794,7 @@ def test_async_pipelined_ppo_refuses_observation_statistics_it_would_rewind() ->
     load_config(ROOT / "configs/ppo_halfcheetah.py", [hybrid])  # synchronous: accepted
 
 
-def test_partial_rollouts_are_the_async_reasoning_runners_with_the_hf_engine_only() -> None:
+def test_partial_rollouts_are_the_async_reasoning_runners_only() -> None:
     load_config(ROOT / ASYNC, ["rollout.partial_rollouts=true"])
     (sync,) = problems_of(["rollout.partial_rollouts=true"])
     assert sync.startswith("rollout.partial_rollouts: interrupts the reasoning runner's")
@@ -803,12 +803,3 @@ def test_partial_rollouts_are_the_async_reasoning_runners_with_the_hf_engine_onl
         load_config(ROOT / "configs/ppo_cartpole.py", ["rollout.partial_rollouts=true"])
     (embodied,) = caught.value.problems
     assert embodied.endswith("the embodied runner has no such generations")
-    with pytest.raises(ConfigError) as caught:
-        load_config(
-            ROOT / ASYNC,
-            ["rollout.partial_rollouts=true", "rollout.backend=vllm", "actor.model.precision=fp32"],
-        )
-    assert any(
-        p.startswith("rollout.partial_rollouts: interrupts a generation between two tokens")
-        for p in caught.value.problems
-    )

@@ -173,6 +173,72 @@ def test_sampling_is_grouped_repeatable_and_each_row_has_its_own_stream(
         assert torch.all(logprobs[:valid] <= 0)
 
 
+class _Switch:
+    """New weights waiting once ``pending`` has been asked ``at`` times (None: never)."""
+
+    def __init__(self, vllm: VLLMRolloutEngine, new: dict[str, torch.Tensor], at: int | None):
+        self.vllm, self.new, self.at = vllm, new, at
+        self.version, self.asked = 0, 0
+
+    def pending(self) -> bool:
+        self.asked += 1
+        return self.version == 0 and self.at is not None and self.asked >= self.at
+
+    def apply(self) -> None:
+        self.vllm.load_weights(self.new)
+        self.version += 1
+
+
+def test_partial_rollouts_continue_each_row_with_the_new_weights(
+    engines: tuple[HFRolloutEngine, VLLMRolloutEngine],
+) -> None:
+    """``rollout.partial_rollouts`` on vLLM: rows stepped through the engine, interrupted
+    after the 3rd token by new weights, continued from their tokens with them. The tokens
+    before the switch are `generate`'s; each token's log-prob is its version's forward."""
+    hf, vllm = engines
+    old = {name: t.detach().clone() for name, t in hf.model.state_dict().items()}
+    generator = torch.Generator().manual_seed(7)
+    new = {
+        name: t + 0.2 * t.std() * torch.randn(t.shape, generator=generator)
+        for name, t in old.items()
+    }
+    vllm.load_weights(old)
+    params = SamplingParams(n=2, temperature=0.7, max_new_tokens=8)
+    whole = vllm.generate(PROMPTS, params, seed=21)
+    same, tags = vllm.generate_partial(PROMPTS, params, 21, _Switch(vllm, new, None))
+    for name in ("response_ids", "response_mask", "logprobs"):
+        assert torch.equal(getattr(same, name), getattr(whole, name)), name
+    assert torch.equal(tags, torch.where(whole.response_mask, 0, -1))
+
+    switch = _Switch(vllm, new, 3)
+    batch, tags = vllm.generate_partial(PROMPTS, params, 21, switch)
+    try:
+        assert switch.version == 1
+        assert torch.equal(batch.response_ids[:, :3], whole.response_ids[:, :3])
+        mask = batch.response_mask
+        assert torch.equal(mask[:, :3], whole.response_mask[:, :3])
+        assert torch.all(tags[:, :3][mask[:, :3]] == 0)
+        assert torch.all(tags[:, 3:][mask[:, 3:]] == 1)
+        assert torch.all(tags[~mask] == -1)
+        assert not mask[~whole.response_mask[:, 2], 3:].any()  # ended rows stay ended
+        for version, weights in ((0, old), (1, new)):
+            hf.model.load_state_dict(weights)
+            recomputed, _ = policy_forward(hf.model, batch, temperature=0.7, chunk_size=None)
+            mine = tags == version
+            gap = float((recomputed[mine] - batch.logprobs[mine]).abs().max())
+            assert gap < LOGPROB_ATOL, (version, gap)
+        # min_new_tokens counts the tokens made before the switch (vLLM's log-probs are then
+        # those of the distribution without EOS, which it sampled from).
+        vllm.load_weights(old)
+        at_least = SamplingParams(n=2, temperature=0.7, max_new_tokens=8, min_new_tokens=7)
+        long, tags = vllm.generate_partial(PROMPTS, at_least, 21, _Switch(vllm, new, 3))
+        assert torch.all(long.response_mask.sum(dim=1) >= 7)
+        assert torch.all(tags[:, 3:7] == 1)
+    finally:
+        hf.model.load_state_dict(old)
+        vllm.load_weights(old)
+
+
 def test_tokens_per_second_on_the_tiny_model(
     engines: tuple[HFRolloutEngine, VLLMRolloutEngine],
 ) -> None:

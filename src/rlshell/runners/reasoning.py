@@ -56,7 +56,7 @@ from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_
 from rlshell.workers.actor import ActorWorker, compute_advantages, optimizer_steps_per_batch
 from rlshell.workers.critic import CriticWorker
 from rlshell.workers.reward import RewardWorker
-from rlshell.workers.rollout import PARTIAL_ENGINES, ReferenceWorker, RolloutWorker
+from rlshell.workers.rollout import ReferenceWorker, RolloutWorker
 
 __all__ = ["ReasoningTrainer"]
 
@@ -878,8 +878,6 @@ def _async_problems(config: Config, plan: PlacementPlan | None) -> list[str]:
             "actor and the rollout take turns on GPUs they share (rollout.offload); give them "
             "devices of their own"
         )
-    if config.rollout.partial_rollouts and config.rollout.backend != "hf":
-        problems.append(PARTIAL_ENGINES)
     if config.algorithm.dynamic_sampling:
         problems.append(
             "algorithm.dynamic_sampling: the asynchronous runner queues each step's rollout "

@@ -23,19 +23,12 @@ from torch import Tensor
 from rlshell.cluster.worker import Worker
 from rlshell.config import Config
 from rlshell.engines.rollout import RolloutEngine, make_rollout_engine
-from rlshell.engines.rollout.hf import HFRolloutEngine
 from rlshell.models import get_model
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.sync.transfer import WeightReceiver
 from rlshell.workers.actor import build_rollout_model, policy_forward, worker_device
 
-__all__ = ["PARTIAL_ENGINES", "ReferenceWorker", "RolloutResult", "RolloutWorker"]
-
-PARTIAL_ENGINES = (
-    "rollout.partial_rollouts: interrupts a generation between two tokens, which the hf "
-    "engine does (its generate loop asks after every token); the vllm engine generates a "
-    "request to its end. Use rollout.backend=hf, or partial_rollouts=false"
-)
+__all__ = ["ReferenceWorker", "RolloutResult", "RolloutWorker"]
 
 
 @frozen
@@ -102,10 +95,7 @@ class RolloutWorker(Worker):
         offers = self._offers
         offers.apply()  # what was offered before this request started
         version, offers.applied = self.version, []
-        engine = self._engine()
-        if not isinstance(engine, HFRolloutEngine):
-            raise TypeError(PARTIAL_ENGINES)
-        batch, token_versions = engine.generate_partial(prompts, params, seed, switch=offers)
+        batch, token_versions = self._engine().generate_partial(prompts, params, seed, offers)
         self._last_finished = time.time()
         syncs = tuple(offers.applied)
         return RolloutResult(

@@ -27,7 +27,13 @@ from rlshell.rollout import RolloutBatch, SamplingParams
 if TYPE_CHECKING:
     from rlshell.config import RolloutConfig
 
-__all__ = ["ROLLOUT_ENGINES", "SGLANG_REFUSAL", "RolloutEngine", "make_rollout_engine"]
+__all__ = [
+    "ROLLOUT_ENGINES",
+    "SGLANG_REFUSAL",
+    "RolloutEngine",
+    "WeightSwitch",
+    "make_rollout_engine",
+]
 
 ROLLOUT_ENGINES = ("hf", "vllm")
 """The ``rollout.backend`` values this installation has an engine for."""
@@ -46,6 +52,7 @@ class RolloutEngine(Protocol):
     targets = engine.weight_targets()                   # syncs write into these tensors
     engine.weights_updated()                            # ... then the engine takes them up
     batch = engine.generate(prompts, params, seed=seed) # rows g·n … g·n+n−1 answer prompt g
+    batch, versions = engine.generate_partial(prompts, params, seed, switch)  # new weights mid-way
     engine.offload(); ...; engine.reload()              # make room on a shared GPU meanwhile
     """
 
@@ -68,12 +75,47 @@ class RolloutEngine(Protocol):
         """``params.n`` responses per prompt, grouped by prompt; ``seed`` makes it repeatable."""
         ...
 
+    def generate_partial(
+        self,
+        prompts: Sequence[str],
+        params: SamplingParams,
+        seed: int | None,
+        switch: WeightSwitch,
+    ) -> tuple[RolloutBatch, Tensor]:
+        """`generate`, interrupted between two tokens whenever ``switch`` has weights
+        waiting: they are applied and the unfinished responses continued with them
+        (``rollout.partial_rollouts``); also returns each token's version (-1 past a
+        response's end)."""
+        ...
+
     def offload(self) -> None:
         """Move the engine's model to host memory (the actor updates on a GPU they share)."""
         ...
 
     def reload(self) -> None:
         """Move it back before the engine generates again."""
+        ...
+
+
+class WeightSwitch(Protocol):
+    """New weights that may arrive while a rollout generates (``rollout.partial_rollouts``).
+
+    `pending` is asked between two tokens (from the generating thread, while
+    another thread may be receiving an offer); `apply` takes the waiting
+    weights up and advances `version`.
+    """
+
+    @property
+    def version(self) -> int:
+        """The version of the weights the engine holds now."""
+        ...
+
+    def pending(self) -> bool:
+        """Whether newer weights are waiting."""
+        ...
+
+    def apply(self) -> None:
+        """Take the waiting weights up (their version becomes `version`)."""
         ...
 
 

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
 from rlcore.logprobs import token_logprobs
 from rlcore.rollout import response_mask
+from rlshell.engines.rollout import WeightSwitch
 from rlshell.rollout import RolloutBatch, SamplingParams
 
-__all__ = ["HFRolloutEngine", "WeightSwitch"]
+__all__ = ["HFRolloutEngine"]
 
 
 class HFRolloutEngine:
@@ -239,28 +239,6 @@ class HFRolloutEngine:
             group_size=params.n,
         )
         return batch, None if switch is None else torch.where(mask, versions, -1)
-
-
-class WeightSwitch(Protocol):
-    """New weights that may arrive while a rollout generates (``rollout.partial_rollouts``).
-
-    `pending` is asked between two tokens (from the generating thread, while
-    another thread may be receiving an offer); `apply` takes the waiting
-    weights up and advances `version`.
-    """
-
-    @property
-    def version(self) -> int:
-        """The version of the weights the engine holds now."""
-        ...
-
-    def pending(self) -> bool:
-        """Whether newer weights are waiting."""
-        ...
-
-    def apply(self) -> None:
-        """Take the waiting weights up (their version becomes `version`)."""
-        ...
 
 
 class _Interrupt:

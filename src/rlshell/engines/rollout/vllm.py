@@ -36,12 +36,13 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from rlshell.engines.rollout import WeightSwitch
 from rlshell.rollout import RolloutBatch, SamplingParams
 
 if TYPE_CHECKING:
@@ -138,6 +139,9 @@ class VLLMRolloutEngine:
             "reload_weights",
             kwargs={"weights_iterator": _detached(weights), "is_checkpoint_format": True},
         )
+        # Cached prompt blocks hold keys and values of the old weights: a later request
+        # sharing a prefix would read them (vLLM caches prefixes by default).
+        self.llm.reset_prefix_cache()
         self.last_push_s = time.perf_counter() - started
 
     def offload(self) -> None:
@@ -155,30 +159,11 @@ class VLLMRolloutEngine:
         gives its i-th sample ``seed + g·n + i``), so every row has its own
         stream and the batch is repeatable.
         """
-        from vllm import SamplingParams as VLLMSamplingParams
-        from vllm import TokensPrompt
-
         if not prompts:
             raise ValueError("generate() needs at least one prompt")
-        encoded = self.tokenizer(list(prompts), return_tensors="pt", padding=True)
-        ids, mask = encoded["input_ids"], encoded["attention_mask"].bool()
-        requests = [
-            TokensPrompt(prompt_token_ids=row[valid].tolist())
-            for row, valid in zip(ids, mask, strict=True)
-        ]
+        ids, mask, requests = self._encode(prompts)
         sampling = [
-            VLLMSamplingParams(
-                n=params.n,
-                temperature=0.0 if params.greedy else params.temperature,
-                top_p=1.0 if params.greedy else params.top_p,
-                top_k=0 if params.greedy else params.top_k,
-                max_tokens=params.max_new_tokens,
-                min_tokens=params.min_new_tokens,
-                seed=None if seed is None else seed + group * params.n,
-                logprobs=0,
-                stop_token_ids=[self.eos_id],
-                detokenize=False,
-            )
+            self._sampling(params, params.n, None if seed is None else seed + group * params.n, 0)
             for group in range(len(requests))
         ]
         with _process_rngs_kept():  # unseeded requests draw from torch's global generator
@@ -197,6 +182,128 @@ class VLLMRolloutEngine:
                 row = list(completion.token_ids)
                 tokens.append(row)
                 logprobs.append(_sampled_logprobs(completion.logprobs, row))
+        return self._batch(ids, mask, tokens, logprobs, params.n)
+
+    def generate_partial(
+        self,
+        prompts: Sequence[str],
+        params: SamplingParams,
+        seed: int | None,
+        switch: WeightSwitch,
+    ) -> tuple[RolloutBatch, Tensor]:
+        """`generate`, interrupted whenever ``switch`` has new weights waiting
+        (``rollout.partial_rollouts``), as `HFRolloutEngine.generate_partial` is.
+
+        Each row is a request of its own (row g·n+i with seed ``seed + g·n +
+        i``, the seed `generate` gives it), stepped through vLLM's engine
+        (``LLMEngine.step``). Between two steps, if weights are waiting, the
+        unfinished requests are aborted, the weights reloaded (and the prefix
+        cache emptied), and each unfinished row is submitted again with its
+        prompt and the tokens it has as the prompt: vLLM encodes that prefix
+        again with the new weights. The continuation samples with a seed of its
+        own. Returns the batch and each token's version (-1 past a response's end).
+        """
+        if not prompts:
+            raise ValueError("generate() needs at least one prompt")
+        from vllm import TokensPrompt
+
+        ids, mask, requests = self._encode(prompts)
+        n = params.n
+        rows = len(requests) * n
+        prompt_of = [requests[row // n]["prompt_token_ids"] for row in range(rows)]
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        logprobs: list[list[float]] = [[] for _ in range(rows)]
+        versions: list[list[int]] = [[] for _ in range(rows)]
+        active = list(range(rows))
+        engine = self.llm.llm_engine
+        segment = 0
+        with _process_rngs_kept():
+            while active:
+                version = switch.version
+                named = {f"rlshell-{segment}-{row}": row for row in active}
+                for request_id, row in named.items():
+                    row_seed = None if seed is None else seed + row + segment * _SEGMENT_SEED
+                    made = len(tokens[row])
+                    engine.add_request(
+                        request_id,
+                        TokensPrompt(prompt_token_ids=[*prompt_of[row], *tokens[row]]),
+                        self._sampling(params, 1, row_seed, made),
+                    )
+                latest: dict[str, Any] = {}
+                interrupted = False
+                while engine.has_unfinished_requests():
+                    for stepped in engine.step():
+                        latest[stepped.request_id] = stepped
+                    if engine.has_unfinished_requests() and switch.pending():
+                        unfinished = [r for r in named if not _finished(latest.get(r))]
+                        engine.abort_request(unfinished)
+                        interrupted = True
+                        break
+                finished = set()
+                for request_id, row in named.items():
+                    made_here = latest.get(request_id)
+                    if made_here is None:
+                        continue  # aborted before its first token
+                    (completion,) = made_here.outputs
+                    new = list(completion.token_ids)
+                    if completion.logprobs is None:
+                        raise RuntimeError("vLLM returned no log-probs (SamplingParams.logprobs=0)")
+                    tokens[row] += new
+                    logprobs[row] += _sampled_logprobs(completion.logprobs[: len(new)], new)
+                    versions[row] += [version] * len(new)
+                    if made_here.finished:
+                        finished.add(row)
+                if not interrupted:
+                    break
+                switch.apply()
+                active = [
+                    row
+                    for row in active
+                    if row not in finished and len(tokens[row]) < params.max_new_tokens
+                ]
+                segment += 1
+        batch = self._batch(ids, mask, tokens, logprobs, n)
+        tags = torch.full(batch.response_ids.shape, -1, dtype=torch.long)
+        for row, tagged in enumerate(versions):
+            tags[row, : len(tagged)] = torch.as_tensor(tagged, dtype=torch.long)
+        return batch, tags
+
+    def _encode(self, prompts: Sequence[str]) -> tuple[Tensor, Tensor, list[Any]]:
+        from vllm import TokensPrompt
+
+        encoded = self.tokenizer(list(prompts), return_tensors="pt", padding=True)
+        ids, mask = encoded["input_ids"], encoded["attention_mask"].bool()
+        requests = [
+            TokensPrompt(prompt_token_ids=row[valid].tolist())
+            for row, valid in zip(ids, mask, strict=True)
+        ]
+        return ids, mask, requests
+
+    def _sampling(self, params: SamplingParams, n: int, seed: int | None, made: int) -> Any:
+        """vLLM's sampling parameters for ``n`` samples of which ``made`` tokens exist."""
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        return VLLMSamplingParams(
+            n=n,
+            temperature=0.0 if params.greedy else params.temperature,
+            top_p=1.0 if params.greedy else params.top_p,
+            top_k=0 if params.greedy else params.top_k,
+            max_tokens=params.max_new_tokens - made,
+            min_tokens=max(0, params.min_new_tokens - made),
+            seed=seed,
+            logprobs=0,
+            stop_token_ids=[self.eos_id],
+            detokenize=False,
+        )
+
+    def _batch(
+        self,
+        ids: Tensor,
+        mask: Tensor,
+        tokens: list[list[int]],
+        logprobs: list[list[float]],
+        n: int,
+    ) -> RolloutBatch:
         width = max(len(row) for row in tokens)
         responses = torch.full((len(tokens), width), self.pad_id, dtype=torch.long)
         response_logprobs = torch.zeros((len(tokens), width), dtype=torch.float32)
@@ -211,14 +318,23 @@ class VLLMRolloutEngine:
             skip_special_tokens=True,
         )
         return RolloutBatch(
-            prompt_ids=ids.repeat_interleave(params.n, dim=0),
-            prompt_mask=mask.repeat_interleave(params.n, dim=0),
+            prompt_ids=ids.repeat_interleave(n, dim=0),
+            prompt_mask=mask.repeat_interleave(n, dim=0),
             response_ids=responses,
             response_mask=response_mask,
             logprobs=response_logprobs,
             response_texts=tuple(texts),
-            group_size=params.n,
+            group_size=n,
         )
+
+
+_SEGMENT_SEED = 1_000_003
+"""Added once per interruption to a row's seed: a continuation does not replay its row's
+first random draws."""
+
+
+def _finished(output: Any) -> bool:
+    return output is not None and bool(output.finished)
 
 
 def _write_model_dir(model: nn.Module, tokenizer: object, directory: Path) -> None:
