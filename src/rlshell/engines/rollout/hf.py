@@ -216,13 +216,11 @@ class HFRolloutEngine:
                 logprobs[active, span] = token_logprobs(logits, new, temperature)
                 versions[active, span] = version
                 done += width
-                if not interrupt.fired or done >= budget:
-                    break
+                active = active[~(new == self.eos_id).any(dim=1)]
+                if not interrupt.fired or done >= budget or len(active) == 0:
+                    break  # (weights that came with the last token wait for the next request)
                 assert switch is not None
                 switch.apply()  # the new weights, between two tokens of the same responses
-                active = active[~(new == self.eos_id).any(dim=1)]
-                if len(active) == 0:
-                    break
         responses, logprobs, versions = responses[:, :done], logprobs[:, :done], versions[:, :done]
         mask = response_mask(responses, self.eos_id)
         texts = self.tokenizer.batch_decode(
