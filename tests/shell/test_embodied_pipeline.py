@@ -309,7 +309,16 @@ def test_a_hybrid_cartpole_run_in_two_stages_logs_overlap_metrics_and_resumes(
     tmp_path: Path,
 ) -> None:
     """One env worker in 2 stages, one rollout worker, one actor rank; then resumed (the
-    Ray test above has several env workers; each process costs seconds to start here)."""
+    Ray test above has several env workers; each process costs seconds to start here).
+
+    The policy normalises its observations (``normalize_obs``), and the resume runs three
+    steps in ``runner.mode='async'``: rollout worker 0 keeps the running statistics it
+    moves on through the window submitted ahead (a sync after an update must not rewind
+    them), so the checkpoint of step s holds s windows' observations, as the synchronous
+    run's does.
+    """
+    from rlshell.export import load_policy
+
     env = cli_env(Path(tempfile.mkdtemp(prefix="rp", dir="/tmp")))
     out = tmp_path / "runs"
     short = [
@@ -319,6 +328,8 @@ def test_a_hybrid_cartpole_run_in_two_stages_logs_overlap_metrics_and_resumes(
         "runner.rollout_steps=16",
         "algorithm.ppo_epochs=4",
         "checkpoint.interval=2",
+        "checkpoint.keep_last=null",
+        "actor.model.model_kwargs.normalize_obs=true",
         f"runner.output_dir={out}",
     ]
     result = train(*short, "runner.max_steps=2", env=env, timeout=300)
@@ -345,9 +356,23 @@ def test_a_hybrid_cartpole_run_in_two_stages_logs_overlap_metrics_and_resumes(
     assert 0 < last["time/env_busy"] < last["time/rollout"]
     assert records[1]["train/lr"] < records[0]["train/lr"]  # the update reached the actor
     assert (run / "checkpoints" / "global_step_2" / "actor").is_dir()
-    again = train(*short, "runner.max_steps=3", "checkpoint.resume=auto", env=env, timeout=300)
+    again = train(
+        *short,
+        "runner.max_steps=5",
+        "runner.mode=async",
+        "checkpoint.resume=auto",
+        env=env,
+        timeout=300,
+    )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "resumed from" in again.stdout
     records = read_metrics(run / "metrics.jsonl")
-    assert [int(r["step"]) for r in records][-1] == 3
-    assert records[-1]["env/total_steps"] == 3 * 8 * 16
+    assert [int(r["step"]) for r in records] == [1, 2, 3, 4, 5]
+    assert records[-1]["env/total_steps"] == 5 * 8 * 16
+    assert [r["async/staleness_max"] for r in records[2:]] == [0.0, 1.0, 1.0]
+
+    def observed(step: int) -> float:
+        policy = load_policy(run / "checkpoints" / f"global_step_{step}").model
+        return float(policy.get_buffer("obs_count"))
+
+    assert observed(5) == pytest.approx(observed(2) * 5 / 2)

@@ -94,13 +94,6 @@ class PipelinedPPOTrainer(EmbodiedTrainer):
         """The hybrid placement's sizes: envs split evenly over env workers, stages and actor
         ranks, no more rollout workers than env workers, and GAE."""
         problems = ppo_problems(config, "the pipelined embodied PPO runner")
-        if config.runner.mode == "async" and config.actor.model.model_kwargs.get("normalize_obs"):
-            problems.append(
-                "actor.model.model_kwargs.normalize_obs: with runner.mode='async' the weight "
-                "sync after an update would bring the rollout workers observation statistics "
-                "a window old, undoing what the window submitted ahead added; not built yet: "
-                "use runner.mode=sync with normalize_obs"
-            )
         if config.algorithm.adv_type != "gae":
             problems.append(
                 f"algorithm.adv_type: the hybrid placement trains PPO with GAE; "
@@ -230,7 +223,9 @@ class PipelinedPPOTrainer(EmbodiedTrainer):
             )
         parts = [call.refs[0] for call in window.rollout_windows]
         train = self.actor.train_on(*parts, *window.env_windows.refs)
-        synced = _sync_weights(self.actor, self.rollout)
+        # Async: the rollout workers have moved their running statistics (normalize_obs) on
+        # through the windows ahead; the sync, applied after those, keeps them.
+        synced = _sync_weights(self.actor, self.rollout, keep_buffers=ahead > 0)
         self.version = step
         window.calls.extend([train, *synced])
         collected = window.wait(window.env_windows)
@@ -339,8 +334,11 @@ class Pipeline:
 
 
 def _sync_weights(
-    actor: WorkerGroup[PipelineActor], rollout: WorkerGroup[PipelineRolloutWorker]
+    actor: WorkerGroup[PipelineActor],
+    rollout: WorkerGroup[PipelineRolloutWorker],
+    keep_buffers: bool = False,
 ) -> list[GroupCall]:
-    """Rank 0's full state dict straight to every rollout worker (Ray stores it once)."""
+    """Rank 0's full state dict straight to every rollout worker (Ray stores it once);
+    ``keep_buffers``: the rollout workers keep their own running statistics."""
     state = actor.policy_state()
-    return [state, rollout.set_weights(state.refs[0])]
+    return [state, rollout.set_weights(state.refs[0], keep_buffers)]

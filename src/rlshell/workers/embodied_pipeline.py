@@ -250,9 +250,18 @@ class PipelineRolloutWorker(Worker):
         torch.manual_seed(config.runner.seed + 7919 * (self.rank + 1))
         return f"{policy_name(policy)}.predict_action_batch"
 
-    def set_weights(self, state: dict[str, Tensor]) -> None:
-        """Load the actor's policy (a full state dict)."""
-        self._policy().load_state_dict(state)
+    def set_weights(self, state: dict[str, Tensor], keep_buffers: bool = False) -> None:
+        """Load the actor's policy (a full state dict). ``keep_buffers``: keep this worker's
+        own persistent buffers (the running statistics it moves on while it acts), which
+        the asynchronous runner's syncs must not rewind to the actor's, a window older."""
+        policy = self._policy()
+        own = _persistent_buffers(policy) if keep_buffers else {}
+        policy.load_state_dict(state)
+        _adopt_buffers(policy, own)
+
+    def policy_buffers(self) -> dict[str, Tensor]:
+        """The policy's persistent buffers now, on CPU (what `finish` hands the actor)."""
+        return _persistent_buffers(self._policy())
 
     def predict(self, env_rank: int, stage: int, observation: StageObs) -> Tensor:
         """Actions for ``stage`` of env worker ``env_rank``, recording what PPO needs."""
@@ -342,10 +351,13 @@ class PipelineRolloutWorker(Worker):
 
 
 def _persistent_buffers(model: nn.Module) -> dict[str, Tensor]:
-    """The state-dict buffers of ``model`` (running statistics a rollout moves on), on CPU."""
+    """The state-dict buffers of ``model`` (running statistics a rollout moves on): copies,
+    on CPU (the model's own keep moving)."""
     state = model.state_dict()
     parameters = {name for name, _ in model.named_parameters(remove_duplicate=False)}
-    return {name: t.detach().cpu() for name, t in state.items() if name not in parameters}
+    return {
+        name: t.detach().to("cpu", copy=True) for name, t in state.items() if name not in parameters
+    }
 
 
 # ---------------------------------------------------------------- the actor
