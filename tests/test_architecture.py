@@ -117,6 +117,8 @@ SHELL_LAYERS: list[tuple[str, frozenset[str]]] = [
                 "export",
                 "evaluation",
                 "rundir",
+                "conversation",
+                "tools",
             }
         ),
     ),

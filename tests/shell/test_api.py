@@ -288,6 +288,9 @@ def test_reward_processes_started_from_a_script_without_a_main_guard_do_not_reru
 def test_a_reward_defined_here_scores_in_the_reward_workers_and_a_second_run_uses_its_own(
     tmp_path: Path, ray_tmpdir: Path
 ) -> None:
+    # Ray as the run found it: down, or this test process's session cluster (another test's
+    # `ray_cluster` fixture), which the run uses and leaves running.
+    ray_was_up = ray.is_initialized()
     first = train(
         "configs/grpo.py",
         [*TINY_GRPO, "reward.reward_type=marker_reward", f"runner.output_dir={tmp_path / 'a'}"],
@@ -299,7 +302,7 @@ def test_a_reward_defined_here_scores_in_the_reward_workers_and_a_second_run_use
     assert first.metrics["reward/errors"] == 0.0
     assert first.checkpoint == tmp_path / "a" / "grpo" / "checkpoints" / "global_step_2"
     assert_nothing_left("marker_reward")
-    assert not ray.is_initialized()
+    assert ray.is_initialized() == ray_was_up
 
     # Same process, same name, another function (a lambda): the workers see the new one.
     second = train(
