@@ -11,9 +11,13 @@ from, explicitly (a set ``train_path`` never switches the source silently):
   ``data.prompt_key`` and ``data.answer_key``; GSM8K's ``#### answer``
   convention is understood.
 
-`PromptSampler` draws prompt batches in shuffled epochs; its `SamplerState`
-goes into checkpoints so that a resumed run draws exactly the prompts an
-uninterrupted run would have drawn.
+- ``"conversations"``: the sft runner's demonstrations, not prompts:
+  `load_conversations` reads them (`rlshell.conversation.read_conversations`).
+
+`PromptSampler` draws prompt batches in shuffled epochs (a `Sampler` of
+prompts: the sft runner's draws conversations the same way); its
+`SamplerState` goes into checkpoints so that a resumed run draws exactly the
+prompts an uninterrupted run would have drawn.
 """
 
 from __future__ import annotations
@@ -22,23 +26,26 @@ import json
 import os
 import random
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from attrs import frozen
 
 from rlshell.config import DataConfig
+from rlshell.conversation import Message, read_conversations
 
 __all__ = [
     "TASKS",
     "ArithmeticTask",
     "PromptExample",
     "PromptSampler",
+    "Sampler",
     "SamplerState",
     "Split",
     "arithmetic_task",
     "gsm8k_answer",
+    "load_conversations",
     "load_dataset",
     "read_examples",
     "read_split",
@@ -46,7 +53,9 @@ __all__ = [
 ]
 
 Split = Literal["train", "val"]
-TASKS = ("arithmetic", "file")
+TASKS = ("arithmetic", "file", "conversations")
+PROMPT_TASKS = ("arithmetic", "file")  # the tasks `load_dataset` reads prompts from
+ExampleT = TypeVar("ExampleT")
 
 
 @frozen
@@ -289,18 +298,19 @@ class SamplerState:
     position: int = 0
 
 
-class PromptSampler:
-    """Prompt batches of ``batch_size`` in shuffled epochs, deterministic given ``seed``.
+class Sampler(Generic[ExampleT]):
+    """Batches of ``batch_size`` examples in shuffled epochs, deterministic given ``seed``.
 
     Each epoch visits every example once, in an order that depends only on
     ``seed`` and the epoch number; a batch that reaches the end of an epoch
     continues into the next. `state` and `load_state` let a resumed run draw
-    the same batches as an uninterrupted one.
+    the same batches as an uninterrupted one. The order depends on the number of
+    examples, not on what they are.
     """
 
-    def __init__(self, examples: list[PromptExample], batch_size: int, seed: int = 0) -> None:
+    def __init__(self, examples: Sequence[ExampleT], batch_size: int, seed: int = 0) -> None:
         if not examples:
-            raise ValueError("PromptSampler needs at least one example")
+            raise ValueError(f"{type(self).__name__} needs at least one example")
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self._examples = list(examples)
@@ -310,9 +320,9 @@ class PromptSampler:
         self._position = 0
         self._order = self._epoch_order(0)
 
-    def next(self) -> list[PromptExample]:
+    def next(self) -> list[ExampleT]:
         """The next ``batch_size`` examples."""
-        batch: list[PromptExample] = []
+        batch: list[ExampleT] = []
         while len(batch) < self._batch_size:
             if self._position == len(self._order):
                 self._epoch += 1
@@ -344,6 +354,10 @@ class PromptSampler:
         # A string seed is hashed with SHA-512: the same order on every Python run.
         random.Random(f"prompt-sampler/{self._seed}/{epoch}").shuffle(order)
         return order
+
+
+class PromptSampler(Sampler[PromptExample]):
+    """Prompt batches of ``batch_size`` in shuffled epochs (`Sampler`)."""
 
 
 # ---------------------------------------------------------------------------
@@ -378,4 +392,29 @@ def load_dataset(
                 "data.train_path: expected a .jsonl or .parquet file for data.task='file'"
             )
         return read_split(f"data.{split}_path", path, split, cfg.prompt_key, cfg.answer_key)
-    raise ValueError(f"data.task: unknown task {cfg.task!r}; expected one of {list(TASKS)}")
+    if cfg.task == "conversations":
+        raise ValueError(
+            "data.task: 'conversations' are demonstrations for runner.runner_type='sft' "
+            "(load_conversations), not prompts with answers"
+        )
+    raise ValueError(f"data.task: unknown task {cfg.task!r}; expected one of {list(PROMPT_TASKS)}")
+
+
+def load_conversations(cfg: DataConfig, split: Split) -> list[list[Message]]:
+    """The ``split`` conversations of ``data.task='conversations'``: ``train_path``
+    (required) or ``val_path`` (without it the val split is empty), JSONL files of
+    ``{"messages": [...]}`` (`rlshell.conversation.read_conversations`)."""
+    if cfg.task != "conversations":
+        raise ValueError(
+            f"data.task is '{cfg.task}': conversations are read with data.task='conversations'"
+        )
+    path = cfg.train_path if split == "train" else cfg.val_path
+    if path is None:
+        if split == "val":
+            return []
+        raise ValueError(
+            "data.train_path: expected a .jsonl file of conversations for data.task='conversations'"
+        )
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"data.{split}_path: {path} is not a file")
+    return read_conversations(path)

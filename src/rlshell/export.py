@@ -12,8 +12,10 @@ the model; `rlshell.models.get_model` builds ``actor.model``, for a
 reasoning run with the vocabulary size and special-token ids its runner
 took from the tokenizer (`rlshell.runners.reasoning.with_tokenizer_ids`);
 and the checkpoint's weights are read through its entry of
-`rlshell.evaluation.embodied.POLICY_LAYOUTS` (the FSDP actor's
-``torch.distributed.checkpoint`` shards, or SAC's learner state).
+`rlshell.checkpoint.POLICY_LAYOUTS` (the actor's
+``torch.distributed.checkpoint`` shards, or SAC's learner state). A run that
+started from another run's checkpoint (``actor.model.checkpoint``) is built
+without it: the exported checkpoint's own weights are the policy's.
 
 What is written depends on the model:
 
@@ -50,11 +52,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from attrs import frozen
+from attrs import evolve, frozen
 from cattrs.errors import BaseValidationError
 from torch import nn
 
-from rlshell.checkpoint import CheckpointError, list_checkpoints, run_config_path
+from rlshell.checkpoint import (
+    CheckpointError,
+    list_checkpoints,
+    load_policy_weights,
+    missing_checkpoint_message,
+    policy_layout,
+    run_config_path,
+)
 from rlshell.config import CONVERTER, Config, ModelConfig, read_config
 from rlshell.extensions import ENV_VAR, ExtensionError, load_extensions
 
@@ -107,8 +116,6 @@ def run_config(
     Read from ``config_path`` when given, else from ``<run dir>/config.json``
     (`rlshell.checkpoint.run_config_path`).
     """
-    from rlshell.evaluation.embodied import missing_checkpoint_message
-
     if not Path(checkpoint).is_dir():
         raise CheckpointError(missing_checkpoint_message(Path(checkpoint)))
     source = config_path if config_path is not None else run_config_path(Path(checkpoint))
@@ -121,10 +128,16 @@ def run_config(
     return read_config(source, overrides)
 
 
+# Runners whose checkpoints hold the tokenizer their model's vocabulary was sized from.
+TOKENIZER_RUNNERS = ("reasoning", "sft")
+
+
 def _model_config(checkpoint: Path, config: Config) -> ModelConfig:
-    """``actor.model`` as the run's actor built it."""
-    if config.runner.runner_type != "reasoning":
-        return config.actor.model
+    """``actor.model`` as the run's actor built it, less the checkpoint it started from
+    (``actor.model.checkpoint``: ``checkpoint``'s weights replace that one's)."""
+    model = evolve(config.actor.model, checkpoint=None)
+    if config.runner.runner_type not in TOKENIZER_RUNNERS:
+        return model
     # The reasoning runner fills a model_kwargs model's vocabulary size and special-token ids
     # from its tokenizer after writing config.json; the checkpoint holds that tokenizer.
     from rlshell.tokenizer import with_tokenizer_ids
@@ -132,10 +145,12 @@ def _model_config(checkpoint: Path, config: Config) -> ModelConfig:
     tokenizer_dir = checkpoint / "tokenizer"
     if not tokenizer_dir.is_dir():
         raise CheckpointError(
-            f"checkpoint {checkpoint} has no tokenizer/ directory: a reasoning run's "
-            "checkpoints hold the tokenizer the run trained with"
+            f"checkpoint {checkpoint} has no tokenizer/ directory: a {config.runner.runner_type} "
+            "run's checkpoints hold the tokenizer the run trained with"
         )
-    return with_tokenizer_ids(config, tokenizer_dir).actor.model
+    return with_tokenizer_ids(
+        evolve(config, actor=evolve(config.actor, model=model)), tokenizer_dir
+    ).actor.model
 
 
 def load_policy(checkpoint: Path, config: Config | None = None) -> CheckpointPolicy:
@@ -143,7 +158,6 @@ def load_policy(checkpoint: Path, config: Config | None = None) -> CheckpointPol
 
     ``config`` is the run's resolved config (default: `run_config`).
     """
-    from rlshell.evaluation.embodied import load_policy_weights, policy_layout
     from rlshell.tokenizer import load_tokenizer
 
     checkpoint = Path(checkpoint)

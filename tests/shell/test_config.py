@@ -584,7 +584,7 @@ def test_the_embodied_runners_refuse_the_megatron_backend() -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(ROOT / "configs" / "ppo_cartpole.py", ["actor.backend=megatron"])
     assert (
-        "actor.backend: megatron trains the reasoning runner's causal LMs; the 'embodied' "
+        "actor.backend: megatron trains the reasoning and sft runners' causal LMs; the 'embodied' "
         "runner trains with actor.backend=fsdp"
     ) in caught.value.problems
 

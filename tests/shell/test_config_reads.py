@@ -35,6 +35,7 @@ import pytest
 
 from rlshell.config import Config, all_key_paths
 from rlshell.config.tracing import TRACE_ENV_VAR, read_keys
+from rlshell.metrics import read_metrics
 from rlshell.runners.spec import resolve_spec
 from rlshell.runners.validation import (
     cluster_spec_for,
@@ -121,6 +122,19 @@ RUNS: dict[str, list[str]] = {
         "runner.mode=async",
         "algorithm.max_staleness=1",
     ],
+    # The sft runner (configs/sft_arithmetic.py), its actor on Megatron-core at tensor parallel
+    # 2; a rate at which two steps of 8 conversations lower the loss (checked below).
+    "sft_megatron": [
+        "configs/sft_arithmetic.py",
+        "runner.max_steps=2",
+        "runner.prompts_per_step=8",
+        "runner.eval_interval=1",
+        "checkpoint.interval=1",
+        "actor.optim.lr=0.003",
+        "actor.backend=megatron",
+        "actor.megatron.tensor_model_parallel_size=2",
+        "actor.fsdp_config.wrap_policy.min_num_params=0",
+    ],
     "sac": [
         "configs/sac_pendulum.py",
         "runner.max_steps=2",
@@ -139,6 +153,10 @@ READ_BUT_REFUSED: dict[str, str] = {
     "data.val_path": "rlshell.data.load_dataset refuses it again for the arithmetic task",
     "logger.wandb_project": "rlshell.metrics.logger_for_run hands it to MetricLogger, which "
     "passes it to the wandb backend only",
+    "actor.model.checkpoint": "rlshell.models.get_model reads it for every model it builds "
+    "(null: nothing to load); validation refuses it set in the embodied runs",
+    "actor.enable_offload": "the placement planner reads it for every plan (may the actor "
+    "time-share GPUs?); the sft run, which places the actor alone, refuses it set",
 }
 
 
@@ -374,3 +392,25 @@ def test_the_async_runs_train_step_2_on_a_batch_one_update_old(
     steps = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     lags = [m["async/staleness_max"] for m in steps if m["step"] > 0]
     assert lags == [0.0, 1.0]
+
+
+def test_the_sft_run_on_megatron_lowers_its_losses_and_exports(
+    traced: dict[str, TracedRun],
+) -> None:
+    """``python -m rlshell.train configs/sft_arithmetic.py`` with the actor on Megatron-core
+    (tensor parallel 2): the loop evaluates before the first step and after each, the
+    second step's losses are below the first's, and the final checkpoint exports a Hugging
+    Face model with the run's tokenizer (the agent's markers tokens of their own)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlshell.tokenizer import load_tokenizer
+
+    run = traced["sft_megatron"]
+    steps = {int(m["step"]): m for m in read_metrics(run.run_dir / "metrics.jsonl")}
+    assert sorted(steps) == [0, 1, 2]
+    assert steps[2]["train/loss"] < steps[1]["train/loss"]
+    assert steps[2]["eval/loss"] < steps[1]["eval/loss"] < steps[0]["eval/loss"]
+    assert 0 <= steps[0]["eval/token_accuracy"] < steps[2]["eval/token_accuracy"] <= 1
+    AutoModelForCausalLM.from_pretrained(run.run_dir / "hf_model", local_files_only=True)
+    tokenizer = load_tokenizer(run.run_dir / "hf_model")
+    assert tokenizer.tokenize("3 <call>1</call>") == ["3", " ", "<call>", "1", "</call>"]

@@ -171,6 +171,15 @@ class ModelConfig:
     ``lora_target_modules`` names (module-name suffixes such as ``q_proj``,
     or ``all-linear``: every linear layer but the output head), or, when it
     is empty, on the model's own choice (``hf_causal_lm``: ``all-linear``).
+    ``checkpoint``: a checkpoint directory of an earlier run
+    (``<run dir>/checkpoints/global_step_N``, an SFT run's say) whose policy
+    weights the model starts from, in every copy the run builds (actor,
+    rollout, reference), instead of ``path``'s or the seed's; its optimizer,
+    step and sampler stay behind. The run uses the checkpoint's tokenizer
+    unless ``tokenizer_path`` is set. ``model_kwargs`` (or ``path``) must
+    build the architecture the checkpoint holds. The directory is read
+    whenever the model is built, a resume included (the reference policy is
+    the checkpoint's).
     """
 
     model_type: str = "hf_causal_lm"
@@ -184,6 +193,7 @@ class ModelConfig:
     lora_alpha: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     lora_target_modules: tuple[str, ...] = field(default=(), metadata=LORA_TARGETS)
     gradient_checkpointing: bool = False
+    checkpoint: str | None = None
 
 
 @frozen
@@ -454,10 +464,13 @@ class DataConfig:
     ``train_path`` and ``val_path`` (a ``.jsonl`` or ``.parquet`` file, or a
     folder or Hub dataset id ``org/name[/folder]`` whose train / validation or
     test files are read, `rlshell.hub`) with columns ``prompt_key`` and
-    ``answer_key`` (a GSM8K answer keeps what follows ``####``).
+    ``answer_key`` (a GSM8K answer keeps what follows ``####``);
+    ``"conversations"`` (the sft runner's) reads demonstrations from
+    ``train_path`` and ``val_path``, JSONL files of ``{"messages": [{"role":
+    ..., "content": ...}, ...]}`` (`rlshell.conversation`).
     """
 
-    task: Literal["arithmetic", "file"] = "arithmetic"
+    task: Literal["arithmetic", "file", "conversations"] = "arithmetic"
     train_path: str | None = None
     val_path: str | None = None
     prompt_key: str = "prompt"
@@ -605,9 +618,12 @@ class RunnerConfig:
     each step's batch with the weights of the step before; ``async`` keeps
     the rollout up to ``algorithm.max_staleness`` steps ahead of the update,
     generating while the actor trains (`rlshell.runners.async_rollout`).
+    ``sft`` trains on demonstrations (``data.task='conversations'``): each
+    step a supervised update on ``prompts_per_step`` conversations
+    (`rlshell.runners.sft`).
     """
 
-    runner_type: Literal["reasoning", "embodied", "probe"] = "reasoning"
+    runner_type: Literal["reasoning", "sft", "embodied", "probe"] = "reasoning"
     mode: Literal["sync", "async"] = "sync"
     experiment_name: str = "grpo"
     output_dir: str = "runs"

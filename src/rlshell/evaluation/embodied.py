@@ -13,16 +13,15 @@ Episodes are split over the envs before they start (env i plays its first
 whichever finish first. The envs are seeded from `eval_seed`, not from the
 training runner's ``runner.seed + 1000 × rank``.
 
-Checkpoint layouts are table entries (`POLICY_LAYOUTS`): a marker file that
-identifies the layout and a function that loads the policy's weights from it.
+The checkpoint's policy weights are read by `rlshell.checkpoint.load_policy_weights`
+(its `POLICY_LAYOUTS` table: a marker file that identifies each runner's
+layout and the function that loads the policy's weights from it), re-exported here.
 """
 
 from __future__ import annotations
 
 import math
 import time
-import warnings
-from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,11 +29,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from attrs import evolve, frozen
-from torch import nn
-from torch.distributed.checkpoint.api import CheckpointException as DCPCheckpointException
 
 from rlcore import unchecked
-from rlshell.checkpoint import CheckpointError, list_checkpoints, read_trainer_state
+from rlshell.checkpoint import (
+    POLICY_LAYOUTS,
+    CheckpointError,
+    PolicyLayout,
+    load_policy_weights,
+    missing_checkpoint_message,
+    policy_layout,
+    read_trainer_state,
+)
 from rlshell.config import Config
 from rlshell.envs.stepper import EnvStepper
 from rlshell.evaluation.intervals import student_t_interval, wilson_interval
@@ -71,102 +76,6 @@ MAX_STEPS_PER_EPISODE = 100_000
 
 class EvaluationError(RuntimeError):
     """The run's env or policy cannot be evaluated (the message says which and why)."""
-
-
-# --- checkpoint layouts ------------------------------------------------------------------------
-
-
-def _load_fsdp_actor(checkpoint: Path, policy: nn.Module) -> None:
-    """The FSDP actor (reasoning and embodied PPO runners): ``actor/`` is
-    `FSDPModelManager.save_checkpoint`'s DCP shards. A policy with frozen parameters (LoRA's
-    base) reads only the rest: the checkpoint holds only those, and the frozen ones are as
-    ``get_model`` built them, as the run built them."""
-    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-
-    frozen = {
-        name
-        for name, param in policy.named_parameters(remove_duplicate=False)
-        if not param.requires_grad
-    }
-    state = {"model": {k: v for k, v in policy.state_dict().items() if k not in frozen}}
-    with warnings.catch_warnings():
-        # Reading shards in one process without a process group is the intent here.
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp_load(state, checkpoint_id=str(checkpoint / "actor"), no_dist=True)
-    policy.load_state_dict(state["model"], strict=not frozen)  # the keys are its own
-
-
-def _load_sac_learner(checkpoint: Path, policy: nn.Module) -> None:
-    """The SAC runner: ``sac_learner.pt`` holds the learner's state, the policy's under "policy"."""
-    state = torch.load(checkpoint / "sac_learner.pt", map_location="cpu", weights_only=False)
-    policy.load_state_dict(state["learner"]["policy"])
-
-
-@frozen
-class PolicyLayout:
-    """Where one runner's checkpoints keep the policy: a file that marks it, and its loader."""
-
-    marker: str
-    description: str
-    load: Callable[[Path, nn.Module], None]
-
-
-# The first layout whose marker exists in the checkpoint directory is used.
-POLICY_LAYOUTS: tuple[PolicyLayout, ...] = (
-    PolicyLayout("actor/.metadata", "the PPO runner's FSDP actor shards", _load_fsdp_actor),
-    PolicyLayout("sac_learner.pt", "the SAC runner's learner state", _load_sac_learner),
-)
-
-
-def missing_checkpoint_message(checkpoint: Path) -> str:
-    """``checkpoint`` does not exist; the run's checkpoints when its parent holds any."""
-    message = f"checkpoint {checkpoint} does not exist"
-    if checkpoint.parent.name == "checkpoints":
-        found = [path.name for _, path in list_checkpoints(checkpoint.parent.parent)]
-        message += f"; the run has {', '.join(found)}" if found else "; the run has none yet"
-    return message
-
-
-def _first_failure(error: BaseException) -> BaseException:
-    """What went wrong inside a torch.distributed.checkpoint load (it wraps each rank's error)."""
-    if isinstance(error, DCPCheckpointException) and error.failures:
-        failure: Any = next(iter(error.failures.values()))
-        inner = failure[0] if isinstance(failure, tuple) else failure
-        if isinstance(inner, BaseException):
-            return inner
-    return error
-
-
-def policy_layout(checkpoint: Path) -> PolicyLayout:
-    """The first entry of `POLICY_LAYOUTS` whose marker ``checkpoint`` holds."""
-    if not checkpoint.is_dir():
-        raise CheckpointError(missing_checkpoint_message(checkpoint))
-    layout = next((lay for lay in POLICY_LAYOUTS if (checkpoint / lay.marker).exists()), None)
-    if layout is None:
-        expected = " or ".join(f"{lay.marker} ({lay.description})" for lay in POLICY_LAYOUTS)
-        raise CheckpointError(
-            f"checkpoint {checkpoint} holds no policy weights: expected {expected}"
-        )
-    return layout
-
-
-def load_policy_weights(checkpoint: Path, policy: nn.Module) -> None:
-    """Put the checkpoint's policy weights (its `policy_layout`) into ``policy``.
-
-    Weights that do not fit ``policy`` raise a `CheckpointError` naming the
-    first mismatch. `rlshell.export` reads every runner's checkpoints with it.
-    """
-    layout = policy_layout(checkpoint)
-    try:
-        layout.load(checkpoint, policy)
-    except (RuntimeError, KeyError, ValueError, OSError, DCPCheckpointException) as error:
-        cause = _first_failure(error)
-        text = str(cause).strip()
-        detail = f"{type(cause).__name__}: {text.splitlines()[0] if text else repr(cause)}"
-        raise CheckpointError(
-            f"checkpoint {checkpoint}: {layout.marker} does not fit the {type(policy).__name__} "
-            f"that actor.model builds ({detail})"
-        ) from error
 
 
 def load_embodied_policy(checkpoint: Path, config: Config) -> BasePolicy:

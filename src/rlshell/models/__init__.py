@@ -13,11 +13,17 @@ suffixes such as ``q_proj``, or peft's ``all-linear``), with
 ``lora_trainable_modules`` (e.g. a value head) trained in full and every
 other weight frozen (`rlshell.models.lora.apply_lora`). A model that names
 no targets, configured with none, refuses ``is_lora``.
+
+``cfg.checkpoint`` (``actor.model.checkpoint``) starts the built model from
+an earlier run's policy weights (`rlshell.checkpoint.load_policy_weights`),
+before any adapters are added: every process that builds the policy (actor,
+rollout, reference) builds the same one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -25,6 +31,7 @@ from attrs import frozen
 from torch import nn
 
 from rlcore.registry import Registry
+from rlshell.checkpoint import load_policy_weights
 from rlshell.config import ModelConfig, Precision
 from rlshell.models.base import BasePolicy, ForwardType
 from rlshell.models.lora import apply_lora
@@ -83,7 +90,8 @@ def torch_dtype(precision: Precision) -> torch.dtype:
 def get_model(cfg: ModelConfig) -> nn.Module:
     """Build the model ``cfg.model_type`` names, in the dtype ``cfg.precision`` names.
 
-    With ``cfg.is_lora`` the built model gets LoRA adapters (`apply_lora`).
+    With ``cfg.checkpoint`` its weights are that checkpoint's policy's; with
+    ``cfg.is_lora`` the model then gets LoRA adapters (`apply_lora`).
     """
     entry = MODELS.get(cfg.model_type)
     if entry.category != cfg.category:
@@ -92,6 +100,8 @@ def get_model(cfg: ModelConfig) -> nn.Module:
             f"but the config asks for category '{cfg.category}'"
         )
     model = entry.builder(cfg, torch_dtype(cfg.precision))
+    if cfg.checkpoint is not None:
+        load_policy_weights(Path(cfg.checkpoint), model)
     if not cfg.is_lora:
         return model
     return apply_lora(

@@ -4,7 +4,8 @@
   metrics, evaluation and checkpoint cadence, learning curve, export) around
   a `rlshell.runners.trainer.Trainer`;
 - the trainers: `rlshell.runners.reasoning.ReasoningTrainer` (GRPO and its
-  relatives on a language model), `rlshell.runners.embodied_ppo.CollocatedPPOTrainer`
+  relatives on a language model), `rlshell.runners.sft.SFTTrainer` (supervised
+  fine-tuning on demonstrations), `rlshell.runners.embodied_ppo.CollocatedPPOTrainer`
   and `rlshell.runners.embodied_pipeline.PipelinedPPOTrainer` (embodied PPO
   and GRPO), `rlshell.runners.sac.SACTrainer` (asynchronous SAC);
 - `rlshell.runners.probe.run`: the cluster health check

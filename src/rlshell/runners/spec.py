@@ -8,6 +8,7 @@ reads the spec. Which trainer runs what:
 
     runner_type  algorithm              component_placement               trainer
     reasoning    an rlcore estimator    rollout with or apart from actor  ReasoningTrainer
+    sft          (loss_agg_mode only)   actor                             SFTTrainer
     embodied     gae or group estimator "actor,rollout,env" one key       CollocatedPPOTrainer
     embodied     gae                    actor, rollout, env: three keys   PipelinedPPOTrainer
     embodied     loss_type sac          "actor" apart from "rollout,env"  SACTrainer
@@ -82,9 +83,11 @@ def trainer_classes() -> dict[str, type[Trainer]]:
     from rlshell.runners.embodied_ppo import CollocatedPPOTrainer
     from rlshell.runners.reasoning import ReasoningTrainer
     from rlshell.runners.sac import SACTrainer
+    from rlshell.runners.sft import SFTTrainer
 
     trainers: list[type[Trainer]] = [
         ReasoningTrainer,
+        SFTTrainer,
         CollocatedPPOTrainer,
         PipelinedPPOTrainer,
         SACTrainer,
@@ -105,6 +108,8 @@ def resolve_spec(config: Config) -> RunSpec:
     trainer: type[Trainer] | None
     if runner == "reasoning":
         trainer = trainers["ReasoningTrainer"]
+    elif runner == "sft":
+        trainer = trainers["SFTTrainer"]
     elif runner == "embodied" and algorithm.loss_type == "sac":
         trainer = trainers["SACTrainer"]
     elif runner == "embodied" and layout.apart("actor", "rollout", "env"):

@@ -83,6 +83,7 @@ def validate(config: Config, *, for_run: bool = True) -> list[str]:
     problems = list(field_problems(config))
     problems += _registry_problems(spec)
     problems += _algorithm_problems(config)
+    problems += _task_problems(config)
     problems += _rollout_problems(config)
     problems += _cluster_problems(config)
     requests, request_problems = placement_requests(config)
@@ -197,6 +198,11 @@ def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, s
         unread["algorithm.max_staleness"] = (
             "bounds an asynchronous run's staleness; the probe trains nothing"
         )
+    if config.runner.runner_type == "embodied":
+        unread["actor.model.checkpoint"] = (
+            "starts a language model from an earlier run's checkpoint (the reasoning and sft "
+            "runners); the embodied runners build actor.model as configured"
+        )
     if config.checkpoint.interval == 0:
         never = "checkpoint.interval is 0: the run saves no checkpoint"
         unread["checkpoint.keep_last"] = f"{never} to keep or prune"
@@ -234,10 +240,10 @@ def _megatron_problems(spec: RunSpec, plan: PlacementPlan | None) -> list[str]:
     if actor.backend != "megatron" or "actor.backend" in unread_leaves(spec, plan):
         return []  # a run that reads no backend refuses the key as unread already
     runner = config.runner.runner_type
-    if runner not in ("reasoning", "probe"):
+    if runner not in ("reasoning", "sft", "probe"):
         return [
-            f"actor.backend: megatron trains the reasoning runner's causal LMs; the '{runner}' "
-            "runner trains with actor.backend=fsdp"
+            f"actor.backend: megatron trains the reasoning and sft runners' causal LMs; the "
+            f"'{runner}' runner trains with actor.backend=fsdp"
         ]
     megatron = actor.megatron
     defaults = type(megatron)()
@@ -246,7 +252,7 @@ def _megatron_problems(spec: RunSpec, plan: PlacementPlan | None) -> list[str]:
         for key, reason in _MEGATRON_NOT_BUILT.items()
         if getattr(megatron, key) != getattr(defaults, key)
     ]
-    if actor.share_prompt_forward:
+    if actor.share_prompt_forward and runner != "sft":  # (the sft runner does not read it)
         problems.append(
             "actor.share_prompt_forward: the shared prompt forward runs Hugging Face's KV cache, "
             "which Megatron's model has not; set actor.share_prompt_forward=false"
@@ -365,10 +371,11 @@ def _registry_problems(spec: RunSpec) -> list[str]:
     model = config.actor.model
     if model.model_type in MODELS:
         registered = MODELS.get(model.model_type).category
-        if runner in ("reasoning", "embodied") and registered != runner:
+        wanted = "reasoning" if runner == "sft" else runner  # both train language models
+        if runner in ("reasoning", "sft", "embodied") and registered != wanted:
             problems.append(
                 f"actor.model.model_type: '{model.model_type}' is a {registered} model; "
-                f"a {runner} run needs a {runner} model"
+                f"a {runner} run needs a {wanted} model"
             )
         elif model.category != registered:
             problems.append(
@@ -511,6 +518,8 @@ def required_components(config: Config) -> tuple[str, ...]:
     needed: list[str] = []
     if runner == "reasoning":
         needed = ["actor", "rollout", "reward"]
+    elif runner == "sft":
+        needed = ["actor"]
     elif runner == "embodied":
         needed = ["actor", "rollout", "env"]
     if runner == "reasoning" and config.algorithm.kl_coef > 0:
@@ -678,9 +687,22 @@ def _in_config_terms(problem: str) -> str:
     )
 
 
+def _task_problems(config: Config) -> list[str]:
+    """``data.task='conversations'`` (demonstrations) outside the sft runner. (The sft
+    runner refuses the other tasks: `rlshell.runners.sft.SFTTrainer.problems`.)"""
+    if config.data.task == "conversations" and config.runner.runner_type == "reasoning":
+        return [
+            "data.task: 'conversations' are demonstrations for runner.runner_type='sft'; the "
+            "reasoning runner samples responses to prompts ('arithmetic', or 'file' with "
+            "prompt and answer columns)"
+        ]
+    return []
+
+
 def _data_problems(config: Config) -> list[str]:
     """Dataset files, folders or Hub datasets that are missing, cannot be had offline, or lack
     a column: found before anything starts."""
+    from rlshell.conversation import read_conversations
     from rlshell.data import Split, read_split
     from rlshell.hub import hub_id
 
@@ -698,9 +720,12 @@ def _data_problems(config: Config) -> list[str]:
             continue
         if hub_id(path, "dataset") is None and not Path(path).exists():
             problems.append(f"{key}: {path} does not exist")
-        elif data.task == "file":
+        elif data.task in ("file", "conversations"):
             try:
-                read_split(key, path, split, data.prompt_key, data.answer_key)
+                if data.task == "file":
+                    read_split(key, path, split, data.prompt_key, data.answer_key)
+                else:
+                    read_conversations(path)
             except (OSError, ValueError) as error:
                 message = str(error)
                 problems.append(message if message.startswith(f"{key}: ") else f"{key}: {message}")
@@ -717,7 +742,33 @@ def _model_problems(config: Config) -> list[str]:
         ("actor.model.tokenizer_path", model.tokenizer_path, "tokenizer_config.json"),
     )
     found = (hub_problem(key, value, needs) for key, value, needs in sources if value is not None)
-    return [problem for problem in found if problem is not None]
+    problems = [problem for problem in found if problem is not None]
+    if model.checkpoint is not None:
+        problems += _initial_checkpoint_problems(config)
+    return problems
+
+
+def _initial_checkpoint_problems(config: Config) -> list[str]:
+    """``actor.model.checkpoint``: a checkpoint directory with policy weights and, unless
+    ``actor.model.tokenizer_path`` gives one, the tokenizer they were trained with."""
+    from rlshell.checkpoint import CheckpointError, policy_layout
+
+    model = config.actor.model
+    checkpoint = Path(str(model.checkpoint))
+    try:
+        policy_layout(checkpoint)
+    except CheckpointError as error:
+        return [
+            f"actor.model.checkpoint: {error} (expected <run dir>/checkpoints/global_step_N of "
+            "an earlier run)"
+        ]
+    if model.tokenizer_path is None and not (checkpoint / "tokenizer").is_dir():
+        return [
+            f"actor.model.checkpoint: {checkpoint} holds no tokenizer/ (a reasoning or sft "
+            "run's checkpoints hold the tokenizer it trained with); set "
+            "actor.model.tokenizer_path to the tokenizer its model was trained with"
+        ]
+    return []
 
 
 def _run_only_problems(config: Config) -> list[str]:
