@@ -23,6 +23,7 @@ prompts an uninterrupted run would have drawn.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -189,7 +190,8 @@ def _text(value: Any, where: str, key: str) -> str:
 
 @frozen
 class ArithmeticTask:
-    """Sums ``a₁+a₂+…+aₖ=`` of ``num_terms`` integers in ``[0, max_operand]``.
+    """Sums ``a₁+a₂+…+aₖ=`` (or, with ``operator="*"``, products ``a₁*a₂*…*aₖ=``) of
+    ``num_terms`` integers in ``[0, max_operand]``.
 
     The prompt space has (max_operand + 1)^num_terms prompts. ``num_val``
     of them, drawn with ``seed``, are held out; training draws from the rest
@@ -202,6 +204,10 @@ class ArithmeticTask:
     accuracy measures arithmetic rather than memorised prompts. Two digits
     (100 prompts) leave nothing to generalise to; two numbers up to 49 start
     from 0.3% and barely move in the same budget.
+
+    Products of two numbers up to 999 (``operator="*"``) are the tool-use
+    task (`configs/grpo_tool_agent.py`): six-digit answers a tiny model
+    cannot work out in its few tokens, but can read off a calculator.
     """
 
     num_terms: int = 3
@@ -209,6 +215,7 @@ class ArithmeticTask:
     num_val: int = 200
     num_train: int | None = None
     seed: int = 0
+    operator: Literal["+", "*"] = "+"
 
     @classmethod
     def of(cls, data: DataConfig) -> ArithmeticTask:
@@ -220,6 +227,7 @@ class ArithmeticTask:
             num_val=data.num_val,
             num_train=data.num_train,
             seed=data.seed,
+            operator=data.operator,
         )
 
     @property
@@ -283,7 +291,8 @@ def _arithmetic_example(index: int, task: ArithmeticTask) -> PromptExample:
     for _ in range(task.num_terms):
         index, operand = divmod(index, base)
         operands.append(operand)
-    return PromptExample(prompt="+".join(map(str, operands)) + "=", answer=str(sum(operands)))
+    value = sum(operands) if task.operator == "+" else math.prod(operands)
+    return PromptExample(prompt=task.operator.join(map(str, operands)) + "=", answer=str(value))
 
 
 # ---------------------------------------------------------------------------

@@ -81,6 +81,8 @@ NAMESPACES = (
     "perf/",
     "env/",
     "async/",
+    "agent/",
+    "tools/",
 )
 BACKENDS = ("console", "jsonl", "tensorboard", "wandb")
 METRICS_FILE = "metrics.jsonl"

@@ -280,3 +280,32 @@ def test_merged_lora_weights_make_the_engine_sample_the_adapted_model(
     actor = HFRolloutEngine(adapted, hf.tokenizer, torch.device("cpu"))
     _assert_same_greedy_tokens(actor, vllm)
     assert _max_logprob_gap(actor, vllm, seed=5) < LOGPROB_ATOL
+
+
+def test_prompts_as_token_ids_and_stop_tokens_match_hf(
+    engines: tuple[HFRolloutEngine, VLLMRolloutEngine],
+) -> None:
+    """What a multi-turn rollout asks of an engine: prompts given as token ids (never
+    re-tokenised) and extra stop tokens, kept in the response as EOS is."""
+    hf, vllm = engines
+    rows = [hf.tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]
+    free = hf.generate_from_ids(rows, SamplingParams(n=1, greedy=True, max_new_tokens=8))
+    # A token the greedy rows write, not EOS: stopping on it must cut them there.
+    written = free.response_ids[free.response_mask & (free.response_ids != hf.eos_id)]
+    plus = int(written[len(written) // 2])
+    params = SamplingParams(n=1, greedy=True, max_new_tokens=8, stop_token_ids=(plus,))
+    ours, theirs = hf.generate_from_ids(rows, params), vllm.generate_from_ids(rows, params)
+    torch.testing.assert_close(theirs.response_ids, ours.response_ids, rtol=0, atol=0)
+    assert torch.equal(theirs.response_mask, ours.response_mask)
+    assert torch.equal(theirs.prompt_ids, ours.prompt_ids)
+    for tokens, mask in zip(ours.response_ids, ours.response_mask, strict=True):
+        valid = tokens[mask].tolist()
+        ends = [i for i, t in enumerate(valid) if t in (plus, hf.eos_id)]
+        assert ends in ([], [len(valid) - 1])  # the first end token is the last valid one
+    stopped = [
+        bool(t[m][-1] == plus) for t, m in zip(ours.response_ids, ours.response_mask, strict=True)
+    ]
+    assert any(stopped), "no row stopped on the extra stop token: the test proves nothing"
+    # The same prompts as text give the same batch.
+    text = hf.generate(PROMPTS, params)
+    assert torch.equal(text.response_ids, ours.response_ids)

@@ -438,6 +438,55 @@ class RewardConfig:
 
 
 @frozen
+class AgentConfig:
+    """Multi-turn, tool-using rollouts (reasoning runner) and the conversation format (SFT).
+
+    ``tools``: registered tool names (`rlshell.tools`) the model may call;
+    empty, a rollout is one prompt and one completion. With tools, a response
+    is up to ``max_turns`` model turns: a turn that ends with a tool call
+    (``call_start`` … ``call_end``, ``call_body`` ``plain``: ``name argument``,
+    or ``json``: ``{"name": ..., "arguments": ...}``; ``default_tool`` may be
+    called without its name) has the call run and its output appended as
+    ``result_start`` … ``result_end``, and the model continues, until a turn
+    ends without a call (the answer), the turn cap, or ``max_total_tokens``
+    response tokens (model and tool tokens together; null: ``max_turns`` ×
+    ``rollout.max_new_tokens``). Each turn generates at most
+    ``rollout.max_new_tokens``. Tool outputs are context, not trained
+    (`rlshell.rollout.RolloutBatch.loss_mask`).
+
+    Tools run in sandbox processes (``num_tool_processes`` of them), each call
+    under ``tool_timeout_s``, ``tool_memory_mb`` of address space, no network
+    unless ``tool_network``, in a scratch directory; at most
+    ``tool_max_output_chars`` of its output is shown to the model. A call
+    that fails (malformed, unknown tool, error, crash, time-out, memory) is an
+    observation saying so, counted in ``tools/`` metrics, and scored
+    ``tool_error_reward`` (added to the trajectory's reward, once per failed
+    call; 0 by default).
+
+    The markers also shape the SFT stage's conversations
+    (`rlshell.conversation`): tool messages are wrapped in ``result_start`` …
+    ``result_end``. The project's character tokenizer gets the four markers
+    as tokens of their own in runs that use them (tools, or the SFT stage).
+    """
+
+    tools: tuple[str, ...] = ()
+    max_turns: int = field(default=4, metadata=POSITIVE_INT)
+    max_total_tokens: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+    call_start: str = "<call>"
+    call_end: str = "</call>"
+    result_start: str = "<result>"
+    result_end: str = "</result>"
+    call_body: Literal["plain", "json"] = "plain"
+    default_tool: str | None = None
+    tool_timeout_s: float = field(default=5.0, metadata=POSITIVE)
+    tool_memory_mb: int = field(default=512, metadata=POSITIVE_INT)
+    tool_max_output_chars: int = field(default=1024, metadata=POSITIVE_INT)
+    tool_network: bool = False
+    num_tool_processes: int = field(default=1, metadata=POSITIVE_INT)
+    tool_error_reward: float = 0.0
+
+
+@frozen
 class EnvConfig:
     """Environments for embodied runs (unused by reasoning runs).
 
@@ -458,9 +507,10 @@ class EnvConfig:
 class DataConfig:
     """Prompts: the generated arithmetic task, or JSONL/Parquet files with prompt/answer columns.
 
-    ``task``: ``"arithmetic"`` generates sums of ``num_terms`` integers in
-    ``[0, max_operand]``, holding out ``num_val`` prompts (and training on
-    ``num_train`` of the rest, or all of them when null); ``"file"`` reads
+    ``task``: ``"arithmetic"`` generates sums (``operator`` ``"+"``) or products
+    (``"*"``) of ``num_terms`` integers in ``[0, max_operand]``, holding out
+    ``num_val`` prompts (and training on ``num_train`` of the rest, or all of
+    them when null); ``"file"`` reads
     ``train_path`` and ``val_path`` (a ``.jsonl`` or ``.parquet`` file, or a
     folder or Hub dataset id ``org/name[/folder]`` whose train / validation or
     test files are read, `rlshell.hub`) with columns ``prompt_key`` and
@@ -480,6 +530,7 @@ class DataConfig:
     num_val: int = field(default=200, metadata=NON_NEGATIVE_INT)
     num_train: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     seed: int = 0
+    operator: Literal["+", "*"] = "+"
 
 
 @frozen
@@ -682,6 +733,7 @@ class Config:
     critic: CriticConfig = Factory(CriticConfig)
     rollout: RolloutConfig = Factory(RolloutConfig)
     reward: RewardConfig = Factory(RewardConfig)
+    agent: AgentConfig = Factory(AgentConfig)
     env: EnvConfig = Factory(EnvConfig)
     data: DataConfig = Factory(DataConfig)
     algorithm: AlgorithmConfig = Factory(AlgorithmConfig)

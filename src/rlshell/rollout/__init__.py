@@ -9,20 +9,21 @@ tokens and the decoded texts. Rows ``g·n … g·n + n − 1`` answer prompt ``g
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
-from attrs import frozen
+from attrs import field, frozen
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-__all__ = ["RolloutBatch", "SamplingParams"]
+__all__ = ["RolloutBatch", "SamplingParams", "left_padded"]
 
 
 @frozen
 class SamplingParams:
     """How to sample: ``greedy`` ignores temperature, top-p and top-k; ``min_new_tokens``
-    forbids the end token before that many (benchmarks use it to sample fixed lengths)."""
+    forbids the end token before that many (benchmarks use it to sample fixed lengths);
+    ``stop_token_ids`` end a response as EOS does, and are kept in it."""
 
     n: int = 1
     temperature: float = 1.0
@@ -31,11 +32,26 @@ class SamplingParams:
     max_new_tokens: int = 16
     greedy: bool = False
     min_new_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+
+    def end_ids(self, eos_id: int) -> tuple[int, ...]:
+        """The tokens that end a response: EOS, then ``stop_token_ids`` (a multi-turn rollout
+        stops a turn at a tool call's closing token); each stays in the response."""
+        return (eos_id, *(t for t in self.stop_token_ids if t != eos_id))
 
 
 @frozen(eq=False)
 class RolloutBatch:
-    """Sampled responses, token-aligned: prompts left-padded, responses right-padded."""
+    """Sampled responses, token-aligned: prompts left-padded, responses right-padded.
+
+    A multi-turn rollout (`rlshell.engines.rollout.multi_turn`) puts every
+    turn in the response, tool outputs included: ``loss_mask`` marks the
+    tokens the model wrote (`trained_mask`), ``token_rewards`` holds rewards
+    the rollout itself gave to tokens (per-turn rewards, added to the outcome
+    score placed on the last trained token), ``row_stats`` per-row counts for
+    metrics (turns, tool calls by outcome). A single-turn rollout has none.
+    ``response_texts`` are what the reward reads: a multi-turn row's final turn.
+    """
 
     prompt_ids: Int[Tensor, "batch prompt"]
     prompt_mask: Bool[Tensor, "batch prompt"]
@@ -44,6 +60,9 @@ class RolloutBatch:
     logprobs: Float[Tensor, "batch response"]
     response_texts: tuple[str, ...]
     group_size: int = 1
+    loss_mask: Bool[Tensor, "batch response"] | None = None
+    token_rewards: Float[Tensor, "batch response"] | None = None
+    row_stats: Mapping[str, Float[Tensor, " batch"]] = field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
         rows = self.prompt_ids.shape[0]
@@ -52,6 +71,17 @@ class RolloutBatch:
             "response_mask": (self.response_mask.shape, self.response_ids.shape),
             "logprobs": (self.logprobs.shape, self.response_ids.shape),
         }
+        if self.token_rewards is not None:
+            shapes["token_rewards"] = (self.token_rewards.shape, self.response_ids.shape)
+        for name, stat in self.row_stats.items():
+            shapes[f"row_stats[{name!r}]"] = (stat.shape, self.response_ids.shape[:1])
+        if self.loss_mask is not None:
+            shapes["loss_mask"] = (self.loss_mask.shape, self.response_ids.shape)
+            if bool((self.loss_mask & ~self.response_mask).any()):
+                raise ValueError(
+                    "RolloutBatch.loss_mask trains tokens outside the response_mask: "
+                    "a trained token must be a valid response token"
+                )
         for name, (got, want) in shapes.items():
             if got != want:
                 raise ValueError(
@@ -74,6 +104,17 @@ class RolloutBatch:
     @property
     def attention_mask(self) -> Bool[Tensor, "batch seq"]:
         return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    @property
+    def trained_mask(self) -> Bool[Tensor, "batch response"]:
+        """The response tokens the losses train on: the model's own tokens.
+
+        The whole response (``response_mask``) unless ``loss_mask`` says
+        otherwise: in a multi-turn rollout the response holds tool outputs
+        too, which the model reads (they are in ``response_mask``, so in the
+        attention) but did not write.
+        """
+        return self.response_mask if self.loss_mask is None else self.loss_mask
 
     @property
     def response_lengths(self) -> Int[Tensor, "batch"]:
@@ -107,6 +148,9 @@ class RolloutBatch:
             logprobs=self.logprobs[index, :stop],
             response_texts=tuple(self.response_texts[i] for i in index.tolist()),
             group_size=group_size,
+            loss_mask=None if self.loss_mask is None else self.loss_mask[index, :stop],
+            token_rewards=None if self.token_rewards is None else self.token_rewards[index, :stop],
+            row_stats={name: stat[index] for name, stat in self.row_stats.items()},
         )
 
     @staticmethod
@@ -134,7 +178,37 @@ class RolloutBatch:
             logprobs=torch.cat([right(b.logprobs, response, 0.0) for b in batches]),
             response_texts=tuple(text for b in batches for text in b.response_texts),
             group_size=sizes.pop(),
+            loss_mask=(
+                None
+                if all(b.loss_mask is None for b in batches)
+                else torch.cat([right(b.trained_mask, response, False) for b in batches])
+            ),
+            token_rewards=(
+                None
+                if all(b.token_rewards is None for b in batches)
+                else torch.cat(
+                    [
+                        right(
+                            torch.zeros(b.response_ids.shape)
+                            if b.token_rewards is None
+                            else b.token_rewards,
+                            response,
+                            0.0,
+                        )
+                        for b in batches
+                    ]
+                )
+            ),
+            row_stats=_concat_row_stats(batches),
         )
+
+
+def _concat_row_stats(batches: Sequence[RolloutBatch]) -> dict[str, Tensor]:
+    names = {name for batch in batches for name in batch.row_stats}
+    missing = [name for name in names if any(name not in b.row_stats for b in batches)]
+    if missing:
+        raise ValueError(f"RolloutBatch.concat: row_stats {sorted(missing)} missing from a batch")
+    return {name: torch.cat([b.row_stats[name] for b in batches]) for name in sorted(names)}
 
 
 def _first_used_column(mask: Tensor) -> int:
@@ -145,3 +219,20 @@ def _first_used_column(mask: Tensor) -> int:
 def _last_used_column(mask: Tensor) -> int:
     used = mask.any(dim=0).nonzero()
     return int(used[-1]) + 1 if used.numel() else 0
+
+
+def left_padded(
+    rows: Sequence[Sequence[int]], pad_id: int
+) -> tuple[Int[Tensor, "batch width"], Bool[Tensor, "batch width"]]:
+    """Token-id rows as one left-padded batch and its mask (as a tokenizer pads prompts)."""
+    if not rows:
+        raise ValueError("generate() needs at least one prompt")
+    if any(len(row) == 0 for row in rows):
+        raise ValueError("a prompt of token ids is empty")
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for index, row in enumerate(rows):
+        ids[index, width - len(row) :] = torch.as_tensor(list(row), dtype=torch.long)
+        mask[index, width - len(row) :] = True
+    return ids, mask

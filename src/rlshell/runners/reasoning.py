@@ -27,7 +27,6 @@ from rlcore.rollout import (
     filter_informative_groups,
     kl_penalized_rewards,
     overlong_penalty,
-    place_on_last_token,
 )
 from rlshell.checkpoint import QUEUE_FILE, TrainerState, queue_problem
 from rlshell.cluster.errors import WorkerDiedError, WorkerError
@@ -36,6 +35,7 @@ from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import Config
 from rlshell.data import PromptExample, PromptSampler, SamplerState, load_dataset
+from rlshell.engines.rollout.multi_turn import agent_metrics, single_token_id
 from rlshell.metrics import tokens_per_second
 from rlshell.rewards.failures import FailureWatches
 from rlshell.rewards.pool import RewardResult
@@ -53,7 +53,12 @@ from rlshell.runners.unread import (
     stages_unread,
 )
 from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
-from rlshell.workers.actor import ActorWorker, compute_advantages, optimizer_steps_per_batch
+from rlshell.workers.actor import (
+    ActorWorker,
+    compute_advantages,
+    optimizer_steps_per_batch,
+    outcome_token_rewards,
+)
 from rlshell.workers.critic import CriticWorker
 from rlshell.workers.reward import RewardWorker
 from rlshell.workers.rollout import ReferenceWorker, RolloutWorker
@@ -166,6 +171,7 @@ class ReasoningTrainer:
             problems += offload_problems(config, plan)
         if config.runner.mode == "async":
             problems += _async_problems(config, plan)
+        problems += _agent_problems(config)
         return problems
 
     @classmethod
@@ -244,7 +250,7 @@ class ReasoningTrainer:
                 unread[f"data.{key}"] = generated
         else:
             files = f"describes the generated arithmetic task; data.task is '{data.task}'"
-            for key in ("num_terms", "max_operand", "num_val", "num_train", "seed"):
+            for key in ("num_terms", "max_operand", "num_val", "num_train", "seed", "operator"):
                 unread[f"data.{key}"] = files
         if config.rollout.weight_sync == "shared":
             unread["rollout.bucket_size_mb"] = (
@@ -259,6 +265,8 @@ class ReasoningTrainer:
     def launch(cls, spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> Self:
         config = spec.config
         tokenizer_dir = prepare_tokenizer(config, run_dir)
+        if config.agent.tools:  # a turn stops on the call's closing marker: one token
+            single_token_id(load_tokenizer(tokenizer_dir), config.agent.call_end, "agent.call_end")
         trainer = cls(
             with_tokenizer_ids(config, tokenizer_dir),
             tokenizer_dir,
@@ -443,7 +451,7 @@ class ReasoningTrainer:
             if critic_call is not None:
                 assert values is not None
                 train.update(critic_call.wait()[0])
-                train.update(_value_metrics(values, estimate.returns, batch.response_mask))
+                train.update(_value_metrics(values, estimate.returns, batch.trained_mask))
         with timed(metrics, "time/sync"):
             sync = {}
             if actor_trains:
@@ -455,6 +463,7 @@ class ReasoningTrainer:
         metrics.update(sync)
         correct = torch.tensor(scored.correct.scores, dtype=torch.float32)
         metrics.update(_rollout_metrics(batch, scores, correct, params.n))
+        metrics.update(agent_metrics(batch))
         if config.algorithm.overlong_buffer is not None:
             metrics["reward/shaped_mean"] = float(scores.mean())
         metrics["time/step"] = step_time
@@ -487,8 +496,8 @@ class ReasoningTrainer:
         reference at this step's β (`rlcore.rollout.kl_penalized_rewards`); β moves for the
         next step when ``algorithm.kl_target`` is set (`rlcore.rollout.adaptive_kl_coef`)."""
         algorithm = self.config.algorithm
-        mask = batch.response_mask
-        placed = place_on_last_token(scores.to(torch.float32), mask)
+        mask = batch.trained_mask
+        placed = outcome_token_rewards(batch, scores)
         rewards, kl = kl_penalized_rewards(
             placed, logprobs.float(), ref_logprobs.float(), mask, self.kl_coef, algorithm.kl_kind
         )
@@ -642,7 +651,13 @@ class ReasoningTrainer:
         results = self._reward().score(texts, answers, [correctness]).wait()[0]
         self._report_failures(results, f"the evaluation at step {step}")
         result: RewardResult = results[correctness]
+        agent = {
+            key.replace("agent/", "eval/"): value
+            for key, value in agent_metrics(batch).items()
+            if key in ("agent/turns_mean", "agent/tool_calls_per_response", "agent/answered_frac")
+        }
         return {
+            **agent,
             "eval/accuracy": sum(result.scores) / len(result.scores),
             "eval/reward_failed_frac": result.failed_frac,
             "eval/response_length": float(batch.response_lengths.float().mean()),
@@ -883,6 +898,44 @@ def _async_problems(config: Config, plan: PlacementPlan | None) -> list[str]:
             "algorithm.dynamic_sampling: the asynchronous runner queues each step's rollout "
             "ahead, and dynamic sampling's further rounds are drawn once a step's scores are "
             "in; use runner.mode=sync with dynamic sampling"
+        )
+    return problems
+
+
+def _agent_problems(config: Config) -> list[str]:
+    """``agent.tools``: names the tool registry knows, a default tool among them, markers
+    that cannot be confused, and what multi-turn rollouts do not combine with."""
+    from rlshell.tools import TOOLS
+
+    agent = config.agent
+    if not agent.tools:
+        return []
+    problems = []
+    for name in agent.tools:
+        try:
+            TOOLS.get(name)
+        except KeyError as error:
+            problems.append(f"agent.tools: {error.args[0]}")
+    if agent.default_tool is not None and agent.default_tool not in agent.tools:
+        problems.append(
+            f"agent.default_tool: {agent.default_tool!r} is not one of agent.tools "
+            f"{list(agent.tools)}"
+        )
+    markers = {
+        "call_start": agent.call_start,
+        "call_end": agent.call_end,
+        "result_start": agent.result_start,
+        "result_end": agent.result_end,
+    }
+    for key, marker in markers.items():
+        if not marker:
+            problems.append(f"agent.{key}: a marker cannot be empty")
+    if len(set(markers.values())) < len(markers):
+        problems.append(f"agent: the four markers must differ, got {markers}")
+    if config.rollout.partial_rollouts:
+        problems.append(
+            "rollout.partial_rollouts: a multi-turn rollout (agent.tools) runs its turns as "
+            "requests of their own; interrupting a turn is not built; set it to false"
         )
     return problems
 

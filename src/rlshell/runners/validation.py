@@ -191,6 +191,13 @@ def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, s
                 else f"the {config.runner.runner_type} runner has no such generations"
             )
         )
+    runner = config.runner.runner_type
+    if runner in ("embodied", "probe") or (runner == "reasoning" and not config.agent.tools):
+        unread["agent"] = "configures the reasoning runner's multi-turn, tool-using rollouts; " + (
+            "agent.tools is empty, so a rollout is one prompt and one completion"
+            if runner == "reasoning"
+            else f"the {runner} runner has no text rollouts"
+        )
     if config.runner.runner_type == "probe":
         unread["runner.mode"] = (
             "runs a trainer's rollout ahead of its update; the probe trains nothing"

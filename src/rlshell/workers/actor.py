@@ -50,6 +50,7 @@ from rlshell.cluster.worker import Worker
 from rlshell.config import AlgorithmConfig, Config, Precision
 from rlshell.engines.rollout import RolloutEngine, make_rollout_engine
 from rlshell.engines.rollout.hf import HFRolloutEngine
+from rlshell.engines.rollout.multi_turn import AgentLoop, make_agent_loop, sample
 from rlshell.engines.training import TrainingBackend, make_training_backend
 from rlshell.engines.training.fsdp import (
     gathered_named_tensors,
@@ -144,17 +145,24 @@ def compute_advantages(
     """
     algorithm = config.algorithm
     if token_rewards is None:
-        token_rewards = place_on_last_token(scores.to(torch.float32), batch.response_mask)
+        token_rewards = outcome_token_rewards(batch, scores)
     estimator = ADVANTAGES.get(algorithm.adv_type)
     return estimator(
         AdvantageBatch(
             token_rewards=token_rewards,
-            mask=batch.response_mask,
+            mask=batch.trained_mask,
             group_size=batch.group_size,
             values=None if values is None else values.to(torch.float32),
         ),
         AdvantageConfig(**_read_for(ADVANTAGES, algorithm.adv_type, config, ESTIMATOR_KEYS)),
     )
+
+
+def outcome_token_rewards(batch: RolloutBatch, scores: Tensor) -> Tensor:
+    """Each response's score on its last trained token, plus the per-turn rewards its
+    rollout gave (`RolloutBatch.token_rewards`, a multi-turn rollout's)."""
+    placed = place_on_last_token(scores.to(torch.float32), batch.trained_mask)
+    return placed if batch.token_rewards is None else placed + batch.token_rewards.to(placed)
 
 
 def _read_for(
@@ -302,6 +310,7 @@ class ActorWorker(Worker):
         self.global_step = 0
         self.manager: TrainingBackend | None = None
         self.engine: RolloutEngine | None = None
+        self.agent: AgentLoop | None = None  # agent.tools: multi-turn rollouts with tool calls
         # weight_sync='shared': the hf engine, lent this rank's gathered weights to generate.
         self.borrowing_engine: HFRolloutEngine | None = None
         self.sender: WeightSender | None = None
@@ -328,6 +337,7 @@ class ActorWorker(Worker):
             # a copy holds the plain model and receives the merged weights.
             model = build_rollout_model(self.config, merged_lora=not self.shared)
             tokenizer = load_tokenizer(tokenizer_path)
+            self.agent = make_agent_loop(self.config, tokenizer)
             if self.shared:
                 engine = HFRolloutEngine(model, tokenizer, device)
                 engine.release_weights()  # it borrows this rank's own, gathered, to generate
@@ -408,8 +418,8 @@ class ActorWorker(Worker):
                 self.manager.unsharded() as model,
                 self.borrowing_engine.borrowing(dict(model.named_parameters())),
             ):
-                return self.borrowing_engine.generate(prompts, params, seed=seed)
-        return self.engine.generate(prompts, params, seed=seed)
+                return sample(self.borrowing_engine, self.agent, prompts, params, seed)
+        return sample(self.engine, self.agent, prompts, params, seed)
 
     # -- weights
 
@@ -582,7 +592,7 @@ class ActorWorker(Worker):
         horizon = self.config.rollout.max_new_tokens
         index = torch.as_tensor(rows)
         normalizer = aggregation_normalizer(
-            batch.response_mask[index], algorithm.loss_agg_mode, horizon
+            batch.trained_mask[index], algorithm.loss_agg_mode, horizon
         )
         shares = manager.data_parallel_size
         micro_batches = token_micro_batches(
@@ -730,7 +740,7 @@ class ActorWorker(Worker):
         algorithm = self.config.algorithm
         mode = algorithm.loss_agg_mode
         logprobs, entropy = forward or self._policy_forward(micro)
-        mask = micro.response_mask.to(logprobs.device)
+        mask = micro.trained_mask.to(logprobs.device)
         recomputed = logprobs.detach() if old_logprobs is None else old_logprobs.to(logprobs)
         ratio_base, proximal, weights, metrics = old_logprobs_and_weights(
             recomputed, micro.logprobs.to(logprobs.device), mask, algorithm

@@ -138,7 +138,7 @@ class CriticWorker(Worker):
         per_step: list[dict[str, float]] = []
         for _, rows in steps:
             normalizer = aggregation_normalizer(
-                batch.response_mask[torch.as_tensor(rows)], mode, horizon
+                batch.trained_mask[torch.as_tensor(rows)], mode, horizon
             )
             micro_batches = token_micro_batches(batch, data_parallel_rows(manager, rows), budget)
             totals: dict[str, float] = {}
@@ -154,7 +154,7 @@ class CriticWorker(Worker):
                     values,
                     old_values[index, :width].to(values),
                     returns[index, :width].to(values),
-                    micro.response_mask.to(values.device),
+                    micro.trained_mask.to(values.device),
                     clip=algorithm.value_clip,
                     agg=mode,
                     normalizer=normalizer,

@@ -23,6 +23,7 @@ from torch import Tensor
 from rlshell.cluster.worker import Worker
 from rlshell.config import Config
 from rlshell.engines.rollout import RolloutEngine, make_rollout_engine
+from rlshell.engines.rollout.multi_turn import AgentLoop, make_agent_loop, sample
 from rlshell.models import get_model
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.sync.transfer import WeightReceiver
@@ -63,6 +64,7 @@ class RolloutWorker(Worker):
     def __init__(self, config: Config) -> None:
         self.config = config
         self.engine: RolloutEngine | None = None
+        self.agent: AgentLoop | None = None  # agent.tools: multi-turn rollouts with tool calls
         self.receiver: WeightReceiver | None = None
         self.version = 0  # the actor version of the weights held (runner.mode='async')
         self._last_finished: float | None = None
@@ -74,13 +76,13 @@ class RolloutWorker(Worker):
         from rlshell.tokenizer import load_tokenizer
 
         model = build_rollout_model(self.config, merged_lora=True)
-        self.engine = make_rollout_engine(
-            self.config.rollout, model, load_tokenizer(tokenizer_path), worker_device()
-        )
+        tokenizer = load_tokenizer(tokenizer_path)
+        self.engine = make_rollout_engine(self.config.rollout, model, tokenizer, worker_device())
+        self.agent = make_agent_loop(self.config, tokenizer)
         self.receiver = WeightReceiver(self.engine.weight_targets())
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, seed: int) -> RolloutBatch:
-        return self._engine().generate(prompts, params, seed=seed)
+        return sample(self._engine(), self.agent, prompts, params, seed)
 
     def generate_versioned(
         self, prompts: Sequence[str], params: SamplingParams, seed: int
@@ -89,7 +91,7 @@ class RolloutWorker(Worker):
         started = time.time()
         idle = 0.0 if self._last_finished is None else max(0.0, started - self._last_finished)
         if not self.config.rollout.partial_rollouts:
-            batch = self._engine().generate(prompts, params, seed=seed)
+            batch = sample(self._engine(), self.agent, prompts, params, seed)
             self._last_finished = time.time()
             return RolloutResult(batch, self.version, started, self._last_finished, idle)
         offers = self._offers

@@ -52,6 +52,7 @@ class RolloutEngine(Protocol):
     targets = engine.weight_targets()                   # syncs write into these tensors
     engine.weights_updated()                            # ... then the engine takes them up
     batch = engine.generate(prompts, params, seed=seed) # rows g·n … g·n+n−1 answer prompt g
+    batch = engine.generate_from_ids(token_rows, params, seed=seed)  # prompts as token ids
     batch, versions = engine.generate_partial(prompts, params, seed, switch)  # new weights mid-way
     engine.offload(); ...; engine.reload()              # make room on a shared GPU meanwhile
     """
@@ -73,6 +74,13 @@ class RolloutEngine(Protocol):
         self, prompts: Sequence[str], params: SamplingParams, seed: int | None = None
     ) -> RolloutBatch:
         """``params.n`` responses per prompt, grouped by prompt; ``seed`` makes it repeatable."""
+        ...
+
+    def generate_from_ids(
+        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None
+    ) -> RolloutBatch:
+        """`generate` for prompts given as token ids, which the engine does not re-tokenise
+        (a multi-turn rollout continues from exactly the tokens it sampled)."""
         ...
 
     def generate_partial(

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from rlcore.logprobs import token_logprobs
 from rlcore.rollout import response_mask
 from rlshell.engines.rollout import WeightSwitch
-from rlshell.rollout import RolloutBatch, SamplingParams
+from rlshell.rollout import RolloutBatch, SamplingParams, left_padded
 
 __all__ = ["HFRolloutEngine"]
 
@@ -126,7 +126,16 @@ class HFRolloutEngine:
         process's global random state (a resumed run samples what the
         uninterrupted run sampled).
         """
-        batch, _ = self._generate(prompts, params, seed, None)
+        batch, _ = self._generate(self._encode(prompts), params, seed, None)
+        return batch
+
+    @torch.no_grad()
+    def generate_from_ids(
+        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None
+    ) -> RolloutBatch:
+        """`generate` for prompts given as token ids, left-padded here (a multi-turn
+        rollout's contexts: what was sampled stays the very tokens sampled)."""
+        batch, _ = self._generate(left_padded(prompt_ids, self.pad_id), params, seed, None)
         return batch
 
     @torch.no_grad()
@@ -147,24 +156,28 @@ class HFRolloutEngine:
         that of the weights that sampled it. Without an interruption this is
         `generate`, token for token.
         """
-        batch, versions = self._generate(prompts, params, seed, switch)
+        batch, versions = self._generate(self._encode(prompts), params, seed, switch)
         assert versions is not None
         return batch, versions
 
+    def _encode(self, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        if not prompts:
+            raise ValueError("generate() needs at least one prompt")
+        encoded = self.tokenizer(list(prompts), return_tensors="pt", padding=True)
+        return encoded["input_ids"], encoded["attention_mask"].bool()
+
     def _generate(
         self,
-        prompts: Sequence[str],
+        encoded: tuple[Tensor, Tensor],
         params: SamplingParams,
         seed: int | None,
         switch: WeightSwitch | None,
     ) -> tuple[RolloutBatch, Tensor | None]:
-        if not prompts:
-            raise ValueError("generate() needs at least one prompt")
         from transformers import StoppingCriteriaList
 
-        encoded = self.tokenizer(list(prompts), return_tensors="pt", padding=True)
-        prompt_ids = encoded["input_ids"].repeat_interleave(params.n, dim=0)
-        prompt_mask = encoded["attention_mask"].repeat_interleave(params.n, dim=0).bool()
+        prompt_ids = encoded[0].repeat_interleave(params.n, dim=0)
+        prompt_mask = encoded[1].repeat_interleave(params.n, dim=0)
+        ends = params.end_ids(self.eos_id)
         sampling: dict[str, object] = (
             {"do_sample": False}
             if params.greedy
@@ -201,7 +214,7 @@ class HFRolloutEngine:
                         attention_mask=mask.to(self.device).long(),
                         max_new_tokens=budget - done,
                         pad_token_id=self.pad_id,
-                        eos_token_id=self.eos_id,
+                        eos_token_id=list(ends),
                         return_dict_in_generate=True,
                         output_logits=True,
                         stopping_criteria=StoppingCriteriaList([interrupt]),
@@ -216,13 +229,13 @@ class HFRolloutEngine:
                 logprobs[active, span] = token_logprobs(logits, new, temperature)
                 versions[active, span] = version
                 done += width
-                active = active[~(new == self.eos_id).any(dim=1)]
+                active = active[~torch.isin(new, torch.tensor(ends)).any(dim=1)]
                 if not interrupt.fired or done >= budget or len(active) == 0:
                     break  # (weights that came with the last token wait for the next request)
                 assert switch is not None
                 switch.apply()  # the new weights, between two tokens of the same responses
         responses, logprobs, versions = responses[:, :done], logprobs[:, :done], versions[:, :done]
-        mask = response_mask(responses, self.eos_id)
+        mask = response_mask(responses, ends)
         texts = self.tokenizer.batch_decode(
             [row[valid & (row != self.eos_id)] for row, valid in zip(responses, mask, strict=True)],
             skip_special_tokens=True,

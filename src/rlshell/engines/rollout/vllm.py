@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from rlshell.engines.rollout import WeightSwitch
-from rlshell.rollout import RolloutBatch, SamplingParams
+from rlshell.rollout import RolloutBatch, SamplingParams, left_padded
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -159,9 +159,25 @@ class VLLMRolloutEngine:
         gives its i-th sample ``seed + g·n + i``), so every row has its own
         stream and the batch is repeatable.
         """
-        if not prompts:
-            raise ValueError("generate() needs at least one prompt")
-        ids, mask, requests = self._encode(prompts)
+        return self._generate_requests(self._encode(prompts), params, seed)
+
+    def generate_from_ids(
+        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None
+    ) -> RolloutBatch:
+        """`generate` for prompts given as token ids (a multi-turn rollout's contexts)."""
+        from vllm import TokensPrompt
+
+        ids, mask = left_padded(prompt_ids, self.pad_id)
+        requests = [TokensPrompt(prompt_token_ids=list(row)) for row in prompt_ids]
+        return self._generate_requests((ids, mask, requests), params, seed)
+
+    def _generate_requests(
+        self,
+        encoded: tuple[Tensor, Tensor, list[Any]],
+        params: SamplingParams,
+        seed: int | None,
+    ) -> RolloutBatch:
+        ids, mask, requests = encoded
         sampling = [
             self._sampling(params, params.n, None if seed is None else seed + group * params.n, 0)
             for group in range(len(requests))
@@ -271,6 +287,8 @@ class VLLMRolloutEngine:
     def _encode(self, prompts: Sequence[str]) -> tuple[Tensor, Tensor, list[Any]]:
         from vllm import TokensPrompt
 
+        if not prompts:
+            raise ValueError("generate() needs at least one prompt")
         encoded = self.tokenizer(list(prompts), return_tensors="pt", padding=True)
         ids, mask = encoded["input_ids"], encoded["attention_mask"].bool()
         requests = [
@@ -292,7 +310,7 @@ class VLLMRolloutEngine:
             min_tokens=max(0, params.min_new_tokens - made),
             seed=seed,
             logprobs=0,
-            stop_token_ids=[self.eos_id],
+            stop_token_ids=list(params.end_ids(self.eos_id)),
             detokenize=False,
         )
 
