@@ -221,6 +221,19 @@ COVERED_ELSEWHERE = {
         "4 steps (disaggregated, evaluations at 0, 2, 4) and resumes it; the full run's figures "
         "are in docs/rollout.md"
     ),
+    ".venv/bin/python -m rlshell.train configs/sft_arithmetic.py": (
+        "tests/shell/test_config_reads.py runs it for 2 steps through the command line (its actor "
+        "on Megatron, tensor parallel 2) and checks its losses and export; "
+        "tests/shell/test_sft.py trains its trainer on two FSDP ranks (4 steps on small "
+        "demonstrations, resumed, exported); the full run's figures are in docs/agents.md"
+    ),
+    ".venv/bin/python -m rlshell.train configs/grpo.py "
+    "actor.model.checkpoint=runs/sft_arithmetic/checkpoints/global_step_300": (
+        "tests/shell/test_sft.py::test_a_reasoning_run_starts_from_the_sft_checkpoint builds this "
+        "run's tokenizer, actor, rollout engine and reference from an sft run's checkpoint; "
+        "test_a_missing_or_empty_start_checkpoint_is_refused_before_ray_starts runs it with a "
+        "missing one; the full run's figures are in docs/agents.md"
+    ),
     ".venv/bin/python -m rlshell.train configs/grpo_lora.py": (
         "tests/shell/test_config_reads.py runs it for 2 steps (disaggregated, with a KL term); "
         "the full run's figures are in docs/reasoning.md#lora"
