@@ -58,12 +58,13 @@ def test_a_run_resumed_between_generating_and_training_a_multi_turn_batch_repeat
     )
     assert full.returncode == 0, full.stdout[-3000:] + full.stderr[-3000:]
     records = read_metrics(run_dir / "metrics.jsonl")
-    assert [int(r["step"]) for r in records] == [1, 2, 3]
-    for record in records:
+    assert [int(r["step"]) for r in records] == [0, 1, 2, 3]  # 0: the evaluation before step 1
+    assert records[0]["eval/tool_calls_per_response"] >= 0.0
+    assert "eval/tool_calls_per_response" in records[2]
+    for record in records[1:]:
         assert record["agent/turns_mean"] >= 1.0
         assert record["tools/calls"] == pytest.approx(record["agent/tool_calls_per_response"] * 16)
-    assert sum(r["tools/calls"] for r in records) > 0, "no tool call in 48 trajectories"
-    assert "eval/tool_calls_per_response" in records[0]
+    assert sum(r["tools/calls"] for r in records[1:]) > 0, "no tool call in 48 trajectories"
 
     # Step 2's checkpoint holds step 3's multi-turn batch: sampled, not trained.
     second = run_dir / "checkpoints" / "global_step_2"
@@ -78,7 +79,7 @@ def test_a_run_resumed_between_generating_and_training_a_multi_turn_batch_repeat
     # Resumed there, step 3 trains on those trajectories: the step the run made.
     part = tmp_path / "part" / "grpo_async"
     shutil.copytree(second, part / "checkpoints" / "global_step_2")
-    kept = (run_dir / "metrics.jsonl").read_text().splitlines()[:2]
+    kept = (run_dir / "metrics.jsonl").read_text().splitlines()[:3]  # steps 0 to 2
     (part / "metrics.jsonl").write_text("\n".join(kept) + "\n")
     again = train(
         *ARGS,
