@@ -10,7 +10,9 @@ through the Hub cache: `rlshell.hub`). The run's resolved config (found beside a
 given with ``--config``; ``key.path=value`` overrides apply) says which
 runner made it, and `EVALUATORS` maps the runner type to its evaluation:
 
-- ``reasoning``: greedy decoding on the held-out split, scored by the run's
+- ``reasoning``: greedy decoding on the held-out split (whole multi-turn
+  trajectories with the run's tools when ``agent.tools`` is set; override
+  ``agent.tools=[]`` to see the model without them), scored by the run's
   correctness reward, ``reward.reward_type`` (alone, also when
   ``reward.weights`` trains on several), so the accuracy is the
   ``eval/accuracy`` the training run logs
@@ -37,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from attrs import frozen
+from attrs import evolve, frozen
 
 from rlshell.checkpoint import RUN_CONFIG, TRAINER_STATE, CheckpointError, run_config_path
-from rlshell.config import Config, ConfigError
+from rlshell.config import AgentConfig, Config, ConfigError
 from rlshell.evaluation.embodied import EvaluationError, missing_checkpoint_message
 from rlshell.extensions import ExtensionError, load_extensions
 from rlshell.hub import hub_id, pretrained_source
@@ -89,9 +91,10 @@ def evaluate(
     """Greedy accuracy of the policy at ``path`` on ``config``'s held-out split."""
     from rlshell.data import load_dataset
     from rlshell.engines.rollout.hf import HFRolloutEngine
+    from rlshell.engines.rollout.multi_turn import agent_metrics, make_agent_loop, sample
     from rlshell.rewards.failures import FailureWatch
     from rlshell.rewards.pool import RewardPool
-    from rlshell.rollout import SamplingParams
+    from rlshell.rollout import RolloutBatch, SamplingParams
 
     model, tokenizer = _load(path, config)
     examples = load_dataset(config.data, "val")
@@ -103,9 +106,25 @@ def evaluate(
     params = SamplingParams(n=1, max_new_tokens=config.rollout.max_new_tokens, greedy=True)
     started = time.perf_counter()
     texts: list[str] = []
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start : start + batch_size]
-        texts.extend(engine.generate([e.prompt for e in chunk], params).response_texts)
+    batches: list[RolloutBatch] = []
+    agent = make_agent_loop(config, tokenizer)  # agent.tools: whole multi-turn trajectories
+    try:
+        for start in range(0, len(examples), batch_size):
+            chunk = examples[start : start + batch_size]
+            batch = sample(engine, agent, [e.prompt for e in chunk], params, None)
+            texts.extend(batch.response_texts)
+            batches.append(batch)
+    finally:
+        if agent is not None:
+            agent.close()
+    tools = {}
+    if agent is not None:
+        merged = RolloutBatch.concat(batches, int(tokenizer.pad_token_id))
+        tools = {
+            key.replace("agent/", "eval/"): value
+            for key, value in agent_metrics(merged).items()
+            if key.startswith("agent/") or key in ("tools/calls", "tools/failed_frac")
+        }
     reward = config.reward
     with RewardPool(
         reward.reward_type, timeout_s=reward.timeout_s, num_processes=reward.num_processes
@@ -122,6 +141,7 @@ def evaluate(
         "reward/errors": float(result.errors),
         "reward/failed_frac": result.failed_frac,
         "time/eval": time.perf_counter() - started,
+        **tools,
     }
 
 
@@ -139,7 +159,20 @@ class Evaluator:
 
 
 def _evaluate_reasoning(path: Path, config: Config, args: argparse.Namespace) -> dict[str, Any]:
+    if args.no_tools:
+        config = without_tools(config)
     return {"path": str(path), **evaluate(path, config, limit=args.limit)}
+
+
+def without_tools(config: Config) -> Config:
+    """``config`` with its model's tools taken away (``--no-tools``): one turn as long as a
+    whole trajectory could be, so the model has the same room to write its answer itself."""
+    agent = config.agent
+    if not agent.tools:
+        raise ConfigError(["--no-tools: this run has no tools (agent.tools is empty)"])
+    budget = agent.max_total_tokens or agent.max_turns * config.rollout.max_new_tokens
+    rollout = evolve(config.rollout, max_new_tokens=budget)
+    return evolve(config, agent=AgentConfig(), rollout=rollout)
 
 
 def _evaluate_embodied(path: Path, config: Config, args: argparse.Namespace) -> dict[str, Any]:
@@ -161,11 +194,12 @@ def _evaluate_embodied(path: Path, config: Config, args: argparse.Namespace) -> 
 # runner.runner_type -> its evaluation. SAC runs are embodied runs (algorithm.loss_type='sac'):
 # their checkpoint layout is an entry of rlshell.evaluation.embodied.POLICY_LAYOUTS.
 EVALUATORS: dict[str, Evaluator] = {
-    "reasoning": Evaluator(_evaluate_reasoning, frozenset({"limit"})),
+    "reasoning": Evaluator(_evaluate_reasoning, frozenset({"limit", "no_tools"})),
     "embodied": Evaluator(_evaluate_embodied, frozenset({"episodes", "num_envs", "seed", "gif"})),
 }
 _OPTION_FLAGS = {
     "limit": "--limit",
+    "no_tools": "--no-tools",
     "episodes": "--episodes",
     "num_envs": "--num-envs",
     "seed": "--seed",
@@ -224,6 +258,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, help="the run's config.json or a config file")
     reasoning = parser.add_argument_group("reasoning runs")
     reasoning.add_argument("--limit", type=int, help="evaluate the first N held-out examples")
+    reasoning.add_argument(
+        "--no-tools",
+        action="store_const",
+        const=True,
+        default=None,
+        help="a run with agent.tools: the model alone, one turn as long as a trajectory",
+    )
     embodied = parser.add_argument_group("embodied runs")
     embodied.add_argument(
         "--episodes", type=_int_at_least(1, "a positive int"), help="episodes to play (default 20)"
