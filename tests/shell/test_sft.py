@@ -460,6 +460,13 @@ def test_a_reasoning_run_starts_from_the_sft_checkpoint(
     assert torch.allclose(batch.logprobs[mask], recomputed[mask], atol=1e-5)
     ref_logprobs = reference.compute_ref_logprobs(batch)
     assert torch.allclose(ref_logprobs[mask], recomputed[mask], atol=1e-5)
+    # A critic (adv_type=gae) is a value model: it is built as without the checkpoint, whose
+    # language-model head it has no place for.
+    from rlshell.models import get_model
+    from rlshell.workers.critic import critic_model_config
+
+    critic = get_model(critic_model_config(config))
+    assert {"score.weight"} <= critic.state_dict().keys()
 
 
 # ----------------------------------------------------------------------- refusals
@@ -504,6 +511,21 @@ def test_tasks_and_runners_that_do_not_go_together_are_refused(tmp_path: Path) -
         p.startswith("rollout.max_new_tokens: ") for p in _problems(SFT, "rollout.max_new_tokens=8")
     )
     assert any(p.startswith("agent.tools: ") for p in _problems(SFT, 'agent.tools=["calculator"]'))
+    assert any(
+        p.startswith("runner.prompts_per_step: 1 conversations a step, fewer than the actor's 2")
+        for p in _problems(SFT, "runner.prompts_per_step=1")
+    )
+    pipeline = _problems(
+        SFT,
+        "actor.backend=megatron",
+        "actor.megatron.pipeline_model_parallel_size=2",
+        "actor.fsdp_config.wrap_policy.min_num_params=0",
+    )
+    assert [p for p in pipeline if p.startswith("actor.megatron.")] == [
+        "actor.megatron.pipeline_model_parallel_size: the sft update and evaluation run the "
+        "whole model on each rank of a tensor-parallel group (Megatron's pipeline schedule is "
+        "not built for them); use 1, with tensor or data parallelism"
+    ]
 
 
 def test_a_missing_or_empty_start_checkpoint_is_refused_before_ray_starts(

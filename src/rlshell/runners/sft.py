@@ -181,19 +181,15 @@ class SFTTrainer:
                 f"cluster.component_placement: the sft run starts the actor alone; it places "
                 f"{', '.join(others)} too (e.g. {{'actor': '0:0-1'}})"
             )
-        megatron = config.actor.megatron
-        if config.actor.backend == "megatron" and megatron.pipeline_model_parallel_size > 1:
+        pipeline = config.actor.megatron.pipeline_model_parallel_size
+        if config.actor.backend == "megatron" and pipeline > 1:
             problems.append(
                 "actor.megatron.pipeline_model_parallel_size: the sft update and evaluation run "
                 "the whole model on each rank of a tensor-parallel group (Megatron's pipeline "
                 "schedule is not built for them); use 1, with tensor or data parallelism"
             )
         if plan is not None and any(c.name == "actor" for c in plan.components):
-            shares = len(plan.component("actor").workers)
-            if config.actor.backend == "megatron":
-                shares //= (
-                    megatron.tensor_model_parallel_size * megatron.pipeline_model_parallel_size
-                )
+            shares = _data_parallel_shares(config, len(plan.component("actor").workers))
             if runner.prompts_per_step < shares:
                 problems.append(
                     f"runner.prompts_per_step: {runner.prompts_per_step} conversations a step, "
@@ -266,11 +262,11 @@ class SFTTrainer:
         self.train_set = self._demonstrations(tokenizer, "train")
         if config.runner.eval_interval:
             self.val_set = self._demonstrations(tokenizer, "val")
-            actor = plan.component("actor")
-            if len(self.val_set) < len(actor.workers):
+            shares = _data_parallel_shares(config, len(plan.component("actor").workers))
+            if len(self.val_set) < shares:
                 raise ValueError(
                     f"data.val_path: {len(self.val_set)} conversations, fewer than the actor's "
-                    f"{len(actor.workers)} ranks; every rank evaluates a share"
+                    f"{shares} data-parallel ranks; every rank evaluates a share"
                 )
         self.sampler = Sampler(
             self.train_set, config.runner.prompts_per_step, seed=config.runner.seed
@@ -359,6 +355,15 @@ class SFTTrainer:
     def close(self) -> None:
         if self.actor is not None:
             self.actor.shutdown()
+
+
+def _data_parallel_shares(config: Config, ranks: int) -> int:
+    """How many shares the actor's ``ranks`` split a batch's rows into: one per FSDP rank, one
+    per Megatron model replica (tensor × pipeline ranks hold one)."""
+    if config.actor.backend != "megatron":
+        return ranks
+    megatron = config.actor.megatron
+    return ranks // (megatron.tensor_model_parallel_size * megatron.pipeline_model_parallel_size)
 
 
 def _fields(cls: type, read: Sequence[str]) -> list[str]:

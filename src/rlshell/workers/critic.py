@@ -42,9 +42,15 @@ __all__ = ["CriticWorker", "critic_model_config", "critic_training_config"]
 
 
 def critic_model_config(config: Config) -> ModelConfig:
-    """The actor's model as an ``hf_value_model`` (from ``critic.model_path`` when set)."""
+    """The actor's model as an ``hf_value_model`` (from ``critic.model_path`` when set).
+
+    Not from ``actor.model.checkpoint``: that holds a policy (a language-model head, no
+    value head); the critic is built from ``critic.model_path``, ``actor.model.path`` or
+    the seed, as without one."""
     path = config.critic.model_path or config.actor.model.path
-    return evolve(config.actor.model, model_type="hf_value_model", path=path, is_lora=False)
+    return evolve(
+        config.actor.model, model_type="hf_value_model", path=path, is_lora=False, checkpoint=None
+    )
 
 
 def critic_training_config(config: Config) -> ActorConfig:
