@@ -157,6 +157,9 @@ READ_BUT_REFUSED: dict[str, str] = {
     "(null: nothing to load); validation refuses it set in the embodied runs",
     "actor.enable_offload": "the placement planner reads it for every plan (may the actor "
     "time-share GPUs?); the sft run, which places the actor alone, refuses it set",
+    "agent.tools": "a reasoning run reads it to find it empty (one-turn rollouts: "
+    "rlshell.engines.rollout.multi_turn.make_agent_loop; no marker tokens: "
+    "rlshell.tokenizer.prepare_tokenizer); validation refuses the agent keys set then",
 }
 
 
