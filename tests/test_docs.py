@@ -111,6 +111,19 @@ RUN_HERE = {
     "examples/typed_extension/rlstack_typed_ext",
 }
 COVERED_ELSEWHERE = {
+    ".venv/bin/python -m rlshell.train configs/sft_tool_calls.py": (
+        "tests/shell/test_agent_run.py runs it (4 steps) and starts the RL run from its "
+        "checkpoint"
+    ),
+    ".venv/bin/python -m rlshell.train configs/grpo_tool_agent.py": (
+        "tests/shell/test_agent_run.py runs it from the SFT checkpoint (3 steps, asynchronous, "
+        "resumed mid multi-turn batch)"
+    ),
+    ".venv/bin/python -m rlshell.evaluate runs/grpo_tool_agent/checkpoints/global_step_100 "
+    "--no-tools": (
+        "tests/shell/test_agent_run.py evaluates its RL run's checkpoint with and without "
+        "--no-tools"
+    ),
     ".venv/bin/python -m rlshell.train configs/ppo_cartpole.py cluster.component_placement="
     """'{"actor": "0:0", "rollout": "0:0", "env": "0:0"}' rollout.pipeline_stage_num=2 """
     "runner.mode=async": (
