@@ -272,5 +272,8 @@ def test_micro_batches_narrower_than_the_batch_make_the_whole_batchs_step(
     assert whole_metrics["train/micro_batches"] == 1
     assert split_metrics["train/micro_batches"] == batch.rows
     assert split_metrics["train/pg_loss"] == pytest.approx(whole_metrics["train/pg_loss"], abs=1e-5)
+    # AdamW's step is lr·m̂/(√v̂ + ε): where a gradient is near 0, the order in which the micro-
+    # batches' float sums accumulate decides up to a step of its own (lr = 3e-4 here); measured
+    # 1.4e-4 on one machine. A micro-batch at the wrong width moves weights by far more.
     for name, value in whole.items():
-        torch.testing.assert_close(split[name], value, rtol=0, atol=1e-4, msg=name)
+        torch.testing.assert_close(split[name], value, rtol=0, atol=5e-4, msg=name)
