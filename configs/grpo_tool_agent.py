@@ -12,6 +12,8 @@ and the same model evaluated without the tool.
     python -m rlshell.train configs/grpo_tool_agent.py
 """
 
+from pathlib import Path
+
 from rlshell.config import (
     ActorConfig,
     AgentConfig,
@@ -27,9 +29,15 @@ from rlshell.config import (
     RolloutConfig,
     RunnerConfig,
     WrapPolicyConfig,
+    read_config,
 )
 
-SFT_CHECKPOINT = "runs/sft_tool_calls/checkpoints/global_step_300"
+# The warm start: configs/sft_tool_calls.py's model, and its last checkpoint.
+SFT = read_config(Path(__file__).with_name("sft_tool_calls.py"))
+SFT_CHECKPOINT = (
+    f"{SFT.runner.output_dir}/{SFT.runner.experiment_name}/checkpoints/"
+    f"global_step_{SFT.runner.max_steps}"
+)
 
 config = Config(
     cluster=ClusterConfig(component_placement={"actor,rollout": "0:0-1", "reward": "0"}),
@@ -37,17 +45,9 @@ config = Config(
         model=ModelConfig(
             model_type="hf_causal_lm",
             category="reasoning",
-            # The architecture is configs/sft_tool_calls.py's; the weights and the tokenizer
-            # (with the agent's markers as tokens) come from its checkpoint.
-            model_kwargs={
-                "config_class": "Qwen2Config",
-                "hidden_size": 64,
-                "intermediate_size": 256,
-                "num_hidden_layers": 3,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 2,
-                "max_position_embeddings": 64,
-            },
+            # The architecture is the SFT run's; the weights and the tokenizer (with the
+            # agent's markers as tokens) come from its checkpoint.
+            model_kwargs=SFT.actor.model.model_kwargs,
             checkpoint=SFT_CHECKPOINT,
         ),
         optim=OptimConfig(lr=1e-4),

@@ -26,6 +26,7 @@ from rlshell.config import (
     OptimConfig,
     RunnerConfig,
     WrapPolicyConfig,
+    read_config,
 )
 from rlshell.conversation import tool_call_demonstrations, write_conversations
 from rlshell.data import ArithmeticTask, Split, arithmetic_task
@@ -37,16 +38,8 @@ TASK = ArithmeticTask(
 DATA = Path("runs/data/tool_calls")
 MAX_STEPS = 300
 
-# The tiny Qwen2-style model of configs/grpo.py, with room for a whole trajectory.
-MODEL_KWARGS: dict[str, int | float | str | bool] = {
-    "config_class": "Qwen2Config",
-    "hidden_size": 64,
-    "intermediate_size": 256,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-}
+# configs/grpo.py's tiny Qwen2-style model (its 64 positions hold a whole trajectory).
+MODEL_KWARGS = read_config(Path(__file__).with_name("grpo.py")).actor.model.model_kwargs
 
 
 def demonstrations(split: Split) -> str:
