@@ -112,8 +112,7 @@ RUN_HERE = {
 }
 COVERED_ELSEWHERE = {
     ".venv/bin/python -m rlshell.train configs/sft_tool_calls.py": (
-        "tests/shell/test_agent_run.py runs it (4 steps) and starts the RL run from its "
-        "checkpoint"
+        "tests/shell/test_agent_run.py runs it (4 steps) and starts the RL run from its checkpoint"
     ),
     ".venv/bin/python -m rlshell.train configs/grpo_tool_agent.py": (
         "tests/shell/test_agent_run.py runs it from the SFT checkpoint (3 steps, asynchronous, "
