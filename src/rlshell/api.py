@@ -433,6 +433,7 @@ def evaluate(
     num_envs: int | None = None,
     seed: int | None = None,
     gif: bool | None = None,
+    no_tools: bool | None = None,
     rewards: RewardFn | Mapping[str, RewardFn] | None = None,
     envs: Mapping[str, EnvBuilder] | None = None,
     models: Mapping[str, ModelBuilder | ModelEntry] | None = None,
@@ -443,7 +444,8 @@ def evaluate(
     checkpoint directory or, for a reasoning run, an exported Hugging Face
     directory. ``config`` defaults to the run's resolved ``config.json``.
     A reasoning run is scored greedily on its held-out split by its reward
-    (``limit``: the first N examples; ``eval/accuracy``); an embodied run
+    (``limit``: the first N examples; ``eval/accuracy``; ``no_tools``: a run with
+    ``agent.tools`` scored without them, as ``--no-tools``); an embodied run
     plays ``episodes`` episodes on ``num_envs`` envs (``seed``, ``gif``;
     ``eval/episode_return``, ``eval/success``). The other family's options
     are refused. ``rewards``, ``envs`` and ``models`` as in `train`.
@@ -452,7 +454,14 @@ def evaluate(
 
     checkpoint = _checkpoint_of(run)
     source = _run_config_source(run, checkpoint) if config is None else config
-    options = {"limit": limit, "episodes": episodes, "num_envs": num_envs, "seed": seed, "gif": gif}
+    options = {
+        "limit": limit,
+        "no_tools": no_tools,
+        "episodes": episodes,
+        "num_envs": num_envs,
+        "seed": seed,
+        "gif": gif,
+    }
     with _registered(rewards, envs, models) as objects:
         resolved = _validated(source, overrides, objects, for_run=True)
         runner = resolved.runner.runner_type

@@ -288,6 +288,11 @@ def test_prompts_as_token_ids_and_stop_tokens_match_hf(
     """What a multi-turn rollout asks of an engine: prompts given as token ids (never
     re-tokenised) and extra stop tokens, kept in the response as EOS is."""
     hf, vllm = engines
+    # Earlier tests leave the engines with different weights: give vLLM the HF engine's.
+    weights = hf.model.state_dict()
+    for name, target in vllm.weight_targets().items():
+        target.data.copy_(weights[name])
+    vllm.weights_updated()
     rows = [hf.tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]
     free = hf.generate_from_ids(rows, SamplingParams(n=1, greedy=True, max_new_tokens=8))
     # A token the greedy rows write, not EOS: stopping on it must cut them there.
