@@ -798,7 +798,7 @@ class ActorWorker(Worker):
         micro_batches = token_micro_batches(batch, mine, self.config.actor.micro_batch_max_tokens)
         if manager.pipeline_stages > 1:
             raise NotImplementedError(
-                "the sft update through a Megatron pipeline is not built: validation refuses "
+                "the sft update through a Megatron pipeline is not supported: validation refuses "
                 "actor.megatron.pipeline_model_parallel_size > 1 for the sft runner"
             )
         model = self.model
@@ -851,7 +851,7 @@ class ActorWorker(Worker):
         manager = self._manager()
         if manager.pipeline_stages > 1:
             raise NotImplementedError(
-                "sft evaluation through a Megatron pipeline is not built: validation refuses "
+                "sft evaluation through a Megatron pipeline is not supported: validation refuses "
                 "actor.megatron.pipeline_model_parallel_size > 1 for the sft runner"
             )
         model = self.model
