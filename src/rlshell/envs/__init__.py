@@ -8,8 +8,10 @@ A builder is ``builder(cfg, seed) -> gymnasium.vector.VectorEnv`` making
   a synchronous vector env that resets a finished copy in the same step
   (gymnasium's ``SAME_STEP`` autoreset: the finished episode's last
   observation is in ``info["final_obs"]``).
-- ``maniskill``: ManiSkill 3's batched GPU simulation (`rlshell.envs.maniskill`),
-  which needs a Vulkan-capable GPU.
+- ``maniskill``: ManiSkill 3 tasks (`rlshell.envs.maniskill`): one env per
+  process on a CPU (with the software Vulkan driver ``make install`` fetches),
+  or ManiSkill's batched GPU simulation with ``env.uses_gpus``; state or
+  camera observations (``env.obs_mode``).
 - ``gymnasium_pixels``: a gymnasium id observed as 64×64 RGB images with a
   task description (`rlshell.envs.pixels`), for image and VLA policies on a CPU.
 
@@ -42,7 +44,8 @@ EnvBuilder = Callable[[EnvConfig, int], "VectorEnv"]
 
 # The EnvConfig fields a builder may read (the runner reads num_envs and the rest itself).
 ENVS: Registry[EnvBuilder] = Registry(
-    "env type", hyperparameters=("env_id", "max_episode_steps", "control_mode")
+    "env type",
+    hyperparameters=("env_id", "max_episode_steps", "control_mode", "obs_mode", "image_size"),
 )
 
 
@@ -55,9 +58,9 @@ def register_env(
 ) -> EnvBuilder:
     """Register ``builder`` under ``env_type``; ``force=True`` replaces an existing entry.
 
-    ``reads``: which of ``env.env_id``, ``env.max_episode_steps`` and
-    ``env.control_mode`` the builder reads (None: all of them); validation
-    refuses the others set for this env type.
+    ``reads``: which of ``env.env_id``, ``env.max_episode_steps``,
+    ``env.control_mode``, ``env.obs_mode`` and ``env.image_size`` the builder
+    reads (None: all of them); validation refuses the others set for this env type.
     """
     return ENVS.register(env_type, builder, force=force, reads=reads)
 
@@ -128,7 +131,7 @@ def _maniskill_env(cfg: EnvConfig, seed: int) -> VectorEnv:
 
 
 register_env("gymnasium", _gymnasium_env, reads=("env_id", "max_episode_steps"))
-register_env("maniskill", _maniskill_env, reads=("env_id", "max_episode_steps", "control_mode"))
+register_env("maniskill", _maniskill_env)  # reads every env hyperparameter
 
 
 def _pixel_env(cfg: EnvConfig, seed: int) -> VectorEnv:

@@ -9,7 +9,8 @@ observation apart from the reset one, and counts episode statistics:
   (uint8, three dims, channels last); for a Dict observation (gymnasium-robotics
   Fetch: observation / achieved_goal / desired_goal) ``states`` concatenates
   its Box entries in sorted key order, an image entry becomes
-  ``main_images`` and a ``Text`` entry (the task in words)
+  ``main_images`` (an entry named ``wrist_images``, a second camera, keeps
+  its name) and a ``Text`` entry (the task in words)
   ``task_descriptions``, int32 code points ``[N, max_length]`` (`rlshell.envs.text`).
 - The env resets a finished copy in the same step (gymnasium's ``SAME_STEP``
   autoreset, ManiSkill's vector wrapper): `StepResult.obs` is what the policy
@@ -113,6 +114,7 @@ class _ObsLayout:
         self.env_id = env_id
         self.state_paths: list[tuple[str, ...]] = []
         self.image_path: tuple[str, ...] | None = None
+        self.wrist_path: tuple[str, ...] | None = None
         self.text_path: tuple[str, ...] | None = None
         self.text_width = 0
         leaves: list[tuple[tuple[str, ...], Space[Any]]] = []
@@ -136,6 +138,9 @@ class _ObsLayout:
                     "(expected a Box, an image Box, one Text or a Dict of them)"
                 )
             if leaf.dtype == np.uint8 and len(leaf.shape) == 3:
+                if path[-1:] == ("wrist_images",) and self.wrist_path is None:
+                    self.wrist_path = path
+                    continue
                 if self.image_path is not None:
                     raise ValueError(
                         f"env {env_id}: more than one image observation "
@@ -153,6 +158,8 @@ class _ObsLayout:
             out["states"] = flat[0] if len(flat) == 1 else torch.cat(flat, dim=1)
         if self.image_path is not None:
             out["main_images"] = _as_tensor(_at(obs, self.image_path), device)
+        if self.wrist_path is not None:
+            out["wrist_images"] = _as_tensor(_at(obs, self.wrist_path), device)
         if self.text_path is not None:
             out["task_descriptions"] = encode_texts(
                 _at(obs, self.text_path), self.text_width, device

@@ -90,7 +90,17 @@ def _gymnasium_recording_env(cfg: EnvConfig) -> VectorEnv:
     )
 
 
-RECORDING_ENVS: dict[str, RecordingEnvBuilder] = {"gymnasium": _gymnasium_recording_env}
+def _maniskill_recording_env(cfg: EnvConfig) -> VectorEnv:
+    from rlshell.envs.maniskill import make_maniskill_env
+
+    # ManiSkill's own renderer: its human-view camera, not the policy's observation cameras.
+    return make_maniskill_env(evolve(cfg, num_envs=1), render_mode="rgb_array")
+
+
+RECORDING_ENVS: dict[str, RecordingEnvBuilder] = {
+    "gymnasium": _gymnasium_recording_env,
+    "maniskill": _maniskill_recording_env,
+}
 
 
 def gif_name(env_id: str, task: str | None = None) -> str:
