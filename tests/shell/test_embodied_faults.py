@@ -31,8 +31,8 @@ from rlshell.api import run_dir_of
 from rlshell.cluster.errors import WorkerDiedError, WorkerError
 from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import EnvConfig
-from rlshell.envs.vulkan import DIR_ENV_VAR
 from rlshell.envs.stepper import EnvStepError, EnvStepper
+from rlshell.envs.vulkan import DIR_ENV_VAR
 from rlshell.metrics import read_metrics
 from rlshell.models.base import ActionInfo, MissingInputError
 from rlshell.models.mlp_policy import MLPPolicy, MLPPolicySpec
