@@ -47,7 +47,7 @@ config = Config(
     env=EnvConfig(
         env_type="maniskill",
         env_id="PushCube-v1",
-        num_envs=8,
+        num_envs=4,
         max_episode_steps=50,
         control_mode="pd_joint_delta_pos",
     ),
@@ -62,12 +62,12 @@ config = Config(
         vf_coef=0.5,
         entropy_coef=0.0,
     ),
-    # 8 envs × 50 steps = 400 env steps per update; 750 updates = 300,000 env steps.
+    # 4 envs × 50 steps = 200 env steps per update; 2,000 updates = 400,000 env steps.
     runner=RunnerConfig(
         runner_type="embodied",
         experiment_name="ppo_pushcube_cpu",
-        max_steps=750,
+        max_steps=2000,
         rollout_steps=50,
     ),
-    checkpoint=CheckpointConfig(interval=50, keep_last=2),
+    checkpoint=CheckpointConfig(interval=100, keep_last=2),
 )

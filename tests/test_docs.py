@@ -69,6 +69,7 @@ RUN_HERE = {
     """'{"actor": "all", "rollout": "16-31", "reward": "0-3"}' runner.experiment_name=grpo_4x8""",
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run cluster.simulate=1x0x2",
     # docs/embodied.md
+    ".venv/bin/python -m rlshell.envs.vulkan status",
     ".venv/bin/python -m rlshell.train configs/ppo_cartpole.py --dry-run cluster.simulate=1x2 "
     """cluster.component_placement='{"actor": "0-1", "rollout": "1", "env": "0:0-1"}' """
     "rollout.pipeline_stage_num=2 runner.experiment_name=ppo_cartpole_hybrid",
@@ -176,7 +177,20 @@ COVERED_ELSEWHERE = {
     ),
     ".venv/bin/python -m rlshell.train configs/ppo_pushcube.py --dry-run": (
         "tests/shell/test_embodied_run.py::"
-        "test_pushcube_plans_here_and_a_real_run_names_what_is_missing"
+        "test_the_gpu_pushcube_config_plans_here_and_a_real_run_names_what_is_missing"
+    ),
+    ".venv/bin/python -m rlshell.train configs/ppo_pushcube_cpu.py": (
+        "tests/shell/test_maniskill.py::"
+        "test_a_short_ppo_run_on_pushcube_trains_and_evaluates_with_a_gif (2 steps; the full run "
+        "takes half an hour)"
+    ),
+    ".venv/bin/python -m rlshell.evaluate "
+    "runs/ppo_pushcube_cpu/checkpoints/global_step_2000 --episodes 50": (
+        "tests/shell/test_maniskill.py::"
+        "test_a_short_ppo_run_on_pushcube_trains_and_evaluates_with_a_gif (on its 2-step run)"
+    ),
+    ".venv/bin/python -m rlshell.train configs/ppo_pushcube_rgb_cpu.py": (
+        "tests/shell/test_maniskill.py::test_the_camera_config_trains_a_step (1 step)"
     ),
     ".venv/bin/python -m rlshell.evaluate runs/ppo_cartpole/checkpoints/global_step_390": (
         "tests/shell/test_embodied_evaluate.py runs it on a 2-step run's checkpoint "

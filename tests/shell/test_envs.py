@@ -275,5 +275,3 @@ def test_non_finite_values_raise_naming_env_and_index(nan_in: str) -> None:
     stepper.step(torch.zeros(3, dtype=torch.int64))
     with pytest.raises(FloatingPointError, match=f"{TINY_ID}.*env index 1"):
         stepper.step(torch.zeros(3, dtype=torch.int64))
-
-

@@ -203,7 +203,7 @@ def test_a_short_ppo_run_on_pushcube_trains_and_evaluates_with_a_gif(tmp_path: P
             "configs/ppo_pushcube_cpu.py",
             "runner.max_steps=2",
             "runner.rollout_steps=10",
-            "env.num_envs=2",
+            "env.num_envs=1",  # in the worker's process (the env processes: tested above)
             "env.max_episode_steps=10",
             "algorithm.num_minibatches=2",
             "checkpoint.interval=2",
@@ -217,8 +217,8 @@ def test_a_short_ppo_run_on_pushcube_trains_and_evaluates_with_a_gif(tmp_path: P
     run_dir = tmp_path / "ppo_pushcube_cpu"
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [int(r["step"]) for r in records] == [1, 2]
-    assert records[-1]["env/total_steps"] == 2 * 2 * 10
-    assert all(r["env/episodes"] == 2.0 for r in records)  # 10-step episodes, 10-step rollouts
+    assert records[-1]["env/total_steps"] == 2 * 1 * 10
+    assert all(r["env/episodes"] == 1.0 for r in records)  # 10-step episodes, 10-step rollouts
     assert all(0.0 <= r["env/success"] <= 1.0 for r in records)
     assert all(torch.isfinite(torch.tensor(r["train/loss"])) for r in records)
 
@@ -253,3 +253,28 @@ def test_a_short_ppo_run_on_pushcube_trains_and_evaluates_with_a_gif(tmp_path: P
     with Image.open(gif) as frames:
         assert frames.n_frames >= 5  # ManiSkill's renderer drew the episode
         assert max(frames.size) >= 160
+
+
+@needs_cpu_maniskill
+@pytest.mark.slow
+def test_the_camera_config_trains_a_step(tmp_path: Path) -> None:
+    """configs/ppo_pushcube_rgb_cpu.py: camera images and the robot's state reach its CNN."""
+    ray_tmp = Path(tempfile.mkdtemp(prefix="ms", dir="/tmp"))
+    try:
+        result = train(
+            "configs/ppo_pushcube_rgb_cpu.py",
+            "runner.max_steps=1",
+            "runner.rollout_steps=4",
+            "env.num_envs=1",
+            "algorithm.num_minibatches=1",
+            "checkpoint.interval=0",
+            f"runner.output_dir={tmp_path}",
+            env=cli_env(ray_tmp),
+            timeout=300,
+        )
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (record,) = read_metrics(tmp_path / "ppo_pushcube_rgb_cpu" / "metrics.jsonl")
+    assert record["env/total_steps"] == 4
+    assert record["train/samples"] == 4
