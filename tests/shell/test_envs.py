@@ -275,3 +275,45 @@ def test_non_finite_values_raise_naming_env_and_index(nan_in: str) -> None:
     stepper.step(torch.zeros(3, dtype=torch.int64))
     with pytest.raises(FloatingPointError, match=f"{TINY_ID}.*env index 1"):
         stepper.step(torch.zeros(3, dtype=torch.int64))
+
+
+class _TwoCameraEnv(gymnasium.Env[Any, np.ndarray]):
+    """A scene camera, a wrist camera and the robot's state, as ManiSkill's rgb mode gives them."""
+
+    def __init__(self) -> None:
+        image = spaces.Box(0, 255, (4, 4, 3), np.uint8)
+        self.observation_space = spaces.Dict(
+            {
+                "main_images": image,
+                "wrist_images": image,
+                "states": spaces.Box(-1, 1, (2,), np.float32),
+            }
+        )
+        self.action_space = spaces.Box(-1, 1, (1,), np.float32)
+
+    def _obs(self, value: int) -> dict[str, np.ndarray]:
+        return {
+            "main_images": np.full((4, 4, 3), value, np.uint8),
+            "wrist_images": np.full((4, 4, 3), 100 + value, np.uint8),
+            "states": np.full(2, value / 10, np.float32),
+        }
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[Any, dict[str, Any]]:
+        super().reset(seed=seed)
+        return self._obs(0), {}
+
+    def step(self, action: np.ndarray) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        return self._obs(1), 0.0, False, False, {}
+
+
+def test_a_wrist_camera_keeps_its_key_beside_the_main_one() -> None:
+    stepper = EnvStepper(
+        gymnasium.vector.SyncVectorEnv([_TwoCameraEnv] * 2, autoreset_mode=SAME_STEP), "two"
+    )
+    obs = stepper.reset(seed=0)
+    assert set(obs) == {"main_images", "wrist_images", "states"}
+    assert obs["wrist_images"].shape == (2, 4, 4, 3)
+    assert int(obs["wrist_images"][0, 0, 0, 0]) == 100
+    step = stepper.step(torch.zeros(2, 1))
+    assert int(step.obs["main_images"][1, 0, 0, 0]) == 1
+    assert int(step.obs["wrist_images"][1, 0, 0, 0]) == 101
