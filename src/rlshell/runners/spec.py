@@ -17,6 +17,7 @@ reads the spec. Which trainer runs what:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -27,7 +28,7 @@ from rlshell.config import Config, PlacementEntry
 if TYPE_CHECKING:
     from rlshell.runners.trainer import Trainer
 
-__all__ = ["ProcessLayout", "RunSpec", "resolve_spec", "trainer_classes"]
+__all__ = ["ProcessLayout", "RunSpec", "resolve_spec", "trainer_class", "trainer_classes"]
 
 
 @frozen
@@ -77,22 +78,42 @@ class RunSpec:
     layout: ProcessLayout
 
 
+# Each trainer's module, imported only when a run needs that trainer: a reasoning run's
+# driver never imports the embodied runners, nor an embodied run's the tokenizer's stack.
+_TRAINER_MODULES = {
+    "ReasoningTrainer": "rlshell.runners.reasoning",
+    "SFTTrainer": "rlshell.runners.sft",
+    "CollocatedPPOTrainer": "rlshell.runners.embodied_ppo",
+    "PipelinedPPOTrainer": "rlshell.runners.embodied_pipeline",
+    "SACTrainer": "rlshell.runners.sac",
+}
+_PPO_TRAINERS = ("CollocatedPPOTrainer", "PipelinedPPOTrainer")
+
+
+def trainer_class(name: str) -> type[Trainer]:
+    """The trainer class called ``name`` (a key of the installation's trainers)."""
+    trainer: type[Trainer] = getattr(importlib.import_module(_TRAINER_MODULES[name]), name)
+    return trainer
+
+
 def trainer_classes() -> dict[str, type[Trainer]]:
     """Every trainer of this installation, by class name."""
-    from rlshell.runners.embodied_pipeline import PipelinedPPOTrainer
-    from rlshell.runners.embodied_ppo import CollocatedPPOTrainer
-    from rlshell.runners.reasoning import ReasoningTrainer
-    from rlshell.runners.sac import SACTrainer
-    from rlshell.runners.sft import SFTTrainer
+    return {name: trainer_class(name) for name in _TRAINER_MODULES}
 
-    trainers: list[type[Trainer]] = [
-        ReasoningTrainer,
-        SFTTrainer,
-        CollocatedPPOTrainer,
-        PipelinedPPOTrainer,
-        SACTrainer,
-    ]
-    return {trainer.__name__: trainer for trainer in trainers}
+
+def _trainer_name(config: Config, layout: ProcessLayout) -> str | None:
+    runner = config.runner.runner_type
+    if runner == "reasoning":
+        return "ReasoningTrainer"
+    if runner == "sft":
+        return "SFTTrainer"
+    if runner == "embodied" and config.algorithm.loss_type == "sac":
+        return "SACTrainer"
+    if runner == "embodied" and layout.apart("actor", "rollout", "env"):
+        return "PipelinedPPOTrainer"
+    if runner == "embodied":
+        return "CollocatedPPOTrainer"
+    return None
 
 
 def resolve_spec(config: Config) -> RunSpec:
@@ -101,28 +122,13 @@ def resolve_spec(config: Config) -> RunSpec:
     Whether the config is one the chosen trainer can run is the trainer's
     `Trainer.problems`; this only picks it.
     """
-    trainers = trainer_classes()
     layout = ProcessLayout.of(config.cluster.component_placement)
-    runner = config.runner.runner_type
-    algorithm = config.algorithm
-    trainer: type[Trainer] | None
-    if runner == "reasoning":
-        trainer = trainers["ReasoningTrainer"]
-    elif runner == "sft":
-        trainer = trainers["SFTTrainer"]
-    elif runner == "embodied" and algorithm.loss_type == "sac":
-        trainer = trainers["SACTrainer"]
-    elif runner == "embodied" and layout.apart("actor", "rollout", "env"):
-        trainer = trainers["PipelinedPPOTrainer"]
-    elif runner == "embodied":
-        trainer = trainers["CollocatedPPOTrainer"]
-    else:
-        trainer = None
+    name = _trainer_name(config, layout)
+    trainer = None if name is None else trainer_class(name)
     return RunSpec(
         config=config,
         trainer=trainer,
-        critic=trainer in (trainers["CollocatedPPOTrainer"], trainers["PipelinedPPOTrainer"])
-        and algorithm.adv_type == "gae",
+        critic=name in _PPO_TRAINERS and config.algorithm.adv_type == "gae",
         rollout_in_actor=layout.shared("actor", "rollout"),
         layout=layout,
     )
