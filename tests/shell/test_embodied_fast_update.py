@@ -268,3 +268,33 @@ def test_compiled_step_reads_the_weights_and_moments_a_checkpoint_load_put_in_pl
     policy.load_state_dict(copy.deepcopy(saved[0]), assign=True)
     with pytest.raises(ValueError, match=r"steps 12 parameter\(s\) that are not MLPPolicy's"):
         step.prepare(policy)
+
+
+def test_target_kl_stops_the_update_at_the_first_minibatch_past_it() -> None:
+    from attrs import evolve
+
+    def update(settings: PPOSettings) -> tuple[dict[str, float], MLPPolicy]:
+        policy = _policy()
+        samples = _window(policy)
+        metrics = ppo_update(
+            policy, _adamw(policy), samples, settings, torch.Generator().manual_seed(0)
+        )
+        return metrics, policy
+
+    plain, plain_policy = update(SETTINGS)
+    assert "train/optimizer_steps" not in plain
+    # A target no minibatch reaches changes nothing but the count it reports.
+    loose, loose_policy = update(evolve(SETTINGS, target_kl=1e9))
+    assert loose.pop("train/optimizer_steps") == 4.0
+    assert loose == plain
+    for a, b in zip(plain_policy.parameters(), loose_policy.parameters(), strict=True):
+        assert torch.equal(a, b)
+    # A target every minibatch exceeds (the first one's KL is ~0): one step, then stop.
+    tight, tight_policy = update(evolve(SETTINGS, target_kl=-1.0))
+    assert tight["train/optimizer_steps"] == 1.0
+    assert abs(tight["train/approx_kl"]) < 1e-6  # measured before the step
+    changed = [
+        not torch.equal(a, b)
+        for a, b in zip(plain_policy.parameters(), tight_policy.parameters(), strict=True)
+    ]
+    assert any(changed)

@@ -582,7 +582,9 @@ class AlgorithmConfig:
     weighted by ``vf_coef`` (clipped around the old values by ``value_clip``
     when set), advantages standardised per minibatch when ``norm_adv``,
     rewards divided by the running std of the discounted return when
-    ``norm_reward`` (`rlshell.rollout.trajectory.RewardScaler`).
+    ``norm_reward`` (`rlshell.rollout.trajectory.RewardScaler`), and the
+    update stopped early once a minibatch's approximate KL from the rollout
+    policy exceeds ``target_kl`` (null: every epoch runs).
     ``loss_type='sac'`` (embodied runner) trains with soft actor-critic
     instead, configured by ``sac``.
 
@@ -662,6 +664,7 @@ class AlgorithmConfig:
     value_clip: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     norm_adv: bool = True
     norm_reward: bool = False
+    target_kl: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     sac: SACConfig = Factory(SACConfig)
 
 

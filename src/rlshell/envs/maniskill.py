@@ -148,7 +148,7 @@ def _task_env(
     kwargs: dict[str, Any] = {
         "num_envs": num_envs,
         "sim_backend": backend,
-        "obs_mode": "state" if cfg.obs_mode in (None, "state") else "rgbd",
+        "obs_mode": cfg.obs_mode or "state",
     }
     if not torch.cuda.is_available():
         kwargs["render_backend"] = "cpu"  # cameras rendered by the software Vulkan driver
@@ -176,10 +176,13 @@ def _task_env(
     return env
 
 
-def _cpu_task_env(cfg: EnvConfig, env_id: str, render_mode: str | None) -> gymnasium.Env[Any, Any]:
+def _cpu_task_env(
+    cfg: EnvConfig, env_id: str, render_mode: str | None, own_process: bool
+) -> gymnasium.Env[Any, Any]:
     """One CPU env as a plain gymnasium env (numpy, unbatched): what each process steps."""
-    # Each copy is its own process on its own core: one torch thread each.
-    torch.set_num_threads(1)
+    if own_process:
+        # One of several env processes sharing the cores: one torch thread each.
+        torch.set_num_threads(1)
     choice = use_vulkan_driver()
     if choice.kind == "none":
         raise _unavailable(cfg, choice.detail)
@@ -195,9 +198,10 @@ def _cpu_task_env(cfg: EnvConfig, env_id: str, render_mode: str | None) -> gymna
 
 def _cpu_vector_env(cfg: EnvConfig, env_id: str, render_mode: str | None) -> VectorEnv:
     same_step = gymnasium.vector.AutoresetMode.SAME_STEP
-    make_one = functools.partial(_cpu_task_env, cfg, env_id, render_mode)
     if cfg.num_envs == 1:
-        return gymnasium.vector.SyncVectorEnv([make_one], autoreset_mode=same_step)
+        make_here = functools.partial(_cpu_task_env, cfg, env_id, render_mode, False)
+        return gymnasium.vector.SyncVectorEnv([make_here], autoreset_mode=same_step)
+    make_one = functools.partial(_cpu_task_env, cfg, env_id, render_mode, True)
     # Spawned, not forked: SAPIEN and torch hold threads a fork would copy mid-use. Camera
     # observations go through pipes: gymnasium 1.x's shared memory garbles Text entries.
     return gymnasium.vector.AsyncVectorEnv(

@@ -195,6 +195,8 @@ class ReasoningTrainer:
             f"{who}'s advantages are algorithm.adv_type's",
             "algorithm.norm_reward": "scales embodied PPO's env rewards by a running return "
             f"std; {who}'s rewards are reward.reward_type's scores",
+            "algorithm.target_kl": "stops embodied PPO's update early on its approximate KL; "
+            f"{who} runs every algorithm.ppo_epochs epoch",
             **hyperparameters_unread(config),
         }
         algorithm = config.algorithm

@@ -141,6 +141,7 @@ class SACTrainer(EmbodiedTrainer):
             "value_clip",
             "norm_adv",
             "norm_reward",
+            "target_kl",
         ):
             unread[f"algorithm.{key}"] = losses
         return unread

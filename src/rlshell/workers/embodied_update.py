@@ -84,6 +84,7 @@ class PPOSettings:
     ent_coef: float = 0.0
     max_grad_norm: float | None = 0.5
     norm_adv: bool = True
+    target_kl: float | None = None
 
     @classmethod
     def of(cls, config: Config, critic: bool) -> PPOSettings:
@@ -99,6 +100,7 @@ class PPOSettings:
             ent_coef=algorithm.entropy_coef,
             max_grad_norm=config.actor.optim.clip_grad,
             norm_adv=algorithm.norm_adv,
+            target_kl=algorithm.target_kl,
         )
 
     @property
@@ -191,6 +193,10 @@ def ppo_update(
 ) -> dict[str, float]:
     """``ppo_epochs`` passes of ``num_minibatches`` steps each; the last pass's mean metrics.
 
+    With ``settings.target_kl`` the update stops after the first minibatch
+    whose approximate KL from the rollout policy (measured before its step)
+    exceeds it, as CleanRL's and ManiSkill's PPO do; the metrics are then the
+    stopped pass's so far, and ``train/optimizer_steps`` counts the steps taken.
     ``step`` runs one minibatch (an `UpdateStep`: `EagerPPOStep`, or the
     compiled `CompiledPPOStep`); a torch optimizer is taken as the eager step
     over it, its gradients clipped to ``settings.max_grad_norm`` first. A
@@ -201,16 +207,26 @@ def ppo_update(
         step = EagerPPOStep(policy, settings, torch_optimizer_step(policy, step, settings))
     step.prepare(policy)
     totals: dict[str, float] = {}
-    steps = 0
-    for epoch in range(settings.ppo_epochs):
-        last = epoch == settings.ppo_epochs - 1
+    steps = taken = 0
+    stopped = False
+    for _ in range(settings.ppo_epochs):
+        totals, steps = {}, 0
         for minibatch in samples.minibatches(settings.num_minibatches, generator):
             parts, grad_norm = step(minibatch)
-            if last:
-                steps += 1
-                for key, value in _report(parts, grad_norm).items():
-                    totals[key] = totals.get(key, 0.0) + value
-    return {f"train/{key}": value / steps for key, value in totals.items()}
+            taken += 1
+            steps += 1
+            report = _report(parts, grad_norm)
+            for key, value in report.items():
+                totals[key] = totals.get(key, 0.0) + value
+            if settings.target_kl is not None and report["approx_kl"] > settings.target_kl:
+                stopped = True
+                break
+        if stopped:
+            break
+    metrics = {f"train/{key}": value / steps for key, value in totals.items()}
+    if settings.target_kl is not None:
+        metrics["train/optimizer_steps"] = float(taken)
+    return metrics
 
 
 def torch_optimizer_step(
