@@ -133,9 +133,16 @@ def test_pushcube_from_state_steps_one_env_per_process_with_success_metrics() ->
 
 @needs_cpu_maniskill
 def test_a_camera_observation_reaches_the_cnn_policy_and_the_tiny_vla() -> None:
-    cfg = pushcube(num_envs=1, obs_mode="rgbd", image_size=40, max_episode_steps=4)
+    cfg = pushcube(
+        num_envs=1, obs_mode="rgbd", image_size=40, max_episode_steps=4, ignore_terminations=True
+    )
     stepper = EnvStepper.from_config(cfg)
     try:
+        # One copy steps in this process; ManiSkill's wrapper got the termination setting.
+        wrapper = stepper.env.envs[0]  # type: ignore[attr-defined]
+        while type(wrapper).__name__ != "CPUGymWrapper":
+            wrapper = wrapper.env
+        assert wrapper.ignore_terminations is True
         obs = stepper.reset(seed=0)
         images = obs["main_images"]
         assert images.dtype == torch.uint8

@@ -494,7 +494,9 @@ class EnvConfig:
     null takes the task's default. ``obs_mode`` (ManiSkill): ``"state"``
     (null), ``"rgb"`` or ``"rgbd"`` (camera images as ``main_images`` /
     ``wrist_images`` beside the robot's state); ``image_size``: the cameras'
-    side in pixels (null: the task's own). ``uses_gpus``: the env workers
+    side in pixels (null: the task's own); ``ignore_terminations``: an
+    episode runs until it is truncated even where the task ends it on
+    success (ManiSkill's option of that name). ``uses_gpus``: the env workers
     take GPUs (ManiSkill: its batched GPU simulation; else one env per
     process on the CPU).
     """
@@ -506,6 +508,7 @@ class EnvConfig:
     control_mode: str | None = None
     obs_mode: Literal["state", "rgb", "rgbd"] | None = None
     image_size: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+    ignore_terminations: bool = False
     uses_gpus: bool = False
     cpus_per_worker: float = field(default=0.25, metadata=POSITIVE)
 

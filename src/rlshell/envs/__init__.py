@@ -45,7 +45,14 @@ EnvBuilder = Callable[[EnvConfig, int], "VectorEnv"]
 # The EnvConfig fields a builder may read (the runner reads num_envs and the rest itself).
 ENVS: Registry[EnvBuilder] = Registry(
     "env type",
-    hyperparameters=("env_id", "max_episode_steps", "control_mode", "obs_mode", "image_size"),
+    hyperparameters=(
+        "env_id",
+        "max_episode_steps",
+        "control_mode",
+        "obs_mode",
+        "image_size",
+        "ignore_terminations",
+    ),
 )
 
 
@@ -59,8 +66,9 @@ def register_env(
     """Register ``builder`` under ``env_type``; ``force=True`` replaces an existing entry.
 
     ``reads``: which of ``env.env_id``, ``env.max_episode_steps``,
-    ``env.control_mode``, ``env.obs_mode`` and ``env.image_size`` the builder
-    reads (None: all of them); validation refuses the others set for this env type.
+    ``env.control_mode``, ``env.obs_mode``, ``env.image_size`` and
+    ``env.ignore_terminations`` the builder reads (None: all of them);
+    validation refuses the others set for this env type.
     """
     return ENVS.register(env_type, builder, force=force, reads=reads)
 

@@ -31,6 +31,9 @@ Observations (``env.obs_mode``, default ``state``):
   ``task_descriptions`` (`task_description`), for language-conditioned
   policies such as ``tiny_vla``.
 
+A task that ends an episode on success (PushCube does) runs on to its time
+limit with ``env.ignore_terminations`` (ManiSkill's option): the policy is
+then rewarded for staying successful, not for ending the episode.
 Success comes from ManiSkill's ``info["success"]``; evaluation GIFs come from
 ManiSkill's own renderer (``render_mode="rgb_array"``, its human-view camera).
 ``mani_skill`` is imported only here, and only when an env is built.
@@ -189,7 +192,8 @@ def _cpu_task_env(
     _import_maniskill()
     wrappers = importlib.import_module("mani_skill.utils.wrappers.gymnasium")
     env: gymnasium.Env[Any, Any] = wrappers.CPUGymWrapper(
-        _task_env(cfg, env_id, 1, "cpu", render_mode)
+        _task_env(cfg, env_id, 1, "cpu", render_mode),
+        ignore_terminations=cfg.ignore_terminations,
     )
     if cfg.obs_mode in ("rgb", "rgbd"):
         env = WithTaskDescription(env, task_description(env_id))
@@ -216,7 +220,11 @@ def _gpu_vector_env(cfg: EnvConfig, env_id: str, render_mode: str | None) -> Vec
     env = _task_env(cfg, env_id, cfg.num_envs, "gpu", render_mode)
     vector = importlib.import_module("mani_skill.vector.wrappers.gymnasium")
     vector_env: VectorEnv = vector.ManiSkillVectorEnv(
-        env, cfg.num_envs, auto_reset=True, ignore_terminations=False, record_metrics=False
+        env,
+        cfg.num_envs,
+        auto_reset=True,
+        ignore_terminations=cfg.ignore_terminations,
+        record_metrics=False,
     )
     return vector_env
 
