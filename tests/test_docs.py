@@ -185,7 +185,7 @@ COVERED_ELSEWHERE = {
         "takes half an hour)"
     ),
     ".venv/bin/python -m rlshell.evaluate "
-    "runs/ppo_pushcube_cpu/checkpoints/global_step_2000 --episodes 50": (
+    "runs/ppo_pushcube_cpu/checkpoints/global_step_1500 --episodes 50": (
         "tests/shell/test_maniskill.py::"
         "test_a_short_ppo_run_on_pushcube_trains_and_evaluates_with_a_gif (on its 2-step run)"
     ),

@@ -106,6 +106,14 @@ class PPOActor(Worker):
         with self.checked_once("update"):
             metrics = ppo_update(policy, step, samples, self.settings, self.generator)
         metrics["train/lr"] = step.lr
+        # The learning-rate schedule counts windows (runner.max_steps of them): the steps an
+        # early stop (algorithm.target_kl) saved still move it, as CleanRL anneals per update.
+        planned = self.settings.steps_per_window
+        skipped = planned - int(metrics.get("train/optimizer_steps", planned))
+        scheduler = manager.lr_scheduler
+        if scheduler is not None:
+            for _ in range(skipped):
+                scheduler.step()
         return metrics
 
     def _compile_update(self, samples_per_window: int, obs: dict[str, torch.Tensor]) -> None:
