@@ -37,9 +37,6 @@ config = evolve(
             MODEL,
             model_kwargs={**MODEL.model_kwargs, "init_log_std": -0.5, "normalize_obs": True},
         ),
-        # Annealed to 0 over the run (CleanRL's default): at a constant rate the success rate
-        # peaked at 0.75 and fell back while updates kept moving the policy.
-        optim=evolve(GPU.actor.optim, lr_scheduler="linear"),
     ),
     env=evolve(GPU.env, num_envs=4, uses_gpus=False),
     # An update stops early once a minibatch's approximate KL from the rollout policy passes
