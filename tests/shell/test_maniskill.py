@@ -201,26 +201,31 @@ def test_pushcube_steps_in_the_batched_gpu_simulation() -> None:
 # --- PPO and evaluation ------------------------------------------------------------------------
 
 
-@needs_cpu_maniskill
-@pytest.mark.slow
-def test_a_short_ppo_run_on_pushcube_trains_and_evaluates_with_a_gif(tmp_path: Path) -> None:
+def train_config(config: str, out: Path, *overrides: str) -> None:
+    """``python -m rlshell.train CONFIG OVERRIDES`` into ``out``, with a Ray temp dir of its own."""
     ray_tmp = Path(tempfile.mkdtemp(prefix="ms", dir="/tmp"))
     try:
         result = train(
-            "configs/ppo_pushcube_cpu.py",
-            "runner.max_steps=2",
-            "runner.rollout_steps=10",
-            "env.num_envs=1",  # in the worker's process (the env processes: tested above)
-            "env.max_episode_steps=10",
-            "algorithm.num_minibatches=2",
-            "checkpoint.interval=2",
-            f"runner.output_dir={tmp_path}",
-            env=cli_env(ray_tmp),
-            timeout=420,
+            config, *overrides, f"runner.output_dir={out}", env=cli_env(ray_tmp), timeout=420
         )
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+@needs_cpu_maniskill
+@pytest.mark.slow
+def test_a_short_ppo_run_on_pushcube_trains_and_evaluates_with_a_gif(tmp_path: Path) -> None:
+    train_config(
+        "configs/ppo_pushcube_cpu.py",
+        tmp_path,
+        "runner.max_steps=2",
+        "runner.rollout_steps=10",
+        "env.num_envs=1",  # in the worker's process (the env processes: tested above)
+        "env.max_episode_steps=10",
+        "algorithm.num_minibatches=2",
+        "checkpoint.interval=2",
+    )
     run_dir = tmp_path / "ppo_pushcube_cpu"
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [int(r["step"]) for r in records] == [1, 2]
@@ -266,22 +271,15 @@ def test_a_short_ppo_run_on_pushcube_trains_and_evaluates_with_a_gif(tmp_path: P
 @pytest.mark.slow
 def test_the_camera_config_trains_a_step(tmp_path: Path) -> None:
     """configs/ppo_pushcube_rgb_cpu.py: camera images and the robot's state reach its CNN."""
-    ray_tmp = Path(tempfile.mkdtemp(prefix="ms", dir="/tmp"))
-    try:
-        result = train(
-            "configs/ppo_pushcube_rgb_cpu.py",
-            "runner.max_steps=1",
-            "runner.rollout_steps=4",
-            "env.num_envs=1",
-            "algorithm.num_minibatches=1",
-            "checkpoint.interval=0",
-            f"runner.output_dir={tmp_path}",
-            env=cli_env(ray_tmp),
-            timeout=300,
-        )
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    train_config(
+        "configs/ppo_pushcube_rgb_cpu.py",
+        tmp_path,
+        "runner.max_steps=1",
+        "runner.rollout_steps=4",
+        "env.num_envs=1",
+        "algorithm.num_minibatches=1",
+        "checkpoint.interval=0",
+    )
     (record,) = read_metrics(tmp_path / "ppo_pushcube_rgb_cpu" / "metrics.jsonl")
     assert record["env/total_steps"] == 4
     assert record["train/samples"] == 4
