@@ -208,7 +208,9 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TracedRun]:
                     frozenset(read_keys(root / name / "reads")),
                     root / name / "runs" / config.runner.experiment_name,
                 )
-            assert time.monotonic() - started < 600, "the traced runs took over 10 minutes"
+            # A guard against a hung run, not a timing: they take 8–10 minutes beside the rest
+            # of the suite on 2 cores (577 s measured on 2026-11-28).
+            assert time.monotonic() - started < 1200, "the traced runs took over 20 minutes"
             time.sleep(0.2)
     finally:
         for process in running.values():
