@@ -298,3 +298,34 @@ def test_target_kl_stops_the_update_at_the_first_minibatch_past_it() -> None:
         for a, b in zip(plain_policy.parameters(), tight_policy.parameters(), strict=True)
     ]
     assert any(changed)
+
+
+def test_an_update_stopped_early_still_moves_the_lr_schedule_a_whole_window() -> None:
+    """The schedule counts windows: steps ``target_kl`` saved advance it as if taken."""
+    from attrs import evolve
+
+    from rlshell.workers.embodied_update import EagerPPOStep, torch_optimizer_step
+
+    policy = _policy()
+    samples = _window(policy)
+    optimizer = _adamw(policy)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / 100)
+    worker = EmbodiedWorker(load_config(CONFIG, []), critic=True)
+    # A target every minibatch exceeds: one optimizer step of the window's planned ones.
+    worker.settings = evolve(SETTINGS, target_kl=-1.0)
+    worker.manager = SimpleNamespace(  # type: ignore[assignment]
+        module=policy, optimizer=optimizer, lr_scheduler=scheduler
+    )
+    taken: list[int] = []
+    optimizer_step = torch_optimizer_step(policy, optimizer, worker.settings)
+
+    def counted() -> tuple[float, float]:
+        taken.append(1)
+        return optimizer_step()
+
+    worker.update_step = EagerPPOStep(policy, worker.settings, counted)
+    metrics = worker._update(samples)
+    assert metrics["train/optimizer_steps"] == 1.0
+    assert len(taken) == 1
+    # This step function leaves the schedule alone: every step it moved is a skipped one.
+    assert scheduler.last_epoch == worker.settings.steps_per_window - 1
