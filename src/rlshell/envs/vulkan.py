@@ -38,6 +38,7 @@ __all__ = [
     "DIR_ENV_VAR",
     "LAVAPIPE_PACKAGES",
     "DriverChoice",
+    "InstallError",
     "default_driver_dir",
     "gpu_vulkan_drivers",
     "install_lavapipe",
