@@ -41,7 +41,13 @@ config = evolve(
     env=evolve(GPU.env, num_envs=4, uses_gpus=False),
     # An update stops early once a minibatch's approximate KL from the rollout policy passes
     # 0.1 (ManiSkill's ppo.py; without it the policy moved too far: 80% of samples clipped).
-    algorithm=evolve(GPU.algorithm, ppo_epochs=8, num_minibatches=4, target_kl=0.1),
+    algorithm=evolve(
+        GPU.algorithm,
+        ppo_epochs=8,
+        num_minibatches=4,
+        target_kl=0.1,
+        bootstrap_at_done="always",
+    ),
     # 1,500 updates × 200 env steps = 300,000 env steps.
     runner=evolve(GPU.runner, experiment_name="ppo_pushcube_cpu", max_steps=1500),
     checkpoint=evolve(GPU.checkpoint, interval=100),

@@ -91,7 +91,14 @@ def collocated_windows(config: Config, policy: BasePolicy, env_workers: int) -> 
             stepper = EnvStepper.from_config(evolve(config.env, num_envs=per_stage), seed)
             obs, buffer, windows = stepper.reset(seed), TrajectoryBuffer(per_stage), []
             for _ in range(WINDOWS):
-                obs = collect_rollout(policy, stepper, buffer, obs, STEPS)
+                obs = collect_rollout(
+                    policy,
+                    stepper,
+                    buffer,
+                    obs,
+                    STEPS,
+                    bootstrap_at_done=config.algorithm.bootstrap_at_done == "always",
+                )
                 windows.append(buffer.finish(GAMMA, LAM))
             columns.append(windows)
     return [
@@ -119,15 +126,18 @@ def _side_by_side(parts: list[Samples]) -> Samples:
     )
 
 
+@pytest.mark.parametrize("bootstrap_at_done", ["truncated", "always"])
 def test_a_pipelined_window_on_ray_equals_collocated_rollouts_of_the_same_envs(
-    ray_cluster: Cluster, plan_component: PlanFactory
+    ray_cluster: Cluster, plan_component: PlanFactory, bootstrap_at_done: str
 ) -> None:
     """Two env workers × two stages served by one rollout worker, three windows: the same
-    samples, env for env, as each stage's envs rolled out alone by the collocated code."""
+    samples, env for env, as each stage's envs rolled out alone by the collocated code
+    (``algorithm.bootstrap_at_done='always'``: terminations bootstrap like truncations)."""
     config = cartpole(
         f"cluster.component_placement={HYBRID}",
         "env.max_episode_steps=9",
         "rollout.pipeline_stage_num=2",
+        f"algorithm.bootstrap_at_done={bootstrap_at_done}",
     )
     reference = build_rollout_model(config)
     assert isinstance(reference, BasePolicy)
@@ -162,9 +172,10 @@ def test_a_pipelined_window_on_ray_equals_collocated_rollouts_of_the_same_envs(
             torch.testing.assert_close(getattr(got, name), getattr(want, name), msg=name)
         for key in ends:
             ends[key] += sum(int(getattr(part, key).sum()) for part in env_parts)
-    # Both kinds of episode end happened (a truncation bootstraps, a termination does not),
-    # and the stages' envs differ, so stages swapped or mixed up would not match.
-    assert ends["terminated"] > 0
+    # Both kinds of episode end happened (a truncation bootstraps, a termination does not,
+    # unless bootstrap_at_done='always', which leaves none), and the stages' envs differ, so
+    # stages swapped or mixed up would not match.
+    assert (ends["terminated"] > 0) == (bootstrap_at_done == "truncated")
     assert ends["truncated"] > 0
     states = expected[0].forward_inputs["states"].reshape(STEPS, 8, -1)
     assert not torch.equal(states[:, :2], states[:, 2:4])

@@ -62,6 +62,43 @@ def test_truncated_steps_bootstrap_from_the_final_observation() -> None:
             torch.testing.assert_close(next_values[t][~ended], values[t + 1][~ended])
 
 
+@pytest.mark.parametrize("bootstrap_at_done", [False, True])
+def test_a_terminated_step_bootstraps_only_with_bootstrap_at_done(bootstrap_at_done: bool) -> None:
+    """CartPole pushed one way falls (terminates): its V(s') is 0 to gae, or with
+    ``bootstrap_at_done`` (ManiSkill's baselines) the final observation's value."""
+    policy, stepper = _policy(0), _stepper(3, 0)
+    buffer = TrajectoryBuffer(3)
+    finals: list[torch.Tensor] = []
+    ended: list[torch.Tensor] = []
+    original_step = stepper.step
+
+    def pushing_right(actions: torch.Tensor, **kwargs: str | None):  # type: ignore[no-untyped-def]
+        result = original_step(torch.ones_like(actions), **kwargs)
+        finals.append(result.next_obs["states"].clone())
+        ended.append(result.terminated.clone())
+        return result
+
+    stepper.step = pushing_right  # type: ignore[method-assign]
+    collect_rollout(
+        policy, stepper, buffer, stepper.reset(0), steps=40, bootstrap_at_done=bootstrap_at_done
+    )
+    cols = buffer._columns
+    terminated, truncated = torch.stack(cols["terminated"]), torch.stack(cols["truncated"])
+    fell = torch.stack(ended)
+    assert fell.any()
+    if not bootstrap_at_done:
+        assert torch.equal(terminated, fell)
+        assert not truncated.any()
+        return
+    assert not terminated.any()
+    assert torch.equal(truncated, fell)
+    next_values = torch.stack(cols["next_values"])
+    for t in range(40):
+        if fell[t].any():
+            expected = policy.predict_action_batch({"states": finals[t]}, mode="eval")[1]
+            torch.testing.assert_close(next_values[t][fell[t]], expected["prev_values"][fell[t]])
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_ppo_learns_cartpole_to_475(seed: int) -> None:
     """rl-zoo's CartPole settings (8 envs × 32 steps, 20 epochs of one 256-sample batch, λ 0.8,

@@ -13,7 +13,7 @@ from gymnasium import spaces
 
 from rlshell.config import EnvConfig
 from rlshell.envs import ENVS, get_env_cls, make_env
-from rlshell.envs.stepper import EnvStepper, group_seeds
+from rlshell.envs.stepper import EnvStepper, StepResult, group_seeds
 
 SAME_STEP = gymnasium.vector.AutoresetMode.SAME_STEP
 TINY_ID = "RlshellTinyScripted-v0"
@@ -161,6 +161,23 @@ def test_cartpole_fall_terminates_without_truncating() -> None:
         assert not result.truncated.any()
         ended |= result.terminated
     assert ended.all()
+
+
+def test_bootstrapped_at_done_counts_every_ended_episode_as_truncated() -> None:
+    obs = {"states": torch.arange(6.0).reshape(3, 2)}
+    result = StepResult(
+        obs=obs,
+        rewards=torch.tensor([1.0, 2.0, 3.0]),
+        terminated=torch.tensor([True, False, False]),
+        truncated=torch.tensor([False, True, False]),
+        next_obs={"states": -obs["states"]},
+    )
+    bootstrapped = result.bootstrapped_at_done()
+    assert bootstrapped.terminated.tolist() == [False, False, False]
+    assert bootstrapped.truncated.tolist() == [True, True, False]
+    assert torch.equal(bootstrapped.dones, result.dones)
+    assert bootstrapped.rewards is result.rewards
+    assert bootstrapped.next_obs is result.next_obs
 
 
 def test_final_obs_of_an_ended_episode_for_box_dict_and_image_observations() -> None:

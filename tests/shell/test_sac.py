@@ -220,6 +220,36 @@ def test_critic_target_bootstraps_unless_terminated() -> None:
     torch.testing.assert_close(target[~term], by_hand[~term])
 
 
+@pytest.mark.parametrize("bootstrap_at_done", [False, True])
+def test_a_terminated_step_is_stored_terminated_unless_bootstrap_at_done(
+    bootstrap_at_done: bool,
+) -> None:
+    """Pendulum never terminates: its second env's steps are made terminated. The replay keeps
+    them terminated (no bootstrap), or with ``bootstrap_at_done`` not (s' bootstraps)."""
+    policy, stepper = _policy(0), _pendulum(num_envs=2, max_episode_steps=50)
+    original_step = stepper.step
+
+    def second_env_terminates(actions: torch.Tensor, **kwargs: str | None) -> StepResult:
+        result = original_step(actions, **kwargs)
+        return StepResult(
+            obs=result.obs,
+            rewards=result.rewards,
+            terminated=torch.tensor([False, True]),
+            truncated=result.truncated,
+            next_obs=result.next_obs,
+        )
+
+    stepper.step = second_env_terminates  # type: ignore[method-assign,assignment]
+    replay = ReplayBuffer(capacity=100, obs_dim=3, action_dim=1)
+    generator = torch.Generator().manual_seed(0)
+    collect_sac_steps(
+        policy, stepper, replay, stepper.reset(0), 3, generator, False, bootstrap_at_done
+    )
+    stored = replay.state_dict()["terminated"][:6].reshape(3, 2)
+    expected = torch.tensor([[False, not bootstrap_at_done]] * 3)
+    assert torch.equal(stored, expected)
+
+
 def test_collected_truncated_steps_keep_the_final_observation_and_bootstrap() -> None:
     policy, stepper = _policy(0), _pendulum(num_envs=2, max_episode_steps=3)
     replay = ReplayBuffer(capacity=100, obs_dim=3, action_dim=1)

@@ -588,6 +588,12 @@ class AlgorithmConfig:
     ``norm_reward`` (`rlshell.rollout.trajectory.RewardScaler`), and the
     update stopped early once a minibatch's approximate KL from the rollout
     policy exceeds ``target_kl`` (null: every epoch runs).
+    ``bootstrap_at_done`` (embodied PPO with ``gae`` and SAC): which ended
+    episodes a value target bootstraps from V(final observation):
+    ``truncated`` ones only (a termination is worth nothing after it), or
+    ``always``, terminations too (ManiSkill's baselines: a task that
+    terminates on success then does not teach the policy to avoid success
+    for the dense reward it would collect before it).
     ``loss_type='sac'`` (embodied runner) trains with soft actor-critic
     instead, configured by ``sac``.
 
@@ -668,6 +674,7 @@ class AlgorithmConfig:
     norm_adv: bool = True
     norm_reward: bool = False
     target_kl: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+    bootstrap_at_done: Literal["truncated", "always"] = "truncated"
     sac: SACConfig = Factory(SACConfig)
 
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from attrs import frozen
+from attrs import evolve, frozen
 from jaxtyping import Bool, Float
 from torch import Tensor
 
@@ -84,6 +84,17 @@ class StepResult:
     def dones(self) -> Bool[Tensor, "num_envs"]:
         """Episodes that ended at this step, by termination or truncation."""
         return self.terminated | self.truncated
+
+    def bootstrapped_at_done(self) -> StepResult:
+        """This step with every ended episode counted as truncated, none as terminated.
+
+        A value target then bootstraps from V(final observation) after a
+        termination too (``algorithm.bootstrap_at_done='always'``, as
+        ManiSkill's PPO and SAC baselines do): where an env terminates on
+        success, the success state keeps its value instead of 0, so ending the
+        episode early is not worth less than lingering before the goal.
+        """
+        return evolve(self, terminated=torch.zeros_like(self.terminated), truncated=self.dones)
 
 
 def group_seeds(seed: int, num_envs: int, group_size: int = 1) -> list[int]:

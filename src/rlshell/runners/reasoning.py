@@ -197,6 +197,9 @@ class ReasoningTrainer:
             f"std; {who}'s rewards are reward.reward_type's scores",
             "algorithm.target_kl": "stops embodied PPO's update early on its approximate KL; "
             f"{who} runs every algorithm.ppo_epochs epoch",
+            "algorithm.bootstrap_at_done": "sets which ended env episodes a value target "
+            f"bootstraps after (embodied PPO, SAC); {who}'s responses end with their last "
+            "token",
             **hyperparameters_unread(config),
         }
         algorithm = config.algorithm

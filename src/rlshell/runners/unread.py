@@ -210,6 +210,9 @@ def ppo_update_unread(config: Config, critic: bool, who: str) -> dict[str, str]:
         unread["algorithm.vf_coef"] = f"{no_critic}: there is no value loss to weight"
         unread["algorithm.value_clip"] = f"{no_critic}: there is no value loss to clip"
         unread["algorithm.lam"] = f"{no_critic}: GAE's λ is not used"
+        unread["algorithm.bootstrap_at_done"] = (
+            f"{no_critic}: no value target bootstraps after an episode's end"
+        )
         if not config.algorithm.norm_reward:
             unread["algorithm.gamma"] = (
                 f"{who} scores each episode's undiscounted return with '{adv_type}' "

@@ -268,6 +268,7 @@ class EmbodiedWorker(PPOActor):
                     config.runner.rollout_steps,
                     self.reward_scaler,
                     self.predict,
+                    bootstrap_at_done=algorithm.bootstrap_at_done == "always",
                 )
         rollout_done = time.perf_counter()
         if grouped:

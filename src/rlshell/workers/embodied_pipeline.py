@@ -159,6 +159,8 @@ class EnvWorker(Worker):
         """Step ``stage``'s envs with ``actions``; what the rollout worker acts on next."""
         started = time.perf_counter()
         result = self.steppers[stage].step(actions, policy=self.policy)
+        if self.config.algorithm.bootstrap_at_done == "always":
+            result = result.bootstrapped_at_done()
         cpu = torch.device("cpu")
         for key, value in (
             ("rewards", result.rewards),

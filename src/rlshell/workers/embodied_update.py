@@ -117,6 +117,7 @@ def collect_rollout(
     steps: int,
     reward_scaler: RewardScaler | None = None,
     predict: Predict | None = None,
+    bootstrap_at_done: bool = False,
 ) -> EnvObs:
     """``steps`` steps of every env into ``buffer``; returns the observation to continue from.
 
@@ -128,7 +129,9 @@ def collect_rollout(
     The value bootstrap of step t is V(sₜ₊₁): the next step's value where the
     episode goes on, the final observation's where it was truncated (one
     extra value call on those rows), nothing where it terminated (gae ignores
-    it), and for the window's last step the value of what follows it.
+    it), and for the window's last step the value of what follows it. With
+    ``bootstrap_at_done`` a terminated step bootstraps like a truncated one
+    (`StepResult.bootstrapped_at_done`).
     """
     pending: list[tuple[dict[str, Tensor], Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]] = []
     name = f"{policy_name(policy)}.predict_action_batch"
@@ -137,6 +140,8 @@ def collect_rollout(
     for _ in range(steps):
         actions, info = predict(obs)
         result = stepper.step(actions, policy=name)
+        if bootstrap_at_done:
+            result = result.bootstrapped_at_done()
         values = info["prev_values"]
         bootstrap = torch.zeros_like(values)
         if bool(result.truncated.any()):

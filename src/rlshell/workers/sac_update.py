@@ -316,6 +316,7 @@ def collect_sac_steps(
     steps: int,
     generator: torch.Generator,
     random_actions: bool,
+    bootstrap_at_done: bool = False,
 ) -> EnvObs:
     """``steps`` steps of every env into ``replay``; returns the observation to continue from.
 
@@ -324,7 +325,9 @@ def collect_sac_steps(
     stored as 2u − 1 ∈ [−1, 1]. Otherwise the policy samples a = tanh(u)
     (its ``forward_inputs["action"]`` is the pre-tanh u) and the env gets
     its rescaled action. The buffer's s' is ``StepResult.next_obs``: the final
-    observation where an episode ended.
+    observation where an episode ended. With ``bootstrap_at_done`` no step is
+    stored as terminated: the target bootstraps from s' after a termination too
+    (`StepResult.bootstrapped_at_done`).
     """
     low, high = _box_bounds(stepper)
     name = f"{policy_name(policy)}.predict_action_batch"
@@ -341,6 +344,8 @@ def collect_sac_steps(
                 )
             squashed = torch.tanh(info["forward_inputs"]["action"].float())
         result = stepper.step(env_actions, policy=name)
+        if bootstrap_at_done:
+            result = result.bootstrapped_at_done()
         replay.add(
             obs["states"],
             squashed,

@@ -116,7 +116,14 @@ class SACCollector(Worker):
         chunk = ReplayBuffer(steps * stepper.num_envs, obs_dim, stepper.action_shape[1])
         with torch.no_grad():
             self.obs = collect_sac_steps(
-                policy, stepper, chunk, self.obs, steps, self.generator, random_actions
+                policy,
+                stepper,
+                chunk,
+                self.obs,
+                steps,
+                self.generator,
+                random_actions,
+                bootstrap_at_done=self.config.algorithm.bootstrap_at_done == "always",
             )
         metrics = stepper.pop_metrics()
         metrics["env/steps"] = float(steps * stepper.num_envs)
