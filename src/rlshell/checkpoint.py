@@ -21,15 +21,25 @@ it): export, evaluation and a run that starts from another run's policy
 Everything is written under a hidden staging name
 (``.global_step_N.partial``) and renamed when complete, so a crash or Ctrl-C
 mid-save never leaves a directory that looks like a checkpoint; stale
-staging directories are removed when the next run starts.
+staging directories are removed when the next run starts. Before the rename
+the driver writes ``manifest.json`` (every file's size and SHA-256, each file
+flushed to disk as it is read), then ``trainer_state.json``. A resume
+(`resolve_resume`) verifies a checkpoint against its manifest before it is
+used: ``resume=auto`` skips, newest first, every checkpoint that fails (a
+truncated or corrupted file, one missing, no manifest) and names what it
+skipped and why. Pruned and replaced checkpoints are renamed aside
+(``.global_step_N.deleting``) before they are deleted, so a crash mid-delete
+leaves nothing that looks like a checkpoint either.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +51,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = [
+    "MANIFEST",
     "POLICY_LAYOUTS",
     "QUEUE_FILE",
     "RUN_CONFIG",
@@ -60,11 +71,16 @@ __all__ = [
     "resolve_resume",
     "run_config_path",
     "staging_dir",
+    "verify_checkpoint",
+    "write_manifest",
     "write_trainer_state",
 ]
 
 _NAME = re.compile(r"^global_step_(\d+)$")
 TRAINER_STATE = "trainer_state.json"
+MANIFEST = "manifest.json"
+_ASIDE = ".deleting"  # suffix of a checkpoint renamed aside to be deleted
+_CHUNK = 1 << 20
 RUN_CONFIG = "config.json"
 # runner.mode='async': the rollouts generated ahead of a checkpoint's step, saved with it.
 QUEUE_FILE = "rollout_queue.pt"
@@ -104,19 +120,32 @@ def staging_dir(run_dir: Path, step: int) -> Path:
 
 
 def commit(staging: Path, run_dir: Path, step: int) -> Path:
-    """Rename a fully written staging directory to ``global_step_N`` (atomic on one filesystem)."""
-    if not (staging / TRAINER_STATE).is_file():
-        raise CheckpointError(f"{staging} has no {TRAINER_STATE}: refusing to commit it")
+    """Rename a fully written staging directory to ``global_step_N`` (atomic on one filesystem).
+
+    A checkpoint of the same step already there is renamed aside first and
+    deleted after: at every moment one complete ``global_step_N`` or none is
+    visible, never a half-deleted one.
+    """
+    for name in (MANIFEST, TRAINER_STATE):
+        if not (staging / name).is_file():
+            raise CheckpointError(f"{staging} has no {name}: refusing to commit it")
     final = checkpoint_dir(run_dir, step)
-    if final.exists():
-        shutil.rmtree(final)
+    aside = _set_aside(final) if final.exists() else None
     os.replace(staging, final)
+    _fsync_directory(final.parent)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
     return final
 
 
 def write_trainer_state(directory: Path, state: TrainerState) -> None:
+    """``trainer_state.json``, flushed to disk; `commit` needs it, and `write_manifest`
+    covers it when written after it."""
     temporary = directory / (TRAINER_STATE + ".tmp")
-    temporary.write_text(json.dumps(asdict(state), indent=2) + "\n")
+    with temporary.open("w") as file:
+        file.write(json.dumps(asdict(state), indent=2) + "\n")
+        file.flush()
+        os.fsync(file.fileno())
     os.replace(temporary, directory / TRAINER_STATE)
 
 
@@ -126,7 +155,105 @@ def read_trainer_state(directory: Path) -> TrainerState:
         raise CheckpointError(
             f"{directory} is not a complete rlshell checkpoint (no {TRAINER_STATE})"
         )
-    return TrainerState(**json.loads(path.read_text()))
+    try:
+        return TrainerState(**json.loads(path.read_text()))
+    except (ValueError, TypeError) as error:  # JSONDecodeError is a ValueError
+        raise CheckpointError(
+            f"{path} is not a trainer state rlshell wrote ({type(error).__name__}: {error})"
+        ) from error
+
+
+def _digest(path: Path) -> str:
+    """SHA-256 of ``path``'s bytes; the file is flushed to disk on the way."""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(_CHUNK):
+            digest.update(chunk)
+        os.fsync(file.fileno())
+    return digest.hexdigest()
+
+
+def _files(directory: Path) -> list[str]:
+    return sorted(
+        path.relative_to(directory).as_posix()
+        for path in directory.rglob("*")
+        if path.is_file() and path.name != MANIFEST
+    )
+
+
+def write_manifest(directory: Path) -> dict[str, dict[str, int | str]]:
+    """``manifest.json``: the size and SHA-256 of every file under ``directory`` (the
+    workers' shards included), each flushed to disk as it is read; returns its entries."""
+    entries: dict[str, dict[str, int | str]] = {
+        name: {"size": (directory / name).stat().st_size, "sha256": _digest(directory / name)}
+        for name in _files(directory)
+    }
+    temporary = directory / (MANIFEST + ".tmp")
+    with temporary.open("w") as file:
+        file.write(json.dumps({"files": entries}, indent=1, sort_keys=True) + "\n")
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, directory / MANIFEST)
+    _fsync_directory(directory)
+    return entries
+
+
+def verify_checkpoint(directory: Path) -> None:
+    """Check every file ``directory``'s manifest lists: present, of its size and SHA-256.
+
+    CheckpointError names the first that is not, or a file the manifest does
+    not list, or a missing or unreadable manifest.
+    """
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise CheckpointError(
+            f"{directory} has no {MANIFEST}: it was not written by a complete rlshell save"
+        )
+    try:
+        entries = json.loads(path.read_text())["files"]
+        expected = {str(name): (int(e["size"]), str(e["sha256"])) for name, e in entries.items()}
+    except (ValueError, TypeError, KeyError, AttributeError) as error:
+        raise CheckpointError(f"{path} is unreadable ({type(error).__name__}: {error})") from error
+    for name, (size, sha256) in sorted(expected.items()):
+        file = directory / name
+        if not file.is_file():
+            raise CheckpointError(f"{file} is missing (the manifest lists it)")
+        actual = file.stat().st_size
+        if actual != size:
+            raise CheckpointError(
+                f"{file} has {actual} bytes, the manifest says {size} (truncated or overwritten)"
+            )
+        if _digest(file) != sha256:
+            raise CheckpointError(f"{file} does not match its SHA-256 in the manifest (corrupted)")
+    unlisted = [name for name in _files(directory) if name not in expected]
+    if unlisted:
+        raise CheckpointError(
+            f"{directory} holds {unlisted[0]}, which its manifest does not list "
+            f"({len(unlisted)} such file(s))"
+        )
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename or new entry in ``directory`` durable (a no-op where unsupported)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename ``path`` to a hidden name no listing takes for a checkpoint; returns it."""
+    aside = path.with_name(f".{path.name}{_ASIDE}")
+    if aside.exists():
+        shutil.rmtree(aside)
+    os.replace(path, aside)
+    return aside
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
@@ -160,36 +287,69 @@ def queue_problem(checkpoint: Path, mode: str) -> str | None:
 
 
 def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
-    """The checkpoint to resume from: none, the newest (``"auto"``), or a given path."""
+    """The checkpoint to resume from: none, the newest that verifies (``"auto"``), or a
+    given path, which must verify (`verify_checkpoint`).
+
+    ``auto`` prints each newer checkpoint it skipped, with why, to stderr; when
+    the run has checkpoints and none verifies, CheckpointError lists them all
+    (starting afresh would replace the run's metrics).
+    """
     if resume is None:
         return None
     if resume == "auto":
-        checkpoints = list_checkpoints(run_dir)
-        return checkpoints[-1][1] if checkpoints else None
+        skipped: list[str] = []
+        for _, path in reversed(list_checkpoints(run_dir)):
+            try:
+                verify_checkpoint(path)
+                read_trainer_state(path)
+            except CheckpointError as error:
+                skipped.append(f"{path.name}: {error}")
+                print(
+                    f"checkpoint.resume=auto: skipped {path.name}, which is damaged: {error}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                continue
+            return path
+        if skipped:
+            raise CheckpointError(
+                "checkpoint.resume=auto: no checkpoint of the run verifies against its "
+                "manifest:\n  " + "\n  ".join(skipped)
+            )
+        return None
     path = Path(resume)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint.resume: {path} does not exist")
+    try:
+        verify_checkpoint(path)
+    except CheckpointError as error:
+        raise CheckpointError(f"checkpoint.resume: {error}") from error
     read_trainer_state(path)
     return path
 
 
 def prune(run_dir: Path, keep_last: int | None) -> list[Path]:
-    """Remove all but the newest ``keep_last`` checkpoints; returns what was removed."""
+    """Remove all but the newest ``keep_last`` checkpoints; returns what was removed.
+
+    Each is renamed aside before it is deleted (`clean_partials` finishes a
+    deletion a crash interrupted).
+    """
     if keep_last is None:
         return []
     checkpoints = list_checkpoints(run_dir)
     removed = [path for _, path in checkpoints[: max(0, len(checkpoints) - keep_last)]]
     for path in removed:
-        shutil.rmtree(path)
+        shutil.rmtree(_set_aside(path), ignore_errors=True)
     return removed
 
 
 def clean_partials(run_dir: Path) -> list[Path]:
-    """Remove staging directories an interrupted save left behind."""
+    """Remove staging directories an interrupted save left behind, and checkpoints an
+    interrupted prune or replacement had renamed aside."""
     root = run_dir / "checkpoints"
     if not root.is_dir():
         return []
-    stale = [path for path in root.iterdir() if path.name.endswith(".partial")]
+    stale = [path for path in root.iterdir() if path.name.endswith((".partial", _ASIDE))]
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
     return stale

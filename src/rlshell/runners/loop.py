@@ -15,6 +15,7 @@ lets the run finish.)
 
 from __future__ import annotations
 
+import shutil
 import signal
 import sys
 import threading
@@ -36,6 +37,7 @@ from rlshell.checkpoint import (
     read_trainer_state,
     resolve_resume,
     staging_dir,
+    write_manifest,
     write_trainer_state,
 )
 from rlshell.cluster.errors import WorkerError
@@ -179,10 +181,29 @@ def _salvage(
 
 
 def save_checkpoint(trainer: Trainer, run_dir: Path, step: int, keep_last: int | None) -> Path:
-    """``trainer.save`` into a staging directory, its trainer state written last, then
-    renamed into place (`rlshell.checkpoint.commit`) and old checkpoints pruned."""
+    """``trainer.save`` into a staging directory, its trainer state, then the manifest of
+    every file (sizes and SHA-256, each file flushed to disk) written last, then renamed
+    into place (`rlshell.checkpoint.commit`) and old checkpoints pruned."""
     staging = staging_dir(run_dir, step)
-    write_trainer_state(staging, trainer.save(staging, step))
+    try:
+        write_trainer_state(staging, trainer.save(staging, step))
+        write_manifest(staging)
+    except Exception as error:
+        # A full disk, a dead rank: what was written goes (it frees the space), and the
+        # checkpoints before it stay as they were.
+        shutil.rmtree(staging, ignore_errors=True)
+        if not isinstance(error, OSError):
+            raise
+        checkpoints = list_checkpoints(run_dir)
+        kept = (
+            f"the last complete checkpoint, {checkpoints[-1][1]}, is intact"
+            if checkpoints
+            else "the run has no complete checkpoint"
+        )
+        raise CheckpointError(
+            f"the checkpoint of step {step} could not be written ({type(error).__name__}: "
+            f"{error}); its partial files were removed and {kept}"
+        ) from error
     final = commit(staging, run_dir, step)
     prune(run_dir, keep_last)
     return final
