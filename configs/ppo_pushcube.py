@@ -3,7 +3,8 @@
 ManiSkill needs a Vulkan-capable GPU: on a machine without one this config
 validates and plans (``--dry-run``) and a real run stops with a sentence
 saying what is missing. The settings are ManiSkill's PPO baseline for
-PushCube (512 envs × 50 steps, γ 0.8, λ 0.9, 4 epochs of 32 minibatches).
+PushCube (512 envs × 50 steps, γ 0.8, λ 0.9, 4 epochs of 32 minibatches, every
+ended episode bootstrapped).
 """
 
 from rlshell.config import (
@@ -56,6 +57,8 @@ config = Config(
         num_minibatches=32,
         vf_coef=0.5,
         entropy_coef=0.0,
+        # ppo.py bootstraps every ended episode from V(final observation), success too.
+        bootstrap_at_done="always",
     ),
     # 512 envs × 50 steps = 25,600 env steps per update; 80 updates ≈ 2M steps.
     runner=RunnerConfig(
