@@ -15,8 +15,10 @@ from ray.util import placement_group_table
 
 from rlshell.cluster.placement import ComponentPlan, NodeGroup
 from rlshell.cluster.ray_cluster import (
+    NODE_RANK_LABEL,
     Cluster,
     ReservationError,
+    label_selector,
     local_cluster_spec,
     parse_node_ranks,
 )
@@ -109,6 +111,60 @@ def test_spec_labels_node_groups(ray_cluster: Cluster) -> None:
         ray_cluster.spec({"gpu": "0-1"})
     with pytest.raises(ValueError, match="'all' is built in"):
         ray_cluster.spec({"all": "0"})
+
+
+def _node(node_id: str, ip: str, **labels: str) -> dict[str, Any]:
+    return {
+        "NodeID": node_id,
+        "Alive": True,
+        "NodeManagerAddress": ip,
+        "Resources": {"CPU": 2.0},
+        "Labels": labels,
+    }
+
+
+def test_nodes_rank_by_their_rank_label_then_the_driver_then_ip(
+    ray_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three nodes on one IP (as Ray's multi-node test utility makes them): the
+    ``rlstack/node-rank`` label orders them, whatever their node ids; without labels the
+    driver's node is rank 0 and the rest go by IP. Node groups select by any label."""
+    import rlshell.cluster.ray_cluster as module
+
+    driver = ray.get_runtime_context().get_node_id()
+    labelled = [
+        _node("c" * 8, "10.0.0.1", **{NODE_RANK_LABEL: "2", "pool": "envs"}),
+        _node(driver, "10.0.0.1", **{NODE_RANK_LABEL: "0", "pool": "learner"}),
+        _node("a" * 8, "10.0.0.1", **{NODE_RANK_LABEL: "1", "pool": "envs"}),
+    ]
+    monkeypatch.setattr(module, "_ray_nodes", lambda: labelled)
+    assert ray_cluster.node_ids() == (driver, "a" * 8, "c" * 8)
+    spec = ray_cluster.spec({"envs": "pool=envs"})
+    assert spec.node_groups[1] == NodeGroup("envs", (1, 2))
+    with pytest.raises(ValueError, match=r"no alive node has label pool=gpu \(the 3 alive nodes "):
+        ray_cluster.spec({"envs": "pool=gpu"})
+    unlabelled = [
+        _node("b" * 8, "10.0.0.9"),
+        _node("a" * 8, "10.0.0.10"),
+        _node(driver, "10.0.0.11"),
+    ]
+    monkeypatch.setattr(module, "_ray_nodes", lambda: unlabelled)
+    assert ray_cluster.node_ids() == (driver, "b" * 8, "a" * 8)
+    broken = [_node(driver, "10.0.0.1", **{NODE_RANK_LABEL: "first"})]
+    monkeypatch.setattr(module, "_ray_nodes", lambda: broken)
+    with pytest.raises(ValueError, match=r"label rlstack/node-rank='first' is not a node rank"):
+        ray_cluster.node_ids()
+
+
+def test_label_node_groups_need_a_running_cluster() -> None:
+    from rlshell.cluster.placement import NodeSpec, PlacementError, cluster_spec
+
+    assert label_selector("pool=cpu") == ("pool", "cpu")
+    assert label_selector("0-2") is None
+    with pytest.raises(ValueError, match="neither node ranks nor a label"):
+        label_selector("pool=")
+    with pytest.raises(PlacementError, match=r"node group 'envs': 'pool=cpu' selects nodes by"):
+        cluster_spec([NodeSpec(0, 2)], {"envs": "pool=cpu"})
 
 
 def test_reserve_pins_one_bundle_per_worker_to_the_node(

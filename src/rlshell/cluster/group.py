@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import difflib
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import ray
@@ -55,6 +55,17 @@ W = TypeVar("W", bound=Worker)
 _DRIVER_ONLY = frozenset({"create_group"})
 # Ray refuses zero-CPU placement-group bundles; keep in step with rlshell.cluster.ray_cluster.
 _MIN_ACTOR_CPUS = 0.01
+# How long a dead worker's node may take to be reported dead too (see WorkerGroup._lost_node).
+NODE_LOSS_WAIT_S = 0.0
+
+
+def _node_state(node_id: str) -> str | None:
+    """``"ALIVE"`` or ``"DEAD"`` as Ray's GCS has node ``node_id`` now; None if unknown."""
+    nodes = cast(Callable[[], list[dict[str, Any]]], ray.nodes)()  # Ray leaves it untyped
+    for node in nodes:
+        if node.get("NodeID") == node_id:
+            return "ALIVE" if node.get("Alive", False) else "DEAD"
+    return None
 
 
 def _public_methods(worker_cls: type[Worker]) -> frozenset[str]:
@@ -594,11 +605,46 @@ class WorkerGroup(Generic[W]):
         why = (
             "the group was shut down"
             if self._stopped
-            else "its process exited (killed, out of memory, or crashed)"
+            else self._lost_node(failure.rank)
+            or "its process exited (killed, out of memory, or crashed)"
         )
         return WorkerDiedError(
             f"{failure.where} died {doing}: {why}. Ray says: {ray_reason(failure.cause, 2000)}",
             failure,
+        )
+
+    def _lost_node(self, rank: int | None, wait_s: float = NODE_LOSS_WAIT_S) -> str | None:
+        """Why rank ``rank`` died when its Ray node is gone: the node (rank, IP, id) and the
+        ranks of every group of this cluster that ran there; None while the node is alive.
+
+        Ray reports the actor's death as soon as its process goes, and the node's a
+        health check or two later: a dead actor on a node that stops answering is
+        asked about for up to ``wait_s`` seconds.
+        """
+        if rank is None or rank >= len(self._infos) or not ray.is_initialized():
+            return None
+        info = self._infos[rank]
+        if info is None:
+            return None
+        deadline = time.monotonic() + wait_s
+        while True:
+            state = _node_state(info.node_id)
+            if state == "DEAD":
+                break
+            if state is None or time.monotonic() >= deadline:
+                return None
+            time.sleep(0.5)
+        node_rank = self._plan.workers[rank].node_rank if self._plan is not None else None
+        on_node = []
+        groups = self._cluster._groups() if self._cluster is not None else [self]
+        for group in groups:
+            ranks = [i.rank for i in group._infos if i is not None and i.node_id == info.node_id]
+            if ranks:
+                on_node.append(f"'{group.name}' rank{'s' if len(ranks) > 1 else ''} {ranks}")
+        where = f"node {node_rank} " if node_rank is not None else "its node "
+        return (
+            f"{where}({info.node_ip}, Ray node {info.node_id[:12]}) left the Ray cluster (its "
+            "raylet died or its machine was lost), taking every worker on it: " + ", ".join(on_node)
         )
 
     # -- stopping

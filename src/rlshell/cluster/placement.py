@@ -514,6 +514,12 @@ def _labelled_group(
         return None, [f"node group '{label}': the label is reserved for the group of every node"]
     if not label.strip() or label != label.strip():
         return None, [f"node group '{label}': labels must be non-empty, without outer spaces"]
+    if "=" in ranks_text:
+        return None, [
+            f"node group '{label}': '{ranks_text}' selects nodes by a Ray node label, which "
+            "only a running cluster has (cluster.address); a planned (cluster.simulate) or "
+            "embedded cluster's groups are node ranks such as '1-2'"
+        ]
     try:
         ranks = sorted(parse_ranks(ranks_text))
     except ValueError as error:

@@ -23,7 +23,7 @@ import ipaddress
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import ray
 from ray.util.placement_group import (
@@ -45,15 +45,20 @@ from rlshell.config import TRACE_ENV_VAR, WORKER_MALLOC_ENV
 from rlshell.extensions import ENV_VAR as EXT_MODULE_ENV_VAR
 from rlshell.extensions import OBJECTS_ENV_VAR
 
+if TYPE_CHECKING:
+    from rlshell.cluster.group import WorkerGroup
+
 # Where Hub ids resolve and whether they may download (`rlshell.hub`); tokens are not sent.
 HUB_ENV_VARS = ("HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT")
 
 __all__ = [
     "HUB_ENV_VARS",
     "NODE_ID_LABEL",
+    "NODE_RANK_LABEL",
     "Cluster",
     "Reservation",
     "ReservationError",
+    "label_selector",
     "local_cluster_spec",
     "parse_node_ranks",
 ]
@@ -62,6 +67,10 @@ __all__ = [
 # can select on it, which pins a bundle to one node (ray.util.placement_group
 # in Ray >= 2.49 takes ``bundle_label_selector``).
 NODE_ID_LABEL = "ray.io/node-id"
+# Nodes started with this label (``ray start --labels=rlstack/node-rank=2``) are ranked by
+# it, before any unlabelled node: ranks then survive a node that leaves and rejoins with a
+# new node id, and nodes that share an IP (several on one machine) keep the user's order.
+NODE_RANK_LABEL = "rlstack/node-rank"
 
 # Ray rejects bundles whose resources are all zero; a worker planned with no CPU
 # still gets a sliver so that its bundle, and so its node, exist.
@@ -89,6 +98,21 @@ def _ip_key(address: str) -> tuple[int, int | str]:
         return (0, int(ipaddress.ip_address(address)))
     except ValueError:
         return (1, address)
+
+
+def label_selector(text: str) -> tuple[str, str] | None:
+    """``("pool", "cpu")`` from a node group given as a Ray node label, ``"pool=cpu"``;
+    None for node ranks (``"1-2"``)."""
+    key, equals, value = text.partition("=")
+    if not equals:
+        return None
+    if not key.strip() or not value.strip():
+        raise ValueError(f"'{text}' is neither node ranks nor a label like 'pool=cpu'")
+    return key.strip(), value.strip()
+
+
+def _node_labels(node: Mapping[str, Any]) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (node.get("Labels") or {}).items()}
 
 
 def parse_node_ranks(text: str, node_count: int, label: str = "") -> tuple[int, ...]:
@@ -278,7 +302,8 @@ class Cluster:
             raise RuntimeError("this Cluster was shut down; create a new one")
 
     def _alive_nodes(self) -> list[dict[str, Any]]:
-        """Ray's node records, alive only, in node-rank order (driver's node first)."""
+        """Ray's node records, alive only, in node-rank order: by `NODE_RANK_LABEL` where
+        nodes carry it, then the driver's node, then the others by IP address."""
         nodes = [node for node in _ray_nodes() if node.get("Alive", False)]
         driver_node = ray.get_runtime_context().get_node_id()
         if not any(node["NodeID"] == driver_node for node in nodes):
@@ -286,9 +311,18 @@ class Cluster:
             heads = [n for n in nodes if "node:__internal_head__" in n.get("Resources", {})]
             driver_node = heads[0]["NodeID"] if heads else ""
 
-        def key(node: dict[str, Any]) -> tuple[int, tuple[int, int | str], str]:
+        def key(node: dict[str, Any]) -> tuple[float, int, tuple[int, int | str], str]:
             first = 0 if node["NodeID"] == driver_node else 1
-            return (first, _ip_key(str(node["NodeManagerAddress"])), str(node["NodeID"]))
+            labelled = _node_labels(node).get(NODE_RANK_LABEL)
+            try:
+                rank = float(labelled) if labelled is not None else float("inf")
+            except ValueError:
+                raise ValueError(
+                    f"node {node['NodeManagerAddress']} ({node['NodeID']}): label "
+                    f"{NODE_RANK_LABEL}={labelled!r} is not a node rank"
+                ) from None
+            address = _ip_key(str(node["NodeManagerAddress"]))
+            return (rank, first, address, str(node["NodeID"]))
 
         return sorted(nodes, key=key)
 
@@ -300,8 +334,12 @@ class Cluster:
     def spec(self, node_groups: Mapping[str, str] | None = None) -> ClusterSpec:
         """The alive nodes as a `ClusterSpec` (node rank 0 is the driver's node).
 
-        ``node_groups`` labels sets of node ranks (``{"env": "1-2"}``); the group
-        ``"all"`` with every node is always present.
+        ``node_groups`` labels sets of nodes, by node rank (``{"env": "1-2"}``)
+        or by a Ray node label (``{"env": "pool=cpu"}``: the nodes started with
+        ``ray start --labels=pool=cpu``, in rank order); the group ``"all"`` with
+        every node is always present. Node ranks follow `NODE_RANK_LABEL` where
+        nodes carry it; the driver's node comes next (rank 0 without labels),
+        then the rest by IP address.
         """
         self._check_open()
         nodes = self._alive_nodes()
@@ -320,7 +358,19 @@ class Cluster:
                     f"node group '{DEFAULT_NODE_GROUP}' is built in (every node); "
                     "pick another label"
                 )
-            groups.append(NodeGroup(label, parse_node_ranks(ranks, len(specs), label)))
+            selector = label_selector(ranks)
+            if selector is None:
+                groups.append(NodeGroup(label, parse_node_ranks(ranks, len(specs), label)))
+                continue
+            name, value = selector
+            matching = [i for i, node in enumerate(nodes) if _node_labels(node).get(name) == value]
+            if not matching:
+                found = sorted({_node_labels(n).get(name, "(none)") for n in nodes})
+                raise ValueError(
+                    f"node group '{label}': no alive node has label {name}={value} (the "
+                    f"{len(nodes)} alive nodes have {name}: {', '.join(found)})"
+                )
+            groups.append(NodeGroup(label, matching))
         return ClusterSpec(nodes=specs, node_groups=groups)
 
     def reserve(self, component: ComponentPlan, timeout_s: float = 60.0) -> Reservation:
@@ -483,6 +533,12 @@ class Cluster:
         """Remember a worker group so `shutdown` stops it."""
         self._check_open()
         self._stoppables.append(stoppable)
+
+    def _groups(self) -> list[WorkerGroup[Any]]:
+        """The worker groups this cluster launched and has not shut down."""
+        from rlshell.cluster.group import WorkerGroup  # it imports this module
+
+        return [group for group in self._stoppables if isinstance(group, WorkerGroup)]
 
     def _untrack(self, stoppable: _Stoppable) -> None:
         if stoppable in self._stoppables:

@@ -135,7 +135,9 @@ class ClusterConfig:
     CPUs) instead of the real machine; only valid with ``--dry-run``.
     ``component_placement`` maps component names (comma-joined names share a
     placement) to a placement string or a `PlacementEntry`. ``node_groups``
-    maps labels to node ranks (``{"a800": "0-1"}``). ``worker_env_vars`` are
+    maps labels to node ranks (``{"a800": "0-1"}``) or, on an attached
+    cluster, to a Ray node label (``{"cpu": "pool=cpu"}``: the nodes started
+    with ``ray start --labels=pool=cpu``). ``worker_env_vars`` are
     set in every worker process; the default keeps glibc from handing freed
     memory back to the OS between steps (`WORKER_MALLOC_ENV`),
     ``{}`` starts workers with the driver's allocator settings.

@@ -50,11 +50,17 @@ def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> 
             )
         reports = {name: group.report().wait() for name, group in groups.items()}
         for component in plan.components:
-            _check(component, reports[component.name])
+            reservation = groups[component.name].reservation
+            planned = (
+                [reservation.node_id(rank) for rank in range(component.world_size)]
+                if reservation is not None
+                else None
+            )
+            _check(component, reports[component.name], planned)
         for group in groups.values():
             group.join().wait()
         timings = _rounds(config.runner.max_steps, groups)
-        summary = {"reports": reports, "timings_ms": timings}
+        summary = {"reports": reports, "timings_ms": timings, "nodes": list(cluster.node_ids())}
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "probe.json").write_text(json.dumps(summary, indent=2) + "\n")
         for name, times in timings.items():
@@ -70,7 +76,11 @@ def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> 
             group.shutdown()
 
 
-def _check(component: ComponentPlan, reports: list[dict[str, Any]]) -> None:
+def _check(
+    component: ComponentPlan, reports: list[dict[str, Any]], node_ids: list[str] | None
+) -> None:
+    """Each rank's report against its plan: ranks, node rank, GPUs, extensions, and (where
+    the group was reserved) the Ray node it runs on against the node its rank was pinned to."""
     expected_modules = list(extension_modules())
     for worker, report in zip(component.workers, reports, strict=True):
         seen = report["env"]
@@ -85,6 +95,8 @@ def _check(component: ComponentPlan, reports: list[dict[str, Any]]) -> None:
         wrong: dict[str, tuple[Any, Any]] = {
             key: (seen.get(key), value) for key, value in wanted.items() if seen.get(key) != value
         }
+        if node_ids is not None and report["node_id"] != node_ids[worker.rank]:
+            wrong["Ray node"] = (report["node_id"], node_ids[worker.rank])
         if report["extensions_loaded"] != expected_modules:
             wrong["RLSHELL_EXT_MODULE"] = (report["extensions_loaded"], expected_modules)
         if wrong:

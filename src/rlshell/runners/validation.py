@@ -642,6 +642,7 @@ def _cluster_spec(config: Config) -> tuple[ClusterSpec | None, list[str]]:
     (``cluster.simulate``, ``cluster.node_groups``) that keep it from being made. An attached
     cluster's node groups are checked against its nodes once connected; here, their syntax."""
     from rlshell.cluster.placement import DEFAULT_NODE_GROUP, parse_ranks
+    from rlshell.cluster.ray_cluster import label_selector
 
     try:
         spec = cluster_spec_for(config)
@@ -655,7 +656,8 @@ def _cluster_spec(config: Config) -> tuple[ClusterSpec | None, list[str]]:
             if ranks.strip() == DEFAULT_NODE_GROUP:
                 continue
             try:
-                parse_ranks(ranks)
+                if label_selector(ranks) is None:  # a Ray label is matched once connected
+                    parse_ranks(ranks)
             except ValueError as error:
                 problems.append(f"cluster.node_groups: node group '{label}': {error}")
     return spec, problems

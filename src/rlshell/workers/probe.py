@@ -11,6 +11,7 @@ import socket
 import sys
 from typing import Any
 
+import ray
 import torch
 
 from rlshell.cluster.worker import Worker
@@ -29,6 +30,7 @@ class ProbeWorker(Worker):
             "rank": self.rank,
             "host": socket.gethostname(),
             "node_ip": self.node_ip,
+            "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
             "env": {key: os.environ.get(key) for key in (*ENV_KEYS, "CUDA_VISIBLE_DEVICES")},
             "torch_threads": torch.get_num_threads(),
