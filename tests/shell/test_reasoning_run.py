@@ -7,6 +7,7 @@ resume, export and break runs and compare with it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
@@ -187,6 +188,14 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_checkpoint(
     assert "step 3: the loss is nan" in result.stderr
     names = sorted(p.name for p in (tmp_path / "grpo" / "checkpoints").iterdir())
     assert names == ["global_step_1", "global_step_2"]
+    # The offending micro-batch is kept, and the error says where.
+    (dump,) = (tmp_path / "grpo" / "nonfinite").iterdir()
+    assert dump.name.startswith("step_3_rank_")
+    assert f"micro-batch (tokens, masks, advantages, log-probs) is in {dump}" in result.stderr
+    record = torch.load(dump, weights_only=False)
+    assert (record["step"], math.isnan(record["loss"])) == (3, True)
+    assert record["batch"]["prompt_ids"].ndim == 2
+    assert record["advantages"].shape[0] == record["batch"]["prompt_ids"].shape[0]
 
 
 def test_a_worker_killed_mid_step_is_named_and_resume_auto_continues(

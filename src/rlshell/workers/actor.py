@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 import torch.distributed as dist
 from attrs import evolve
@@ -103,6 +104,19 @@ class NonFiniteLossError(FloatingPointError):
 def worker_device() -> torch.device:
     """The device a worker computes on: its (first visible) GPU, else the CPU."""
     return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _to_cpu(item: Any) -> Any:
+    """``item`` with every tensor in it (an attrs record's fields too) moved to the CPU."""
+    if isinstance(item, Tensor):
+        return item.detach().cpu()
+    if attrs.has(type(item)):
+        return {f.name: _to_cpu(getattr(item, f.name)) for f in attrs.fields(type(item))}
+    if isinstance(item, dict):
+        return {key: _to_cpu(value) for key, value in item.items()}
+    if isinstance(item, list | tuple):
+        return type(item)(_to_cpu(value) for value in item)
+    return item
 
 
 def rollout_precision(config: Config) -> Precision:
@@ -613,7 +627,7 @@ class ActorWorker(Worker):
             for position, (micro, micro_adv, micro_ref, micro_old) in enumerate(inputs):
                 manager.before_micro_batch(model, is_last=position == len(inputs) - 1)
                 loss, metrics = self._loss(micro, micro_adv, micro_ref, micro_old, normalizer)
-                self._check_finite(loss, position)
+                self._check_finite(loss, position, inputs[position])
                 torch.autograd.backward(loss * shares)
                 _accumulate(metrics, totals, peaks)
         optimizer_started = time.perf_counter()
@@ -647,13 +661,43 @@ class ActorWorker(Worker):
         out["time/actor_optimizer"] = time.perf_counter() - optimizer_started
         return out
 
-    def _check_finite(self, loss: Tensor, index: int) -> None:
+    def _check_finite(self, loss: Tensor, index: int, inputs: tuple[Any, ...] = ()) -> None:
+        """NonFiniteLossError where ``loss`` is NaN or infinite, after writing the
+        micro-batch that gave it (``inputs``: the batch, its advantages, reference and old
+        log-probs) to ``<run dir>/nonfinite/`` and naming the file."""
         value = float(loss.detach())
         if not math.isfinite(value):
+            dumped = self._dump_nonfinite(index, value, inputs)
             raise NonFiniteLossError(
                 f"step {self.global_step + 1}: the loss is {value} on actor rank "
-                f"{self.rank} (micro-batch {index}); stopping before the update"
+                f"{self.rank} (micro-batch {index}); stopping before the update. {dumped}"
             )
+
+    def _dump_nonfinite(self, index: int, value: float, inputs: tuple[Any, ...]) -> str:
+        """Write the offending micro-batch (torch.save, on the CPU); what was written."""
+        runner = self.config.runner
+        step = self.global_step + 1
+        # The run directory as this worker's working directory resolves it (the driver's, on
+        # one machine; use an absolute runner.output_dir on a cluster).
+        path = (
+            Path(runner.output_dir).resolve()
+            / runner.experiment_name
+            / "nonfinite"
+            / f"step_{step}_rank_{self.rank}_micro_{index}.pt"
+        )
+        names = ("batch", "advantages", "ref_logprobs", "old_logprobs")
+        record: dict[str, Any] = {"step": step, "rank": self.rank, "loss": value}
+        for name, item in zip(names, inputs, strict=False):
+            record[name] = _to_cpu(item)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(record, path)
+        except OSError as error:
+            return f"Its micro-batch could not be written to {path}: {error}"
+        return (
+            f"Its micro-batch (tokens, masks, advantages, log-probs) is in {path} "
+            "(torch.load(path, weights_only=False))"
+        )
 
     def _pipeline_passes(
         self,
