@@ -9,6 +9,8 @@ A run writes everything into ``runner.output_dir / runner.experiment_name``:
 - ``checkpoints/global_step_N/`` (`rlshell.checkpoint`), ``hf_model/`` or
   ``policy/`` (`rlshell.export`), ``tokenizer/``, ``eval/``;
 - ``probe.json``: the cluster health check's report (``runner_type=probe``);
+- ``nonfinite/``: the batch of a step whose loss was NaN or infinite
+  (`write_nonfinite`), for the user to inspect;
 - ``run.lock``: which process writes into it now (`RunLock`).
 
 A directory *holds a run* once any of its results is there (metrics,
@@ -35,7 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from attrs import frozen
 
@@ -56,6 +58,7 @@ __all__ = [
     "claimed_run_dir",
     "clear_run",
     "read_contents",
+    "write_nonfinite",
 ]
 
 LOCK_FILE = "run.lock"
@@ -71,10 +74,25 @@ RESULTS = (
     "hf_model",
     "policy",
     "eval",
+    "nonfinite",
 )
 # Written at every start (the probe's report at every probe): replaced freely, removed with the
 # results on overwrite.
 PLAN_FILES = ("config.json", "placement.json", "tokenizer", "probe.json", DRY_RUN_DIR)
+
+
+def write_nonfinite(run_dir: Path, name: str, record: dict[str, Any]) -> str:
+    """Save ``record`` (a NaN or infinite loss's batch: tensors on the CPU) as
+    ``<run_dir>/nonfinite/<name>.pt``; the sentence an error message adds about it."""
+    import torch
+
+    path = run_dir.resolve() / "nonfinite" / f"{name}.pt"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(record, path)
+    except OSError as error:
+        return f"Its batch could not be written to {path}: {error}"
+    return f"Its batch is in {path} (torch.load(path, weights_only=False))"
 
 
 class RunDirError(ConfigError):

@@ -329,3 +329,35 @@ def test_an_update_stopped_early_still_moves_the_lr_schedule_a_whole_window() ->
     assert len(taken) == 1
     # This step function leaves the schedule alone: every step it moved is a skipped one.
     assert scheduler.last_epoch == worker.settings.steps_per_window - 1
+
+
+def test_a_nan_loss_stops_the_update_and_its_minibatch_is_written_to_the_run_dir(
+    tmp_path: Path,
+) -> None:
+    """A policy whose weights went NaN: the update stops before its first step, and the
+    worker writes the minibatch to ``<run dir>/nonfinite/`` and names the file."""
+    from rlshell.workers.embodied_update import EagerPPOStep, torch_optimizer_step
+
+    policy = _policy()
+    samples = _window(policy)
+    with torch.no_grad():
+        next(policy.parameters()).fill_(float("nan"))
+    config = load_config(CONFIG, [f"runner.output_dir={tmp_path}"])
+    worker = EmbodiedWorker(config, critic=True)
+    worker.settings = SETTINGS
+    optimizer = _adamw(policy)
+    worker.manager = SimpleNamespace(  # type: ignore[assignment]
+        module=policy, optimizer=optimizer, lr_scheduler=None
+    )
+    worker.update_step = EagerPPOStep(
+        policy, SETTINGS, torch_optimizer_step(policy, optimizer, SETTINGS)
+    )
+    with pytest.raises(FloatingPointError, match=r"PPO update: the loss is nan") as raised:
+        worker._update(samples)
+    (dump,) = (tmp_path / "ppo_cartpole" / "nonfinite").iterdir()
+    assert dump.name == "step_1_rank_0.pt"
+    assert f"Its batch is in {dump}" in str(raised.value)
+    record = torch.load(dump, weights_only=False)
+    assert record["step"] == 1
+    assert record["forward_inputs"]["states"].shape == (16, 4)  # a minibatch of the 32
+    assert record["advantages"].shape == (16,)

@@ -191,7 +191,7 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_checkpoint(
     # The offending micro-batch is kept, and the error says where.
     (dump,) = (tmp_path / "grpo" / "nonfinite").iterdir()
     assert dump.name.startswith("step_3_rank_")
-    assert f"micro-batch (tokens, masks, advantages, log-probs) is in {dump}" in result.stderr
+    assert f"Its batch is in {dump}" in result.stderr
     record = torch.load(dump, weights_only=False)
     assert (record["step"], math.isnan(record["loss"])) == (3, True)
     assert record["batch"]["prompt_ids"].ndim == 2

@@ -59,6 +59,7 @@ from rlshell.engines.training.fsdp import (
 from rlshell.models import get_model, torch_dtype
 from rlshell.models.lora import MergedLoRAWeights
 from rlshell.rollout import RolloutBatch, SamplingParams
+from rlshell.rundir import write_nonfinite
 from rlshell.sync.codec import FlatBuckets
 from rlshell.sync.transfer import WeightSender, message_bytes
 from rlshell.workers.packing import packed_policy_forward
@@ -674,30 +675,17 @@ class ActorWorker(Worker):
             )
 
     def _dump_nonfinite(self, index: int, value: float, inputs: tuple[Any, ...]) -> str:
-        """Write the offending micro-batch (torch.save, on the CPU); what was written."""
+        """Write the offending micro-batch (on the CPU) into the run directory."""
         runner = self.config.runner
         step = self.global_step + 1
-        # The run directory as this worker's working directory resolves it (the driver's, on
-        # one machine; use an absolute runner.output_dir on a cluster).
-        path = (
-            Path(runner.output_dir).resolve()
-            / runner.experiment_name
-            / "nonfinite"
-            / f"step_{step}_rank_{self.rank}_micro_{index}.pt"
-        )
         names = ("batch", "advantages", "ref_logprobs", "old_logprobs")
         record: dict[str, Any] = {"step": step, "rank": self.rank, "loss": value}
         for name, item in zip(names, inputs, strict=False):
             record[name] = _to_cpu(item)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(record, path)
-        except OSError as error:
-            return f"Its micro-batch could not be written to {path}: {error}"
-        return (
-            f"Its micro-batch (tokens, masks, advantages, log-probs) is in {path} "
-            "(torch.load(path, weights_only=False))"
-        )
+        # The run directory as this worker's working directory resolves it (the driver's, on
+        # one machine; give an absolute runner.output_dir on a cluster).
+        run_dir = Path(runner.output_dir) / runner.experiment_name
+        return write_nonfinite(run_dir, f"step_{step}_rank_{self.rank}_micro_{index}", record)
 
     def _pipeline_passes(
         self,

@@ -30,11 +30,13 @@ from rlshell.envs.stepper import EnvStepper
 from rlshell.models.base import BasePolicy
 from rlshell.models.compiled import CompiledPredict
 from rlshell.rollout.trajectory import RewardScaler, Samples, TrajectoryBuffer
+from rlshell.rundir import write_nonfinite
 from rlshell.workers.actor import worker_device
 from rlshell.workers.embodied_grpo import collect_group_episodes, group_samples
 from rlshell.workers.embodied_update import (
     CompiledPPOStep,
     EagerPPOStep,
+    NonFiniteUpdateError,
     PPOSettings,
     UpdateStep,
     collect_rollout,
@@ -104,7 +106,10 @@ class PPOActor(Worker):
         assert isinstance(policy, BasePolicy)
         policy.train()
         with self.checked_once("update"):
-            metrics = ppo_update(policy, step, samples, self.settings, self.generator)
+            try:
+                metrics = ppo_update(policy, step, samples, self.settings, self.generator)
+            except NonFiniteUpdateError as error:
+                raise FloatingPointError(f"{error}. {self._dump_nonfinite(error)}") from None
         metrics["train/lr"] = step.lr
         # The learning-rate schedule counts windows (runner.max_steps of them): the steps an
         # early stop (algorithm.target_kl) saved still move it, as CleanRL anneals per update.
@@ -115,6 +120,23 @@ class PPOActor(Worker):
             for _ in range(skipped):
                 scheduler.step()
         return metrics
+
+    def _dump_nonfinite(self, error: NonFiniteUpdateError) -> str:
+        """Write the minibatch whose loss was not finite into the run directory."""
+        batch = error.minibatch
+        runner = self.config.runner
+        step = self.windows + 1
+        record = {
+            "step": step,
+            "rank": self.rank,
+            "forward_inputs": {k: v.detach().cpu() for k, v in batch.forward_inputs.items()},
+            **{
+                name: getattr(batch, name).detach().cpu()
+                for name in ("logprobs", "values", "advantages", "returns")
+            },
+        }
+        run_dir = Path(runner.output_dir) / runner.experiment_name
+        return write_nonfinite(run_dir, f"step_{step}_rank_{self.rank}", record)
 
     def _compile_update(self, samples_per_window: int, obs: dict[str, torch.Tensor]) -> None:
         """``actor.compile``: compile PPO's minibatch step now, for every minibatch size a

@@ -42,6 +42,7 @@ from rlshell.rollout.trajectory import RewardScaler, Samples, TrajectoryBuffer
 __all__ = [
     "CompiledPPOStep",
     "EagerPPOStep",
+    "NonFiniteUpdateError",
     "OptimizerStep",
     "PPOLoss",
     "PPOSettings",
@@ -205,8 +206,8 @@ def ppo_update(
     ``step`` runs one minibatch (an `UpdateStep`: `EagerPPOStep`, or the
     compiled `CompiledPPOStep`); a torch optimizer is taken as the eager step
     over it, its gradients clipped to ``settings.max_grad_norm`` first. A
-    non-finite loss stops the update (FloatingPointError) with the weights as
-    the previous step left them.
+    non-finite loss stops the update (`NonFiniteUpdateError`, a FloatingPointError
+    that holds the minibatch) with the weights as the previous step left them.
     """
     if isinstance(step, torch.optim.Optimizer):  # a custom loop's optimizer, as it comes
         step = EagerPPOStep(policy, settings, torch_optimizer_step(policy, step, settings))
@@ -217,7 +218,10 @@ def ppo_update(
     for _ in range(settings.ppo_epochs):
         totals, steps = {}, 0
         for minibatch in samples.minibatches(settings.num_minibatches, generator):
-            parts, grad_norm = step(minibatch)
+            try:
+                parts, grad_norm = step(minibatch)
+            except FloatingPointError as error:
+                raise NonFiniteUpdateError(str(error), minibatch) from error
             taken += 1
             steps += 1
             report = _report(parts, grad_norm)
@@ -232,6 +236,17 @@ def ppo_update(
     if settings.target_kl is not None:
         metrics["train/optimizer_steps"] = float(taken)
     return metrics
+
+
+class NonFiniteUpdateError(FloatingPointError):
+    """PPO's loss on a minibatch was NaN or infinite; ``minibatch`` is that minibatch."""
+
+    def __init__(self, message: str, minibatch: Samples) -> None:
+        super().__init__(message)
+        self.minibatch = minibatch
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles (to the driver) with its minibatch
+        return (type(self), (str(self), self.minibatch))
 
 
 def torch_optimizer_step(
