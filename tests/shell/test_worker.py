@@ -412,6 +412,32 @@ def test_a_missing_extension_module_fails_the_launch_naming_module_and_rank(
     assert f"component '{plan.name}' rank 0 (node" in message
 
 
+def test_an_extension_that_fails_on_one_worker_only_is_named_with_that_rank(
+    ray_cluster: Cluster,
+    plan_component: PlanFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An extension whose import fails in rank 1 only (a package missing on one node, say):
+    the launch fails naming rank 1 and the extension's own error, not rank 0."""
+    name = f"rlshell_test_ext_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(
+        "import os\nif os.environ.get('RANK') == '1':\n"
+        "    raise ImportError('libfoo.so.1: cannot open shared object file')\n"
+        "def register():\n    pass\n"
+    )
+    monkeypatch.setenv("RLSHELL_EXT_MODULE", name)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    plan = plan_component("halfext")
+    with pytest.raises(ExtensionError) as info:
+        ExtensionProbe.create_group().launch(ray_cluster, plan)
+    message = str(info.value)
+    assert f"component '{plan.name}' rank 1 (node" in message
+    assert "libfoo.so.1: cannot open shared object file" in message
+    assert f"component '{plan.name}' rank 0" not in message
+    assert info.value.rank == 1
+
+
 def test_the_rendezvous_port_is_free_and_below_the_ephemeral_range(tmp_path: Path) -> None:
     import socket
 
