@@ -3,7 +3,8 @@
 ``RLSHELL_EXT_MODULE=reward_ext_chaos`` (with this directory on the path)
 registers it in every process. It scores exact match unless the response is
 a cue: HANG sleeps forever, SPIN loops on the CPU forever, SLOW takes 0.4 s,
-BOOM raises, NAN / NONE / TEXT return a bad value, EXIT ends the process.
+BOOM raises, NAN / NONE / TEXT return a bad value, EXIT ends the process, HOG
+allocates 1 GiB.
 
 Two more for whole runs: ``always_fails`` raises on every call, and
 ``every_other`` raises on every other call of its process (the first, the
@@ -34,6 +35,9 @@ def chaos_reward(response: str, answer: str) -> float:
         raise ValueError(f"boom on {answer!r}")
     if response == "EXIT":
         os._exit(3)
+    if response == "HOG":
+        hog = bytearray(1 << 30)  # 1 GiB, past any memory_mb the tests set
+        return float(len(hog) > 0)
     bad: dict[str, object] = {"NAN": float("nan"), "NONE": None, "TEXT": "1.0"}
     if response in bad:
         return cast(float, bad[response])

@@ -209,6 +209,22 @@ def test_a_process_that_dies_mid_call_fails_that_sample_and_is_replaced(
     assert chaos_pool.score(["b"], ["b"]).scores == (1.0,)
 
 
+def test_a_reward_past_its_memory_limit_fails_that_sample_and_the_pool_scores_on(
+    chaos_extension: None,
+) -> None:
+    """``memory_mb`` (``reward.memory_mb``): a call that allocates 1 GiB in a process
+    allowed 200 MiB more fails with MemoryError, scored and counted; the next calls score."""
+    with RewardPool(
+        "chaos", timeout_s=TIMEOUT_S, num_processes=1, failure_score=FAILED, memory_mb=200
+    ) as pool:
+        result = pool.score(["HOG", "a"], ["-", "a"])
+        assert result.scores == (FAILED, 1.0)
+        assert (result.timeouts, result.errors) == (0, 1)
+        (failure,) = result.failures
+        assert failure.last_line == "MemoryError"
+        assert pool.score(["b"], ["b"]).scores == (1.0,)
+
+
 # ------------------------------------------------------------- several rewards in one pool
 
 

@@ -429,6 +429,10 @@ class RewardConfig:
     ``max_failed_steps``: stop the run (exit status 1) once every call of one
     reward has failed (raised, timed out, crashed its process or returned a
     non-finite value) on that many consecutive training steps; 0 never stops.
+    ``memory_mb``: how far each reward process's address space may grow past
+    its size after start-up (null: no limit); a call that allocates past it
+    fails as a reward error (MemoryError) or, if the process dies of it, a
+    crash, and is scored and counted like any other failure.
     """
 
     reward_type: str = "math"
@@ -437,6 +441,7 @@ class RewardConfig:
     num_processes: int = field(default=1, metadata=POSITIVE_INT)
     cpus_per_worker: float = field(default=0.25, metadata=POSITIVE)
     max_failed_steps: int = field(default=3, metadata=NON_NEGATIVE_INT)
+    memory_mb: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
 
 
 @frozen

@@ -65,6 +65,7 @@ from typing import Any, Self
 from attrs import frozen
 
 from rlshell.extensions import ENV_VAR, load_extensions
+from rlshell.limits import limit_address_space
 from rlshell.rewards import RewardFn, get_reward
 from rlshell.rewards.failures import CRASH, NON_FINITE, TIMEOUT, RewardFailure, function_name
 
@@ -149,6 +150,7 @@ class RewardPool:
         num_processes: int,
         failure_score: float = 0.0,
         start_timeout_s: float = 120.0,
+        memory_mb: int | None = None,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s}")
@@ -169,6 +171,7 @@ class RewardPool:
         self.num_processes = num_processes
         self.failure_score = float(failure_score)
         self.start_timeout_s = start_timeout_s
+        self.memory_mb = memory_mb
         self._context = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()
         self._closed = False
@@ -279,7 +282,9 @@ class RewardPool:
     # -- the scheduler: a batch is a queue of calls, numbered reward-major (see `_Batch`)
 
     def _start_process(self) -> _RewardProcess:
-        return _RewardProcess(self._context, self.reward_types, self.start_timeout_s)
+        return _RewardProcess(
+            self._context, self.reward_types, self.start_timeout_s, self.memory_mb
+        )
 
     def _dispatch(self, queue: deque[int], batch: _Batch) -> None:
         """Send each idle, ready process its next chunk of calls."""
@@ -484,12 +489,16 @@ class _RewardProcess:
     """One reward process as the pool sees it: its connection and the samples sent to it."""
 
     def __init__(
-        self, context: SpawnContext, reward_types: tuple[str, ...], start_timeout_s: float
+        self,
+        context: SpawnContext,
+        reward_types: tuple[str, ...],
+        start_timeout_s: float,
+        memory_mb: int | None = None,
     ) -> None:
         parent_end, child_end = context.Pipe(duplex=True)
         self.process = context.Process(
             target=_serve,
-            args=(child_end, reward_types, os.getpid()),
+            args=(child_end, reward_types, os.getpid(), memory_mb),
             name=f"reward:{','.join(reward_types)}",
             daemon=True,
         )
@@ -543,9 +552,15 @@ def _main_script_left_out() -> Iterator[None]:
 # -- the reward process
 
 
-def _serve(conn: Connection, reward_types: tuple[str, ...], parent_pid: int) -> None:
+def _serve(
+    conn: Connection,
+    reward_types: tuple[str, ...],
+    parent_pid: int,
+    memory_mb: int | None = None,
+) -> None:
     """Score chunks of ``(call, reward slot, response, answer)`` sent on ``conn`` until it
-    closes; the slot is the reward's position in ``reward_types``."""
+    closes; the slot is the reward's position in ``reward_types``. ``memory_mb`` caps how
+    far the process may grow once its rewards are loaded."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
     try:
@@ -564,6 +579,8 @@ def _serve(conn: Connection, reward_types: tuple[str, ...], parent_pid: int) -> 
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
     _hide_math_verify_timeout_notice()
+    if memory_mb is not None:
+        limit_address_space(memory_mb)
     try:
         conn.send(("ready",))
         while True:

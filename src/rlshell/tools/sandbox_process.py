@@ -51,6 +51,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 from rlshell.extensions import ENV_VAR, OBJECTS_ENV_VAR, load_extensions
+from rlshell.limits import limit_address_space
 from rlshell.tools import ToolError, ToolFn, get_tool, tool_is_pure
 
 if TYPE_CHECKING:
@@ -655,12 +656,7 @@ def _run_calls(
 
 
 def _limit_resources(limits: ToolLimits) -> None:
-    page = os.sysconf("SC_PAGE_SIZE")
-    with open("/proc/self/statm") as statm:
-        address_space = int(statm.read().split()[0]) * page
-    memory = address_space + limits.memory_mb * 2**20
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    limit_address_space(limits.memory_mb)
     file_size = limits.max_file_mb * 2**20
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
 

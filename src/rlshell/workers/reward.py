@@ -30,7 +30,10 @@ class RewardWorker(Worker):
 
     def __init__(self, cfg: RewardConfig) -> None:
         self.pool = RewardPool(
-            WeightedReward.of(cfg).pooled, timeout_s=cfg.timeout_s, num_processes=cfg.num_processes
+            WeightedReward.of(cfg).pooled,
+            timeout_s=cfg.timeout_s,
+            num_processes=cfg.num_processes,
+            memory_mb=cfg.memory_mb,
         )
 
     def score(
