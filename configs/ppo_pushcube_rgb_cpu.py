@@ -39,9 +39,9 @@ config = evolve(
             },
         ),
     ),
-    # Episodes run to their 50-step limit, success paying each step it lasts (the run
-    # docs/embodied.md reports was made so).
-    env=evolve(STATE.env, obs_mode="rgb", image_size=64, ignore_terminations=True),
+    # Episodes end at success, which bootstraps (algorithm.bootstrap_at_done='always', from
+    # the state config) as the state run does.
+    env=evolve(STATE.env, obs_mode="rgb", image_size=64),
     # 1,000 updates × 200 env steps = 200,000 env steps.
     runner=evolve(STATE.runner, experiment_name="ppo_pushcube_rgb_cpu", max_steps=1000),
     checkpoint=evolve(STATE.checkpoint, interval=25),
