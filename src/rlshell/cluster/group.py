@@ -55,8 +55,22 @@ W = TypeVar("W", bound=Worker)
 _DRIVER_ONLY = frozenset({"create_group"})
 # Ray refuses zero-CPU placement-group bundles; keep in step with rlshell.cluster.ray_cluster.
 _MIN_ACTOR_CPUS = 0.01
-# How long a dead worker's node may take to be reported dead too (see WorkerGroup._lost_node).
-NODE_LOSS_WAIT_S = 0.0
+# How long a dead worker's node may take to be reported dead too (see WorkerGroup._lost_node):
+# Ray's GCS declares a node dead after its health checks fail (5 × 3 s by default).
+NODE_LOSS_WAIT_S = 45.0
+
+
+def _actor_state(handle: Any) -> str | None:
+    """The actor's state in Ray's GCS (``"ALIVE"``, ``"RESTARTING"``, ``"DEAD"``, ...);
+    None where Ray cannot say (its debugging API, ``ray._private.state.actors``)."""
+    try:
+        from ray._private.state import actors
+
+        info = actors(actor_id=handle._actor_id.hex())
+    except Exception:  # an internal API: a Ray without it leaves the question open
+        return None
+    state = info.get("State") if isinstance(info, dict) else None
+    return str(state) if state is not None else None
 
 
 def _node_state(node_id: str) -> str | None:
@@ -617,22 +631,29 @@ class WorkerGroup(Generic[W]):
         """Why rank ``rank`` died when its Ray node is gone: the node (rank, IP, id) and the
         ranks of every group of this cluster that ran there; None while the node is alive.
 
-        Ray reports the actor's death as soon as its process goes, and the node's a
-        health check or two later: a dead actor on a node that stops answering is
-        asked about for up to ``wait_s`` seconds.
+        The driver sees a worker's connection drop at once; Ray's GCS marks the actor
+        dead soon after where only its process died (its node's raylet reports it),
+        and the node dead only once the node's health checks have failed. So the
+        GCS is asked, for up to ``wait_s`` seconds, until it says one or the other.
         """
         if rank is None or rank >= len(self._infos) or not ray.is_initialized():
             return None
         info = self._infos[rank]
         if info is None:
             return None
+        handle = self._handles[rank] if rank < len(self._handles) else None
         deadline = time.monotonic() + wait_s
+        process_dead_seen = False
         while True:
             state = _node_state(info.node_id)
             if state == "DEAD":
                 break
             if state is None or time.monotonic() >= deadline:
                 return None
+            if handle is not None and _actor_state(handle) == "DEAD":
+                if process_dead_seen:  # dead twice with its node alive: the process alone
+                    return None
+                process_dead_seen = True
             time.sleep(0.5)
         node_rank = self._plan.workers[rank].node_rank if self._plan is not None else None
         on_node = []
