@@ -274,6 +274,13 @@ COVERED_ELSEWHERE = {
         "tests/test_benchmarks_smoke.py::test_actor_backends_quick_run_prints_the_expected_json"
     ),
     "make bench": "minutes of benchmarks; their --quick forms below are run by tests",
+    "RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/soak.py --steps 500 --eval-interval 250 "
+    "--checkpoint-interval 25 --kill-every 30 --minutes 10": (
+        "minutes by design (two quickstart runs, one killed every 30 s), so not in CI; run by "
+        "hand for the figures docs/reliability.md gives, its pieces (kills, resume=auto, "
+        "metrics without a gap) tested by tests/shell/test_multinode.py and "
+        "test_reasoning_run.py"
+    ),
     ".venv/bin/python benchmarks/packing.py --quick": (
         "tests/test_benchmarks_smoke.py::test_packing_quick_run_prints_the_expected_json"
     ),
