@@ -8,7 +8,8 @@ counted from the process start) fails as ``RLSHELL_TEST_ENV_FAULT`` says:
 - ``raise``: the env's step raises ``RuntimeError("injected env fault ...")``;
 - ``exit``: the process ends at once with ``os._exit(3)`` (no traceback, as a
   simulator crash);
-- ``nan``: the observation it returns is NaN.
+- ``nan``: the observation it returns is NaN;
+- ``hang``: the step never returns (it sleeps for an hour).
 
 It fails once: it first writes the marker file ``RLSHELL_TEST_ENV_FAULT_MARKER``
 and never fails while that file exists, so a resumed run trains normally.
@@ -17,6 +18,7 @@ and never fails while that file exists, so a resumed run trains normally.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,8 @@ class FaultAtStep(gymnasium.Wrapper[Any, Any, Any, Any]):
             os._exit(3)
         if self.fault == "nan":
             obs = np.full_like(obs, np.nan)
+        if self.fault == "hang":
+            time.sleep(3600)
         return obs, reward, terminated, truncated, info
 
 

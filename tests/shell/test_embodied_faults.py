@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -28,7 +29,7 @@ import torch
 from torch import Tensor
 
 from rlshell.api import run_dir_of
-from rlshell.cluster.errors import WorkerDiedError, WorkerError
+from rlshell.cluster.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import EnvConfig
 from rlshell.envs.stepper import EnvStepError, EnvStepper
@@ -310,6 +311,23 @@ def test_a_nan_observation_stops_naming_env_index_step_and_rank(run_embodied: Ru
         r"\(\[nan, nan, nan, nan\]\); bad env indices: \[0\]\n",
         str(error),
     ), str(error)
+
+
+@pytest.mark.slow
+def test_an_env_that_hangs_stops_the_run_at_the_call_time_limit_naming_the_worker(
+    run_embodied: RunFn, tmp_path: Path
+) -> None:
+    """An env step that never returns: ``cluster.call_timeout_s`` bounds the worker's call,
+    and the run stops naming the component, the rank and the call; the stuck worker is
+    killed with the run."""
+    started = time.monotonic()
+    with pytest.raises(WorkerTimeoutError) as caught:
+        run_embodied("cluster.call_timeout_s=10", fault="hang", marker=tmp_path / "hung")
+    message = str(caught.value)
+    assert "train_step() on component 'actor' did not finish within 10 s" in message
+    assert "still running on rank(s) [0]" in message
+    assert (tmp_path / "hung").read_text().startswith("hang at step")
+    assert time.monotonic() - started < 120
 
 
 @pytest.mark.slow

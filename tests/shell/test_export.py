@@ -33,6 +33,7 @@ from rlshell.checkpoint import (
     commit,
     run_config_path,
     staging_dir,
+    write_manifest,
     write_trainer_state,
 )
 from rlshell.config import (
@@ -86,8 +87,8 @@ def save_like_the_runner(
     """``config.json`` (``written``) and checkpoint ``STEP`` of the actor ``built`` configures.
 
     As the reasoning and embodied runners save: the FSDP actor's shards under
-    ``actor/``, the run's tokenizer (reasoning runs), ``trainer_state.json``,
-    committed from a staging directory. Returns the checkpoint and the saved model.
+    ``actor/``, the run's tokenizer (reasoning runs), ``trainer_state.json``, the
+    manifest, committed from a staging directory. Returns the checkpoint and the saved model.
     """
     built = built or written
     with single_rank_group():
@@ -101,6 +102,7 @@ def save_like_the_runner(
         if tokenizer_dir is not None:
             shutil.copytree(tokenizer_dir, staging / "tokenizer")
         write_trainer_state(staging, TrainerState(STEP, 0, 0, written.runner.experiment_name))
+        write_manifest(staging)
         checkpoint = commit(staging, run_dir, STEP)
     return checkpoint, model.eval()
 

@@ -22,6 +22,7 @@ from rlshell.checkpoint import (
     prune,
     resolve_resume,
     staging_dir,
+    write_manifest,
     write_trainer_state,
 )
 from rlshell.config import Config, ConfigError, OptimConfig, WrapPolicyConfig
@@ -358,6 +359,7 @@ def _fake_checkpoint(run_dir: Path, step: int) -> Path:
     write_trainer_state(
         staging, TrainerState(step=step, experiment_name="test", sampler_position=step)
     )
+    write_manifest(staging)
     return commit(staging, run_dir, step)
 
 
