@@ -102,14 +102,14 @@ _SHOWN_WHEN_NOT_ZERO = frozenset({"reward/failed_frac"})
 
 def merge_rank_metrics(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """One record from several workers' (ranks, env workers, stages): env episode figures
-    weighted by episodes, sums of env steps and episodes, the slowest worker's times, means
-    of the rest."""
+    weighted by episodes, sums of env steps, episodes and failures, the slowest worker's
+    times, means of the rest."""
     merged: dict[str, float] = {}
     keys = {key for metrics in per_rank for key in metrics}
     episodes = [metrics.get("env/episodes", 0.0) for metrics in per_rank]
     for key in sorted(keys):
         values = [metrics[key] for metrics in per_rank if key in metrics]
-        if key in ("env/episodes", "env/steps"):
+        if key in ("env/episodes", "env/steps", "env/failures"):
             merged[key] = sum(values)
         elif key.startswith("env/"):
             weights = [e for metrics, e in zip(per_rank, episodes, strict=True) if key in metrics]

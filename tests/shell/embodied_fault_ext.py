@@ -12,7 +12,12 @@ counted from the process start) fails as ``RLSHELL_TEST_ENV_FAULT`` says:
 - ``hang``: the step never returns (it sleeps for an hour).
 
 It fails once: it first writes the marker file ``RLSHELL_TEST_ENV_FAULT_MARKER``
-and never fails while that file exists, so a resumed run trains normally.
+and never fails while that file exists, so a resumed run trains normally;
+with ``RLSHELL_TEST_ENV_FAULT_REPEAT=1`` it fails at its ``at``-th step and at
+every step after (an env rebuilt anew fails again at its own ``at``-th step).
+``RLSHELL_TEST_ENV_ASYNC=1`` steps the copies in processes of their own
+(gymnasium's ``AsyncVectorEnv``, as ManiSkill's CPU envs are), so ``exit``
+ends copy 0's process and not the worker's.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 
 import gymnasium
 import numpy as np
-from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
 from rlshell.config import EnvConfig
 from rlshell.envs import check_gymnasium_id, register_env
@@ -38,12 +43,14 @@ class FaultAtStep(gymnasium.Wrapper[Any, Any, Any, Any]):
         self.fault = os.environ.get("RLSHELL_TEST_ENV_FAULT", "")
         self.at = int(os.environ.get("RLSHELL_TEST_ENV_FAULT_AT", "0"))
         self.marker = Path(os.environ.get("RLSHELL_TEST_ENV_FAULT_MARKER", "/nonexistent/marker"))
+        self.repeat = os.environ.get("RLSHELL_TEST_ENV_FAULT_REPEAT") == "1"
         self.steps = 0
 
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
         self.steps += 1
         obs, reward, terminated, truncated, info = self.env.step(action)
-        if self.steps != self.at or not self.fault or self.marker.exists():
+        due = self.steps >= self.at if self.repeat else self.steps == self.at
+        if not due or not self.fault or (self.marker.exists() and not self.repeat):
             return obs, reward, terminated, truncated, info
         self.marker.write_text(f"{self.fault} at step {self.steps}\n")
         if self.fault == "raise":
@@ -66,7 +73,8 @@ def make_faulty_env(cfg: EnvConfig, seed: int) -> VectorEnv:
         return FaultAtStep(env) if index == 0 else env
 
     fns = [lambda i=i: copy(i) for i in range(cfg.num_envs)]
-    env = SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    vector = AsyncVectorEnv if os.environ.get("RLSHELL_TEST_ENV_ASYNC") == "1" else SyncVectorEnv
+    env = vector(fns, autoreset_mode=AutoresetMode.SAME_STEP)
     env.reset(seed=seed)
     return env
 

@@ -32,16 +32,25 @@ from rlshell.api import run_dir_of
 from rlshell.cluster.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import EnvConfig
-from rlshell.envs.stepper import EnvStepError, EnvStepper
+from rlshell.config.loading import ConfigError
+from rlshell.envs.stepper import EnvRestarted, EnvStepError, EnvStepper
 from rlshell.envs.vulkan import DIR_ENV_VAR
 from rlshell.metrics import read_metrics
 from rlshell.models.base import ActionInfo, MissingInputError
 from rlshell.models.mlp_policy import MLPPolicy, MLPPolicySpec
+from rlshell.rollout.replay import ReplayBuffer
 from rlshell.rollout.trajectory import TrajectoryBuffer
 from rlshell.runners import run as run_trainer
 from rlshell.runners.spec import resolve_spec
 from rlshell.runners.validation import load_config, plan_for
-from rlshell.workers.embodied_update import PPOSettings, collect_rollout, ppo_update
+from rlshell.workers.embodied_grpo import collect_group_episodes
+from rlshell.workers.embodied_update import (
+    PPOSettings,
+    collect_rollout,
+    policy_values,
+    ppo_update,
+)
+from rlshell.workers.sac_update import collect_sac_steps
 from tests.shell import embodied_fault_ext
 from tests.shell.test_envs import TINY_ID, tiny_stepper
 from tests.shell.test_run import ROOT, cli_env, train
@@ -217,6 +226,241 @@ def test_an_env_that_raises_in_step_is_named_with_the_env_step_and_chained() -> 
     assert isinstance(caught.value.__cause__, OSError)
 
 
+# --- env.on_failure='reset': the envs rebuilt, the failed step dropped -----------------------
+
+
+@pytest.fixture
+def faulty(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[..., EnvStepper]:
+    """``faulty(fault, at, env_id=..., num_envs=..., isolated=..., repeat=..., **env_keys)``:
+    a stepper over `embodied_fault_ext`'s env, built by ``EnvStepper.from_config``."""
+    embodied_fault_ext.register()
+
+    def make(
+        fault: str,
+        at: int,
+        env_id: str = "CartPole-v1",
+        num_envs: int = 2,
+        isolated: bool = False,
+        repeat: bool = False,
+        **env_keys: Any,
+    ) -> EnvStepper:
+        monkeypatch.setenv("RLSHELL_TEST_ENV_FAULT", fault)
+        monkeypatch.setenv("RLSHELL_TEST_ENV_FAULT_AT", str(at))
+        monkeypatch.setenv("RLSHELL_TEST_ENV_FAULT_MARKER", str(tmp_path / "marker"))
+        monkeypatch.setenv("RLSHELL_TEST_ENV_ASYNC", "1" if isolated else "0")
+        monkeypatch.setenv("RLSHELL_TEST_ENV_FAULT_REPEAT", "1" if repeat else "0")
+        cfg = EnvConfig(env_type="faulty_gymnasium", env_id=env_id, num_envs=num_envs, **env_keys)
+        return EnvStepper.from_config(cfg, seed=0)
+
+    return make
+
+
+def _zeros(stepper: EnvStepper) -> Tensor:
+    return torch.zeros(stepper.action_shape, dtype=torch.int64)
+
+
+@pytest.mark.parametrize(
+    ("fault", "isolated", "cause"),
+    [
+        ("raise", False, "the env raised at env step 3: RuntimeError: injected env fault"),
+        ("nan", False, "observation (states) of env index 0 is not finite at env step 3"),
+        ("hang", False, "the env did not return at env step 3 within env.step_timeout_s=1 s"),
+        ("hang", True, "the env did not return at env step 3 within env.step_timeout_s=1 s"),
+        ("exit", True, "the env raised at env step 3: "),
+    ],
+    ids=["raise", "nan", "hang", "hang-in-its-process", "process-exits"],
+)
+def test_reset_rebuilds_the_envs_after_each_kind_of_failure_and_counts_it(
+    faulty: Callable[..., EnvStepper], tmp_path: Path, fault: str, isolated: bool, cause: str
+) -> None:
+    """A raise, a NaN, a step past ``step_timeout_s`` (in the worker's process or in the
+    env's own) and an env process that dies: each gives `EnvRestarted` with the rebuilt
+    envs' first observation, the next steps run, and ``env/failures`` counts one."""
+    stepper = faulty(fault, 3, isolated=isolated, on_failure="reset", step_timeout_s=1.0)
+    failed_env = stepper.env
+    stepper.reset(seed=0)
+    for _ in range(2):
+        stepper.step(_zeros(stepper))
+    started = time.monotonic()
+    with pytest.raises(EnvRestarted) as caught:
+        stepper.step(_zeros(stepper))
+    assert time.monotonic() - started < 20
+    message = str(caught.value)
+    assert message.startswith(f"env CartPole-v1: {cause}"), message
+    assert message.endswith("the envs were rebuilt and reset (env.on_failure='reset')")
+    assert (tmp_path / "marker").read_text() == f"{fault} at step 3\n"
+    assert stepper.env is not failed_env
+    assert caught.value.obs["states"].shape == (2, 4)
+    assert torch.isfinite(caught.value.obs["states"]).all()
+    for _ in range(3):
+        result = stepper.step(_zeros(stepper))
+    assert torch.isfinite(result.obs["states"]).all()
+    metrics = stepper.pop_metrics()
+    assert metrics["env/failures"] == 1.0
+    assert metrics["env/episodes"] == 0.0  # the cut episodes are not counted as finished
+    assert stepper.pop_metrics()["env/failures"] == 0.0
+    stepper.close()
+
+
+def test_a_step_past_step_timeout_s_stops_with_stop_naming_the_limit(
+    faulty: Callable[..., EnvStepper],
+) -> None:
+    stepper = faulty("hang", 2, step_timeout_s=0.5)
+    stepper.reset(seed=0)
+    stepper.step(_zeros(stepper))
+    with pytest.raises(EnvStepError) as caught:
+        stepper.step(_zeros(stepper))
+    assert not isinstance(caught.value, EnvRestarted)
+    assert str(caught.value) == (
+        "env CartPole-v1: the env did not return at env step 2 within env.step_timeout_s=0.5 s"
+    )
+    assert "env/failures" not in stepper.pop_metrics()
+
+
+def test_reset_stops_after_max_consecutive_failures_steps_in_a_row(
+    faulty: Callable[..., EnvStepper],
+) -> None:
+    """An env that fails at every step is rebuilt ``max_consecutive_failures`` times, then
+    the next failure stops, naming the count and the setting."""
+    stepper = faulty("raise", 1, repeat=True, on_failure="reset", max_consecutive_failures=2)
+    stepper.reset(seed=0)
+    for _ in range(2):
+        with pytest.raises(EnvRestarted):
+            stepper.step(_zeros(stepper))
+    with pytest.raises(EnvStepError) as caught:
+        stepper.step(_zeros(stepper))
+    assert not isinstance(caught.value, EnvRestarted)
+    assert str(caught.value) == (
+        "env CartPole-v1: the env raised at env step 1: RuntimeError: injected env fault at "
+        "step 1 — 3 env steps in a row failed, more than env.max_consecutive_failures=2; "
+        "stopping"
+    )
+
+
+class _Recording:
+    """Wraps a stepper's ``step``: the observation each step was taken from, and the
+    observation each `EnvRestarted` handed over."""
+
+    def __init__(self, stepper: EnvStepper) -> None:
+        self.taken_from: list[Tensor] = []
+        self.restarted: list[Tensor] = []
+        self.current = stepper.reset(seed=0)["states"]
+        step = stepper.step
+
+        def recorded(actions: Tensor, policy: str | None = None) -> Any:
+            self.taken_from.append(self.current)
+            try:
+                result = step(actions, policy=policy)
+            except EnvRestarted as restart:
+                self.restarted.append(restart.obs["states"])
+                self.current = restart.obs["states"]
+                raise
+            self.current = result.obs["states"]
+            return result
+
+        stepper.step = recorded  # type: ignore[method-assign]
+
+
+def test_a_failed_step_is_dropped_and_the_step_before_it_truncated_there(
+    faulty: Callable[..., EnvStepper],
+) -> None:
+    """PPO's window keeps its length; the failed step's action is not in it; the step
+    before it bootstraps from V(the observation the failed step acted on); the window goes
+    on from the rebuilt envs' first observation."""
+    torch.manual_seed(0)
+    policy = MLPPolicy(CARTPOLE)
+    stepper = faulty("raise", 3, on_failure="reset")
+    recording = _Recording(stepper)
+    buffer = TrajectoryBuffer(2)
+    collect_rollout(policy, stepper, buffer, {"states": recording.current}, steps=5)
+    columns = buffer._columns
+    assert len(columns["values"]) == 5
+    assert len(recording.taken_from) == 6
+    failed_from = recording.taken_from[2]
+    (restarted,) = recording.restarted
+    # Recorded steps 0, 1 before the failure; 2, 3, 4 from the rebuilt envs.
+    assert torch.equal(columns["truncated"][1], torch.ones(2, dtype=torch.bool))
+    assert not columns["terminated"][1].any()
+    with torch.no_grad():
+        expected = policy_values(policy, {"states": failed_from})
+    torch.testing.assert_close(columns["next_values"][1], expected)
+    assert not columns["truncated"][0].any()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            columns["values"][2], policy_values(policy, {"states": restarted})
+        )
+    samples = buffer.finish(gamma=0.99, lam=0.95)
+    assert samples.size == 10
+    assert stepper.pop_metrics()["env/failures"] == 1.0
+
+
+def test_sac_stores_no_transition_of_a_failed_step(faulty: Callable[..., EnvStepper]) -> None:
+    torch.manual_seed(0)
+    stepper = faulty("raise", 3, env_id="Pendulum-v1", on_failure="reset")
+    recording = _Recording(stepper)
+    replay = ReplayBuffer(10, 3, 1)
+    collect_sac_steps(
+        MLPPolicy(
+            MLPPolicySpec.from_kwargs(
+                {"obs_dim": 3, "action_dim": 1, "action_type": "tanh_gaussian"}
+            )
+        ),
+        stepper,
+        replay,
+        {"states": recording.current},
+        steps=5,
+        generator=torch.Generator().manual_seed(0),
+        random_actions=True,
+    )
+    batch = replay.contents()
+    assert batch.size == 10  # 5 steps of 2 envs, the failed one not among them
+    (restarted,) = recording.restarted
+    # Steps 0 and 1 as they happened, step 2 taken from the rebuilt envs.
+    torch.testing.assert_close(batch.states[4:6], restarted)
+    torch.testing.assert_close(batch.next_states[2:4], recording.taken_from[2])
+    assert not batch.terminated.any()
+
+
+def test_embodied_grpo_collects_a_cut_window_again_from_the_same_seeds(
+    faulty: Callable[..., EnvStepper],
+) -> None:
+    torch.manual_seed(0)
+    policy = MLPPolicy(CARTPOLE)
+    stepper = faulty("raise", 3, on_failure="reset")
+    first_obs: list[Tensor] = []
+    reset = stepper.reset
+
+    def recorded_reset(seed: int, group_size: int = 1) -> Any:
+        obs = reset(seed, group_size)
+        first_obs.append(obs["states"])
+        return obs
+
+    stepper.reset = recorded_reset  # type: ignore[method-assign]
+    window, _ = collect_group_episodes(policy, stepper, seed=5, group_size=2, max_steps=500)
+    # The window's reset, the rebuilt envs' reset, the window's reset again.
+    assert len(first_obs) == 3
+    torch.testing.assert_close(first_obs[0], first_obs[2])
+    assert torch.equal(first_obs[2][0], first_obs[2][1])  # one group: one start
+    assert bool(window.valid[0].all())
+    assert window.rewards.shape[0] > 3
+    assert stepper.pop_metrics()["env/failures"] == 1.0
+
+
+def test_reset_is_refused_by_the_pipelined_placement_and_its_bound_by_stop() -> None:
+    pipelined = 'cluster.component_placement={"actor": "0:0", "rollout": "0:0", "env": "0:0"}'
+    with pytest.raises(ConfigError) as caught:
+        load_config(ROOT / "configs/ppo_cartpole.py", [pipelined, "env.on_failure=reset"])
+    assert "env.on_failure: 'reset' drops a failed env step and takes it again, and the " in (
+        str(caught.value)
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(ROOT / "configs/ppo_cartpole.py", ["env.max_consecutive_failures=5"])
+    assert (
+        "env.max_consecutive_failures: bounds how many failed env steps in a row "
+        "env.on_failure='reset' rebuilds the envs after; env.on_failure is 'stop'"
+    ) in str(caught.value)
+
+
 # --- on Ray, through the CLI ----------------------------------------------------------------
 
 
@@ -367,3 +611,22 @@ def test_maniskill_without_a_vulkan_driver_fails_in_the_worker_in_one_sentence(
         "software Vulkan driver (run `make install`, or `python -m rlshell.envs.vulkan install`, "
         "to fetch Mesa's lavapipe)"
     )
+
+
+@pytest.mark.slow
+def test_with_reset_an_env_that_hangs_in_a_worker_is_rebuilt_and_the_run_finishes(
+    run_embodied: RunFn, tmp_path: Path
+) -> None:
+    """``env.step_timeout_s`` interrupts the step in the Ray worker; the envs are rebuilt,
+    the run trains every step, and the metrics count the failure once."""
+    run_embodied(
+        "env.on_failure=reset",
+        "env.step_timeout_s=2",
+        fault="hang",
+        marker=tmp_path / "hung",
+    )
+    assert (tmp_path / "hung").read_text() == f"hang at step {FAULT_AT}\n"
+    records = read_metrics(tmp_path / "ppo_cartpole" / "metrics.jsonl")
+    assert [int(r["step"]) for r in records] == [1, 2, 3, 4]
+    assert [r["env/failures"] for r in records] == [0.0, 0.0, 1.0, 0.0]
+    assert all(r["env/steps"] == records[0]["env/steps"] for r in records)

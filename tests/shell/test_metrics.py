@@ -20,6 +20,7 @@ from rlshell.metrics import (
     NAMESPACES,
     WANDB_RUN_FILE,
     MetricLogger,
+    merge_rank_metrics,
     plot_learning_curve,
     read_metrics,
     tokens_per_second,
@@ -457,3 +458,38 @@ def test_docstring_examples_run() -> None:
     results = doctest.testmod(rlshell.metrics)
     assert results.attempted > 0
     assert results.failed == 0
+
+
+def test_merge_rank_metrics_sums_counts_weights_episode_figures_and_keeps_the_slowest_time() -> (
+    None
+):
+    merged = merge_rank_metrics(
+        [
+            {
+                "env/episodes": 3.0,
+                "env/steps": 100.0,
+                "env/failures": 1.0,
+                "env/episode_return": 10.0,
+                "time/rollout": 2.0,
+                "train/loss": 1.0,
+            },
+            {
+                "env/episodes": 1.0,
+                "env/steps": 100.0,
+                "env/failures": 0.0,
+                "env/episode_return": 30.0,
+                "time/rollout": 5.0,
+                "train/loss": 3.0,
+            },
+            # A worker whose episodes were all cut by a failure: its failures still count.
+            {"env/episodes": 0.0, "env/steps": 100.0, "env/failures": 2.0},
+        ]
+    )
+    assert merged == {
+        "env/episodes": 4.0,
+        "env/steps": 300.0,
+        "env/failures": 3.0,
+        "env/episode_return": 15.0,
+        "time/rollout": 5.0,
+        "train/loss": 2.0,
+    }

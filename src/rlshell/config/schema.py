@@ -506,6 +506,19 @@ class EnvConfig:
     success (ManiSkill's option of that name). ``uses_gpus``: the env workers
     take GPUs (ManiSkill: its batched GPU simulation; else one env per
     process on the CPU).
+
+    When an env fails (its ``step`` raises, runs past ``step_timeout_s``, its
+    process dies, or it returns a non-finite observation or reward):
+    ``on_failure`` ``"stop"`` stops the run naming the env, the worker and the
+    env step; ``"reset"`` rebuilds the env worker's envs and resets them,
+    counts the failure (``env/failures``) and goes on: the episodes in
+    progress end at the last observation before the failure as if truncated
+    there (the failed step is not trained on), and the run stops once
+    ``max_consecutive_failures`` env steps in a row have failed
+    (`rlshell.envs.stepper.EnvStepper`). ``step_timeout_s`` (null: none)
+    bounds each env ``step`` and ``reset`` call, with a timer that interrupts
+    Python code and waits on env processes, not a simulator stuck inside C
+    (``cluster.call_timeout_s`` stops the run then).
     """
 
     env_type: str | None = None
@@ -518,6 +531,9 @@ class EnvConfig:
     ignore_terminations: bool = False
     uses_gpus: bool = False
     cpus_per_worker: float = field(default=0.25, metadata=POSITIVE)
+    on_failure: Literal["stop", "reset"] = "stop"
+    step_timeout_s: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+    max_consecutive_failures: int = field(default=3, metadata=POSITIVE_INT)
 
 
 @frozen

@@ -27,13 +27,31 @@ says which), a non-finite observation or reward (the env index and the env
 step), and an exception inside the env's own ``step`` or ``reset``
 (`EnvStepError`, chained to the env's exception and its traceback).
 
+An env that fails (raises, runs past ``step_timeout_s``, loses its process,
+returns a non-finite observation or reward) is handled as ``on_failure``
+says (``env.on_failure``): ``"stop"`` raises as above; ``"reset"`` closes the
+vector env, builds it anew, resets it and raises `EnvRestarted` holding the
+new observation. The failed step has no result; its caller drops it and
+treats the episodes in progress as truncated at the observation before it:
+a rollout's last recorded step is then a truncation that bootstraps from
+V(that observation), which is also what a window's last step does, so a
+failure costs the episodes in progress their remaining length and adds no
+transition that did not happen (`rlshell.workers.embodied_update.collect_rollout`,
+`rlshell.workers.sac_update.collect_sac_steps`, and
+`rlshell.workers.embodied_grpo.collect_group_episodes`, which collects the
+window again). Those episodes are not counted in the episode metrics;
+``env/failures`` counts the failures, and once ``max_consecutive_failures``
+steps in a row have failed the next failure stops the run.
+
 No Ray here: a Ray env worker wraps one `EnvStepper`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+import sys
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -43,12 +61,20 @@ from torch import Tensor
 
 from rlshell.config import EnvConfig
 from rlshell.envs.text import encode_texts
+from rlshell.limits import CallTimeout, time_limit
 
 if TYPE_CHECKING:
     from gymnasium import Space
     from gymnasium.vector import VectorEnv
 
-__all__ = ["EnvObs", "EnvStepError", "EnvStepper", "StepResult", "group_seeds"]
+__all__ = [
+    "EnvObs",
+    "EnvRestarted",
+    "EnvStepError",
+    "EnvStepper",
+    "StepResult",
+    "group_seeds",
+]
 
 EnvObs = dict[str, Tensor]
 """The policy's observation dict: ``"states"`` float32 ``[num_envs, state_dim]``
@@ -62,6 +88,22 @@ _FINAL_OBS_KEYS = ("final_obs", "final_observation")  # gymnasium 1.x, ManiSkill
 
 class EnvStepError(RuntimeError):
     """The env itself raised in ``step`` or ``reset``; ``__cause__`` is its exception."""
+
+
+class EnvRestarted(EnvStepError):
+    """``on_failure='reset'``: a step failed, and the envs were rebuilt and reset.
+
+    ``obs`` is the new episodes' first observation, what to act on next; the
+    failed step has no result (see the module's docstring). A caller that
+    cannot drop a step lets it propagate, and the run stops naming the failure.
+    """
+
+    def __init__(self, message: str, obs: EnvObs) -> None:
+        super().__init__(message)
+        self.obs = obs
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles (to the driver) with its observation
+        return (type(self), (str(self), self.obs))
 
 
 @frozen(eq=False)
@@ -285,9 +327,35 @@ class EnvStepper:
     ``info["final_obs"]`` (or ManiSkill 3.0's ``info["final_observation"]``).
     """
 
-    def __init__(self, env: VectorEnv, env_id: str | None = None) -> None:
+    def __init__(
+        self,
+        env: VectorEnv,
+        env_id: str | None = None,
+        *,
+        on_failure: Literal["stop", "reset"] = "stop",
+        rebuild: Callable[[int], VectorEnv] | None = None,
+        step_timeout_s: float | None = None,
+        max_consecutive_failures: int = 3,
+    ) -> None:
         from gymnasium import spaces
 
+        if on_failure not in ("stop", "reset"):
+            raise ValueError(f"on_failure must be 'stop' or 'reset', got {on_failure!r}")
+        if on_failure == "reset" and rebuild is None:
+            raise ValueError("on_failure='reset' needs rebuild: a function seed -> the vector env")
+        if max_consecutive_failures < 1:
+            raise ValueError(
+                f"max_consecutive_failures must be ≥ 1, got {max_consecutive_failures}"
+            )
+        self.on_failure = on_failure
+        self.step_timeout_s = step_timeout_s
+        self.max_consecutive_failures = max_consecutive_failures
+        self._rebuild = rebuild
+        self._failures = 0  # since the last pop_metrics
+        self._failures_in_a_row = 0
+        self._restarts = 0  # over the stepper's life: seeds each rebuild
+        self._seed = 0  # of the last reset, with its group size
+        self._group_size = 1
         self.env = env
         spec = getattr(env, "spec", None)
         self.env_id = env_id or getattr(spec, "id", None) or type(env).__name__
@@ -329,10 +397,20 @@ class EnvStepper:
 
     @classmethod
     def from_config(cls, cfg: EnvConfig, seed: int = 0) -> EnvStepper:
-        """A stepper over ``make_env(cfg, seed)``."""
+        """A stepper over ``make_env(cfg, seed)``, failing as ``cfg.on_failure`` says."""
         from rlshell.envs import make_env
 
-        return cls(make_env(cfg, seed), cfg.env_id)
+        env, timeout = make_env(cfg, seed), cfg.step_timeout_s
+        if cfg.on_failure == "stop":
+            return cls(env, cfg.env_id, step_timeout_s=timeout)
+        return cls(
+            env,
+            cfg.env_id,
+            on_failure="reset",
+            rebuild=lambda new_seed: make_env(cfg, new_seed),
+            step_timeout_s=timeout,
+            max_consecutive_failures=cfg.max_consecutive_failures,
+        )
 
     def reset(self, seed: int, group_size: int = 1) -> EnvObs:
         """Reset every env, with one seed per group of ``group_size`` consecutive envs.
@@ -343,13 +421,9 @@ class EnvStepper:
         """
         seeds = group_seeds(seed, self.num_envs, group_size)
         self._steps = 0
-        try:
-            # Vector envs take one seed per env; gymnasium's VectorEnv annotation says only int.
-            obs, _ = self.env.reset(seed=seeds)  # type: ignore[arg-type]
-        except Exception as error:
-            raise EnvStepError(
-                f"env {self.env_id}: the env raised in reset(): {type(error).__name__}: {error}"
-            ) from error
+        self._seed, self._group_size = seed, group_size
+        # Vector envs take one seed per env; gymnasium's VectorEnv annotation says only int.
+        obs, _ = self._call(lambda: self.env.reset(seed=seeds), "in reset()")  # type: ignore[arg-type]
         first = obs
         while isinstance(first, Mapping):
             first = next(iter(first.values()))
@@ -376,19 +450,20 @@ class EnvStepper:
         env_actions = self._checked_actions(actions, policy)
         self._steps += 1
         try:
-            raw_obs, raw_rewards, raw_terminated, raw_truncated, info = self.env.step(env_actions)
-        except Exception as error:
-            raise EnvStepError(
-                f"env {self.env_id}: the env raised at env step {self._steps}: "
-                f"{type(error).__name__}: {error}"
-            ) from error
-
-        rewards, host_rewards = _per_env(raw_rewards, np.float32, device)
-        terminated, host_terminated = _per_env(raw_terminated, np.bool_, device)
-        truncated, host_truncated = _per_env(raw_truncated, np.bool_, device)
-        obs = self._layout.convert(raw_obs, device)
-        self._layout.check_finite(obs, "observation", self._steps)
-        _check_finite(host_rewards, "reward", self.env_id, self._steps)
+            raw_obs, raw_rewards, raw_terminated, raw_truncated, info = self._call(
+                lambda: self.env.step(env_actions), f"at env step {self._steps}"
+            )
+            rewards, host_rewards = _per_env(raw_rewards, np.float32, device)
+            terminated, host_terminated = _per_env(raw_terminated, np.bool_, device)
+            truncated, host_truncated = _per_env(raw_truncated, np.bool_, device)
+            obs = self._layout.convert(raw_obs, device)
+            self._layout.check_finite(obs, "observation", self._steps)
+            _check_finite(host_rewards, "reward", self.env_id, self._steps)
+        except (EnvStepError, FloatingPointError) as failure:
+            if self.on_failure == "stop":
+                raise
+            raise self._restart(failure) from failure
+        self._failures_in_a_row = 0
 
         dones = host_terminated | host_truncated
         self._returns += host_rewards
@@ -416,6 +491,9 @@ class EnvStepper:
         finished = self._finished
         count = len(finished["return"])
         metrics = {"env/episodes": float(count)}
+        if self.on_failure == "reset":
+            metrics["env/failures"] = float(self._failures)
+            self._failures = 0
         if count:
             metrics["env/episode_return"] = float(np.mean(finished["return"]))
             metrics["env/episode_length"] = float(np.mean(finished["length"]))
@@ -429,6 +507,84 @@ class EnvStepper:
     def close(self) -> None:
         """Close the env (and its simulator)."""
         self.env.close()
+
+    def _call(self, call: Callable[[], Any], when: str) -> Any:
+        """``call()`` (the env's step or reset) under ``step_timeout_s``; its exception as
+        an `EnvStepError` naming the env and ``when``."""
+        try:
+            with time_limit(self.step_timeout_s, f"env {self.env_id} {when}"):
+                return call()
+        except CallTimeout as error:
+            raise EnvStepError(
+                f"env {self.env_id}: the env did not return {when} within "
+                f"env.step_timeout_s={self.step_timeout_s:g} s"
+            ) from error
+        except Exception as error:
+            raise EnvStepError(
+                f"env {self.env_id}: the env raised {when}: {type(error).__name__}: {error}"
+            ) from error
+
+    def _restart(self, failure: Exception) -> EnvStepError:
+        """After a failed step (``on_failure='reset'``): rebuild and reset the envs and return
+        `EnvRestarted` to raise, or an `EnvStepError` past ``max_consecutive_failures``."""
+        self._failures += 1
+        self._failures_in_a_row += 1
+        if self._failures_in_a_row > self.max_consecutive_failures:
+            return EnvStepError(
+                f"{failure} — {self._failures_in_a_row} env steps in a row failed, more than "
+                f"env.max_consecutive_failures={self.max_consecutive_failures}; stopping"
+            )
+        print(
+            f"env {self.env_id}: {failure}; rebuilding and resetting its "
+            f"{self.num_envs} envs (env.on_failure='reset'), the episodes in progress end "
+            "there\n" + "".join(traceback.format_exception(failure)),
+            file=sys.stderr,
+            flush=True,
+        )
+        self._close_failed()
+        self._restarts += 1
+        seed = int(
+            np.random.SeedSequence([self._seed, self._restarts]).generate_state(1, np.uint32)[0]
+        )
+        rebuild = self._rebuild
+        assert rebuild is not None  # checked in __init__ for on_failure='reset'
+        try:
+            env = rebuild(seed)
+        except Exception as error:
+            raise EnvStepError(
+                f"{failure} — rebuilding the env after it failed raised "
+                f"{type(error).__name__}: {error}"
+            ) from error
+        if int(env.num_envs) != self.num_envs:
+            raise EnvStepError(
+                f"env {self.env_id}: rebuilt with {env.num_envs} envs, was {self.num_envs}"
+            )
+        self.env = env
+        obs = self.reset(seed, self._group_size)
+        return EnvRestarted(
+            f"{failure} — the envs were rebuilt and reset (env.on_failure='reset')", obs
+        )
+
+    def _close_failed(self) -> None:
+        """Close the failed vector env, its processes killed (an `AsyncVectorEnv`'s may hang)."""
+        from gymnasium.vector import AsyncVectorEnv
+        from gymnasium.vector.async_vector_env import AsyncState
+
+        try:
+            with time_limit(self.step_timeout_s, f"env {self.env_id} close()"):
+                if isinstance(self.env, AsyncVectorEnv):
+                    # Its close would first wait for the step that failed (and raise again
+                    # where a process died): the step is abandoned, as its own timeout does.
+                    self.env._state = AsyncState.DEFAULT
+                    self.env.close(terminate=True)
+                else:
+                    self.env.close()
+        except Exception as error:  # the env is replaced either way; say why it did not close
+            print(
+                f"env {self.env_id}: closing the failed env raised {type(error).__name__}: {error}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _checked_actions(self, actions: Tensor, policy: str | None) -> Any:
         """``actions`` as the env takes them (a tensor on its device, or a numpy array), after

@@ -96,6 +96,10 @@ class RewardScaler:
         scaled = (raw / scale).clamp(-self.clip, self.clip)
         return scaled.to(device=rewards.device, dtype=rewards.dtype)
 
+    def end_returns(self) -> None:
+        """End every env's discounted return (its episodes were cut short)."""
+        self.returns = torch.zeros_like(self.returns)
+
     def state_dict(self) -> dict[str, Tensor]:
         return {
             "returns": self.returns.clone(),

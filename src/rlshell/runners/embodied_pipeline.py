@@ -94,6 +94,13 @@ class PipelinedPPOTrainer(EmbodiedTrainer):
         """The hybrid placement's sizes: envs split evenly over env workers, stages and actor
         ranks, no more rollout workers than env workers, and GAE."""
         problems = ppo_problems(config, "the pipelined embodied PPO runner")
+        if config.env.on_failure == "reset":
+            problems.append(
+                "env.on_failure: 'reset' drops a failed env step and takes it again, and the "
+                "hybrid placement's rollout workers have already recorded it; stop on a "
+                "failure ('stop') or run with env, rollout and actor under one key, e.g. "
+                f"{COLLOCATED_EXAMPLE}"
+            )
         if config.algorithm.adv_type != "gae":
             problems.append(
                 f"algorithm.adv_type: the hybrid placement trains PPO with GAE; "

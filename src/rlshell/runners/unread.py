@@ -70,13 +70,18 @@ def env_unread(config: Config) -> dict[str, str]:
     """The ``env`` keys the chosen env type's builder does not read (`rlshell.envs.ENVS`)."""
     from rlshell.envs import ENVS
 
+    unread: dict[str, str] = {}
+    if config.env.on_failure == "stop":
+        unread["env.max_consecutive_failures"] = (
+            "bounds how many failed env steps in a row env.on_failure='reset' rebuilds the "
+            "envs after; env.on_failure is 'stop', so the first failure stops the run"
+        )
     env_type = config.env.env_type
     if env_type is None or env_type not in ENVS:
-        return {}  # a missing or unknown type is its own problem
-    return {
-        f"env.{key}": f"the '{env_type}' env type (env.env_type) does not read it"
-        for key in sorted(ENVS.ignores(env_type))
-    }
+        return unread  # a missing or unknown type is its own problem
+    for key in sorted(ENVS.ignores(env_type)):
+        unread[f"env.{key}"] = f"the '{env_type}' env type (env.env_type) does not read it"
+    return unread
 
 
 def compile_unread(reason: str) -> dict[str, str]:

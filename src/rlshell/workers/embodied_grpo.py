@@ -27,7 +27,7 @@ from torch import Tensor
 from rlcore.advantages import AdvantageBatch, AdvantageConfig
 from rlcore.registry import ADVANTAGES
 from rlcore.rollout import place_on_last_token
-from rlshell.envs.stepper import EnvObs, EnvStepper
+from rlshell.envs.stepper import EnvObs, EnvRestarted, EnvStepError, EnvStepper
 from rlshell.models.base import BasePolicy
 from rlshell.rollout.trajectory import Samples
 from rlshell.workers.embodied_update import Predict, policy_name
@@ -63,12 +63,38 @@ def collect_group_episodes(
     Returns the window and the last observation (the next window resets anyway).
     ``predict`` acts in place of ``policy.predict_action_batch(obs, mode="train",
     compute_values=False)`` (a compiled call of it).
+
+    A step the envs failed (`EnvRestarted`, ``env.on_failure='reset'``) cut
+    every group's episodes short: the window is collected again from the same
+    seeds, at most ``stepper.max_consecutive_failures`` more times.
     """
     if stepper.num_envs % group_size:
         raise ValueError(
             f"algorithm.group_size: {group_size} does not divide this worker's "
             f"{stepper.num_envs} envs of {stepper.env_id}"
         )
+    restarts = 0
+    while True:
+        try:
+            return _group_episodes(policy, stepper, seed, group_size, max_steps, predict)
+        except EnvRestarted as restart:
+            restarts += 1
+            if restarts > stepper.max_consecutive_failures:
+                raise EnvStepError(
+                    f"{restart} — the window's episodes were cut short {restarts} times, more "
+                    f"than env.max_consecutive_failures={stepper.max_consecutive_failures}; "
+                    "stopping"
+                ) from restart
+
+
+def _group_episodes(
+    policy: BasePolicy,
+    stepper: EnvStepper,
+    seed: int,
+    group_size: int,
+    max_steps: int,
+    predict: Predict | None,
+) -> tuple[EpisodeWindow, EnvObs]:
     obs = stepper.reset(seed, group_size)
     running = torch.ones(stepper.num_envs, dtype=torch.bool)
     inputs: list[dict[str, Tensor]] = []

@@ -34,7 +34,7 @@ from torch.distributed.fsdp import FSDPModule
 from rlcore.losses import entropy_loss, ppo_policy_loss, value_loss
 from rlcore.masked import masked_whiten
 from rlshell.config import Config
-from rlshell.envs.stepper import EnvObs, EnvStepper
+from rlshell.envs.stepper import EnvObs, EnvRestarted, EnvStepper
 from rlshell.models.base import ActionInfo, BasePolicy, ForwardType, MissingInputError
 from rlshell.models.compiled import inductor_compile
 from rlshell.rollout.trajectory import RewardScaler, Samples, TrajectoryBuffer
@@ -133,14 +133,28 @@ def collect_rollout(
     it), and for the window's last step the value of what follows it. With
     ``bootstrap_at_done`` a terminated step bootstraps like a truncated one
     (`StepResult.bootstrapped_at_done`).
+
+    A step the envs failed (`EnvRestarted`, ``env.on_failure='reset'``) is
+    dropped and taken again from the new episodes' first observation, so the
+    window still has ``steps`` steps: the step recorded before it becomes a
+    truncation bootstrapping from V(the observation the failed step acted on)
+    in every env whose episode was in progress.
     """
-    pending: list[tuple[dict[str, Tensor], Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]] = []
+    pending: list[_Pending] = []
     name = f"{policy_name(policy)}.predict_action_batch"
     if predict is None:
         predict = functools.partial(policy.predict_action_batch, mode="train", compute_values=True)
-    for _ in range(steps):
+    while len(pending) < steps:
         actions, info = predict(obs)
-        result = stepper.step(actions, policy=name)
+        try:
+            result = stepper.step(actions, policy=name)
+        except EnvRestarted as restart:
+            if pending:
+                pending[-1] = _truncated_at(pending[-1], policy_values(policy, obs))
+            if reward_scaler is not None:
+                reward_scaler.end_returns()
+            obs = restart.obs
+            continue
         if bootstrap_at_done:
             result = result.bootstrapped_at_done()
         values = info["prev_values"]
@@ -173,6 +187,25 @@ def collect_rollout(
         next_values = torch.where(truncated, bootstrap, following)
         buffer.add(inputs, logprobs, values, rewards, terminated, truncated, next_values)
     return obs
+
+
+_Pending = tuple[dict[str, Tensor], Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+
+
+def _truncated_at(step: _Pending, values: Tensor) -> _Pending:
+    """``step`` (inputs, logprobs, values, rewards, terminated, truncated, bootstrap) with
+    every episode still running after it truncated there, bootstrapping from ``values``."""
+    inputs, logprobs, old_values, rewards, terminated, truncated, bootstrap = step
+    running = ~(terminated | truncated)
+    return (
+        inputs,
+        logprobs,
+        old_values,
+        rewards,
+        terminated,
+        truncated | running,
+        torch.where(running, values.to(bootstrap.dtype), bootstrap),
+    )
 
 
 def policy_name(policy: BasePolicy) -> str:

@@ -45,7 +45,7 @@ from rlcore.losses import (
     sac_temperature_loss,
 )
 from rlcore.types import LossOutput
-from rlshell.envs.stepper import EnvObs, EnvStepper
+from rlshell.envs.stepper import EnvObs, EnvRestarted, EnvStepper
 from rlshell.models.base import BasePolicy, ForwardType
 from rlshell.rollout.replay import ReplayBatch, ReplayBuffer
 from rlshell.workers.embodied_update import policy_name
@@ -328,10 +328,15 @@ def collect_sac_steps(
     observation where an episode ended. With ``bootstrap_at_done`` no step is
     stored as terminated: the target bootstraps from s' after a termination too
     (`StepResult.bootstrapped_at_done`).
+
+    A step the envs failed (`EnvRestarted`, ``env.on_failure='reset'``) stores
+    nothing and is taken again from the new episodes' first observation: the
+    transitions before it stand as they are (their s' not terminal).
     """
     low, high = _box_bounds(stepper)
     name = f"{policy_name(policy)}.predict_action_batch"
-    for step in range(steps):
+    step = 0
+    while step < steps:
         if random_actions:
             unit = torch.rand(stepper.action_shape, generator=generator)
             env_actions = low + unit * (high - low)
@@ -343,7 +348,11 @@ def collect_sac_steps(
                     obs, mode="train", compute_values=False
                 )
             squashed = torch.tanh(info["forward_inputs"]["action"].float())
-        result = stepper.step(env_actions, policy=name)
+        try:
+            result = stepper.step(env_actions, policy=name)
+        except EnvRestarted as restart:
+            obs = restart.obs
+            continue
         if bootstrap_at_done:
             result = result.bootstrapped_at_done()
         replay.add(
@@ -354,6 +363,7 @@ def collect_sac_steps(
             result.terminated,
         )
         obs = result.obs
+        step += 1
     return obs
 
 
