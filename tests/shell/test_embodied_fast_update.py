@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -188,16 +187,31 @@ class KinkedPolicy(MLPPolicy):
         return out
 
 
-def test_compiled_step_skips_a_gradient_whose_norm_is_not_finite() -> None:
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "eager"])
+def test_a_step_whose_gradient_norm_is_not_finite_is_skipped_and_stops_the_update(
+    compiled: bool,
+) -> None:
+    """A finite loss with a NaN gradient: the weights and AdamW's moments stay as they
+    were, and the step raises (ppo_update then stops with the minibatch)."""
+    from rlshell.workers.embodied_update import EagerPPOStep, torch_optimizer_step
+
     torch.manual_seed(0)
     policy = KinkedPolicy(CARTPOLE)
     samples = _window(policy).select(torch.arange(16))
     optimizer = _adamw(policy)
-    step = CompiledPPOStep(policy, optimizer, SETTINGS)
-    snap = _snapshot(policy, optimizer)  # AdamW's state: created by the step, zeros
-    parts, grad_norm = step(samples)
-    assert torch.isfinite(parts.loss)
-    assert math.isnan(grad_norm)
+    step: CompiledPPOStep | EagerPPOStep = (
+        CompiledPPOStep(policy, optimizer, SETTINGS)
+        if compiled
+        else EagerPPOStep(policy, SETTINGS, torch_optimizer_step(policy, optimizer, SETTINGS))
+    )
+    # AdamW's state: the compiled step creates it (zeros); the eager one has none yet.
+    snap = _snapshot(policy, optimizer)
+    with pytest.raises(
+        FloatingPointError,
+        match=r"^PPO update: the gradient norm is nan; the step was skipped and the update "
+        "stops$",
+    ):
+        step(samples)
     _assert_unchanged(policy, optimizer, snap)
 
 

@@ -9,7 +9,9 @@ holds the maths the update must do; the worker is what the runner runs.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,6 +27,7 @@ from rlshell.runners.validation import load_config
 from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
 from rlshell.workers.actor import (
     ActorWorker,
+    NonFiniteLossError,
     compute_advantages,
     optimizer_steps_per_batch,
     policy_forward,
@@ -277,3 +280,41 @@ def test_micro_batches_narrower_than_the_batch_make_the_whole_batchs_step(
     # 1.4e-4 on one machine. A micro-batch at the wrong width moves weights by far more.
     for name, value in whole.items():
         torch.testing.assert_close(split[name], value, rtol=0, atol=5e-4, msg=name)
+
+
+def test_a_nan_gradient_with_a_finite_loss_skips_the_step_and_dumps_the_micro_batches(
+    tokenizer_dir: str, process_group: None, tmp_path: Path
+) -> None:
+    """The logits' gradient made NaN (the loss stays finite): the optimizer skips the step,
+    the error names the step and the rank, and this rank's micro-batches of the step are in
+    ``<run dir>/nonfinite/step_1_rank_0_grad.pt``, the file the error names."""
+    config = _config(
+        tokenizer_dir, [f"runner.output_dir={tmp_path}", "actor.micro_batch_max_tokens=64"]
+    )
+    batch, scores = _batch(config, tokenizer_dir)
+    advantages = compute_advantages(batch, scores, config).advantages
+    worker = _worker(config, tokenizer_dir)
+    before = worker.full_weights()
+
+    def nan_gradient(module: torch.nn.Module, args: Any, output: Any) -> Any:
+        if module.training:
+            output.logits.register_hook(lambda grad: grad * float("nan"))
+        return output
+
+    worker.model.register_forward_hook(nan_gradient)
+    with pytest.raises(NonFiniteLossError) as caught:
+        worker.run_training(batch, advantages)
+    dump = tmp_path / config.runner.experiment_name / "nonfinite" / "step_1_rank_0_grad.pt"
+    assert str(caught.value) == (
+        "step 1: the gradient norm is nan on actor rank 0; the update was skipped. "
+        f"Its batch is in {dump} (torch.load(path, weights_only=False))"
+    )
+    record = torch.load(dump, weights_only=False)
+    assert (record["step"], record["rank"], math.isnan(record["grad_norm"])) == (1, 0, True)
+    micro = record["micro_batches"]
+    assert len(micro) > 1  # micro_batch_max_tokens split the batch
+    rows = sum(m["batch"]["prompt_ids"].shape[0] for m in micro)
+    assert rows == batch.rows
+    assert all(m["advantages"].shape[0] == m["batch"]["prompt_ids"].shape[0] for m in micro)
+    for name, value in worker.full_weights().items():
+        assert torch.equal(value, before[name]), name

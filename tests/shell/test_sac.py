@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,9 @@ from rlshell.config import EnvConfig, ModelConfig
 from rlshell.envs.stepper import EnvStepper, StepResult
 from rlshell.models import BasePolicy, ForwardType, get_model
 from rlshell.rollout.replay import ReplayBatch, ReplayBuffer
+from rlshell.runners.validation import load_config
 from rlshell.workers.sac_update import SACLearner, SACSettings, collect_sac_steps, polyak_update
+from rlshell.workers.sac_workers import SACLearnerWorker
 from tests.shell.rlcore_checks import rlcore_checks_run
 
 
@@ -341,6 +344,44 @@ def test_non_finite_loss_stops_before_backward() -> None:
         learner.update(bad)
     assert all(p.grad is None for p in learner.policy.parameters())
     for name, value in learner.policy.state_dict().items():
+        torch.testing.assert_close(value, before[name])
+
+
+def test_a_nan_gradient_with_a_finite_loss_is_not_applied_and_the_learner_dumps_the_batch(
+    tmp_path: Path,
+) -> None:
+    """A Q head's gradient made NaN (the critic loss finite): the critic's step is skipped,
+    the weights stay as they were, and the learner worker writes the sampled batch to
+    ``<run dir>/nonfinite/update_1.pt`` and names it."""
+    config = load_config(
+        Path("configs/sac_pendulum.py"),
+        [
+            f"runner.output_dir={tmp_path}",
+            "algorithm.sac.batch_size=8",
+            "algorithm.sac.learning_starts=8",
+            "actor.model.model_kwargs.hidden_sizes=16,16",
+        ],
+    )
+    worker = SACLearnerWorker(config)
+    worker.rank, worker.world_size = 0, 1
+    worker.init_worker(obs_dim=3, action_dim=1)
+    assert worker.learner is not None
+    q_weight = next(p for name, p in worker.learner.policy.named_parameters() if "q" in name)
+    q_weight.register_hook(lambda grad: grad * float("nan"))
+    before = copy.deepcopy(worker.learner.policy.state_dict())
+    with pytest.raises(FloatingPointError) as caught:
+        worker.train([_random_batch(16, 0)])
+    dump = tmp_path / config.runner.experiment_name / "nonfinite" / "update_1.pt"
+    assert str(caught.value) == (
+        "SAC update: the gradient norm of the critic loss is nan; its step was skipped. "
+        f"Its batch is in {dump} (torch.load(path, weights_only=False))"
+    )
+    record = torch.load(dump, weights_only=False)
+    assert record["update"] == 1
+    assert record["states"].shape == (8, 3)
+    assert record["terminated"].shape == (8,)
+    assert all(p.grad is None for p in worker.learner.policy.parameters())
+    for name, value in worker.learner.policy.state_dict().items():
         torch.testing.assert_close(value, before[name])
 
 

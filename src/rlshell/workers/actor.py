@@ -102,6 +102,13 @@ class NonFiniteLossError(FloatingPointError):
     """The loss (or gradient norm) of a step was NaN or infinite."""
 
 
+def _named_inputs(inputs: tuple[Any, ...]) -> dict[str, Any]:
+    """A micro-batch's inputs (the batch, its advantages, reference and old log-probs, as
+    many as given) by name, on the CPU."""
+    names = ("batch", "advantages", "ref_logprobs", "old_logprobs")
+    return {name: _to_cpu(item) for name, item in zip(names, inputs, strict=False)}
+
+
 def worker_device() -> torch.device:
     """The device a worker computes on: its (first visible) GPU, else the CPU."""
     return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -633,11 +640,7 @@ class ActorWorker(Worker):
                 _accumulate(metrics, totals, peaks)
         optimizer_started = time.perf_counter()
         grad_norm, lrs = manager.optimizer_step()
-        if not math.isfinite(grad_norm):
-            raise NonFiniteLossError(
-                f"step {self.global_step + 1}: the gradient norm is {grad_norm} on actor rank "
-                f"{self.rank}; the update was skipped"
-            )
+        self._check_finite_gradient(grad_norm, inputs)
         group = manager.data_parallel_group
         reduced = all_reduce_metrics(totals, dist.ReduceOp.SUM, group)
         # Loss terms are normalised by the whole mini-batch already: their sum is its loss.
@@ -668,24 +671,47 @@ class ActorWorker(Worker):
         log-probs) to ``<run dir>/nonfinite/`` and naming the file."""
         value = float(loss.detach())
         if not math.isfinite(value):
-            dumped = self._dump_nonfinite(index, value, inputs)
+            dumped = self._dump_nonfinite(
+                f"micro_{index}", {"loss": value, **_named_inputs(inputs)}
+            )
             raise NonFiniteLossError(
                 f"step {self.global_step + 1}: the loss is {value} on actor rank "
                 f"{self.rank} (micro-batch {index}); stopping before the update. {dumped}"
             )
 
-    def _dump_nonfinite(self, index: int, value: float, inputs: tuple[Any, ...]) -> str:
-        """Write the offending micro-batch (on the CPU) into the run directory."""
+    def _check_finite_gradient(
+        self, grad_norm: float, micro_batches: Sequence[tuple[Any, ...]]
+    ) -> None:
+        """NonFiniteLossError where the gradient norm (of every rank's gradients) is NaN or
+        infinite: the optimizer skipped the update; this rank's micro-batches of the step
+        (each as `_check_finite`'s ``inputs``) go to ``<run dir>/nonfinite/`` first."""
+        if math.isfinite(grad_norm):
+            return
+        dumped = self._dump_nonfinite(
+            "grad",
+            {
+                "grad_norm": grad_norm,
+                "micro_batches": [_named_inputs(inputs) for inputs in micro_batches],
+            },
+        )
+        raise NonFiniteLossError(
+            f"step {self.global_step + 1}: the gradient norm is {grad_norm} on actor rank "
+            f"{self.rank}; the update was skipped. {dumped}"
+        )
+
+    def _dump_nonfinite(self, name: str, record: dict[str, Any]) -> str:
+        """Write ``record`` (the offending batch, on the CPU) into the run directory as
+        ``step_<step>_rank_<rank>_<name>.pt``."""
         runner = self.config.runner
         step = self.global_step + 1
-        names = ("batch", "advantages", "ref_logprobs", "old_logprobs")
-        record: dict[str, Any] = {"step": step, "rank": self.rank, "loss": value}
-        for name, item in zip(names, inputs, strict=False):
-            record[name] = _to_cpu(item)
         # The run directory as this worker's working directory resolves it (the driver's, on
         # one machine; give an absolute runner.output_dir on a cluster).
         run_dir = Path(runner.output_dir) / runner.experiment_name
-        return write_nonfinite(run_dir, f"step_{step}_rank_{self.rank}_micro_{index}", record)
+        return write_nonfinite(
+            run_dir,
+            f"step_{step}_rank_{self.rank}_{name}",
+            {"step": step, "rank": self.rank, **record},
+        )
 
     def _pipeline_passes(
         self,
@@ -855,11 +881,7 @@ class ActorWorker(Worker):
             loss_sum += float(loss.detach())
         backward_done = time.perf_counter()
         grad_norm, lrs = manager.optimizer_step()
-        if not math.isfinite(grad_norm):
-            raise NonFiniteLossError(
-                f"step {self.global_step + 1}: the gradient norm is {grad_norm} on actor rank "
-                f"{self.rank}; the update was skipped"
-            )
+        self._check_finite_gradient(grad_norm, [(batch.select(rows),) for rows in micro_batches])
         loss_total = all_reduce_metrics(
             {"loss": loss_sum}, dist.ReduceOp.SUM, manager.data_parallel_group
         )["loss"]

@@ -239,8 +239,9 @@ def ppo_update(
     ``step`` runs one minibatch (an `UpdateStep`: `EagerPPOStep`, or the
     compiled `CompiledPPOStep`); a torch optimizer is taken as the eager step
     over it, its gradients clipped to ``settings.max_grad_norm`` first. A
-    non-finite loss stops the update (`NonFiniteUpdateError`, a FloatingPointError
-    that holds the minibatch) with the weights as the previous step left them.
+    non-finite loss or gradient norm stops the update (`NonFiniteUpdateError`, a
+    FloatingPointError that holds the minibatch) with the weights as the previous step
+    left them.
     """
     if isinstance(step, torch.optim.Optimizer):  # a custom loop's optimizer, as it comes
         step = EagerPPOStep(policy, settings, torch_optimizer_step(policy, step, settings))
@@ -272,7 +273,8 @@ def ppo_update(
 
 
 class NonFiniteUpdateError(FloatingPointError):
-    """PPO's loss on a minibatch was NaN or infinite; ``minibatch`` is that minibatch."""
+    """PPO's loss or gradient norm on a minibatch was NaN or infinite; ``minibatch`` is that
+    minibatch."""
 
     def __init__(self, message: str, minibatch: Samples) -> None:
         super().__init__(message)
@@ -289,7 +291,8 @@ def torch_optimizer_step(
 
     def step() -> tuple[float, float]:
         grad_norm = _clip(policy, settings.max_grad_norm)
-        optimizer.step()
+        if math.isfinite(grad_norm):  # a NaN or infinite gradient is not applied
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return grad_norm, float(optimizer.param_groups[0]["lr"])
 
@@ -386,6 +389,7 @@ class EagerPPOStep:
         _finite_loss(parts.loss)
         torch.autograd.backward(parts.loss)
         grad_norm, self.lr = self.optimizer_step()
+        _finite_gradient(grad_norm)
         return parts._replace(loss=parts.loss.detach()), grad_norm
 
 
@@ -410,9 +414,9 @@ class CompiledPPOStep:
     checkpoints save them as usual) are updated in place.
 
     As `rlshell.engines.training.fsdp.FSDPModelManager.optimizer_step` does: a non-finite
-    gradient norm leaves the weights and moments as they were (the step is
-    skipped inside the graph); a non-finite loss does too and then raises
-    FloatingPointError. ``lr_scheduler`` (if given) steps after each update.
+    gradient norm or loss leaves the weights and moments as they were (the step
+    is skipped inside the graph), then FloatingPointError is raised, as the eager
+    step does. ``lr_scheduler`` (if given) steps after each update.
 
     The same maths as the eager step, not the same bits: inductor's fused
     kernels round differently (~1e-7 relative; its tanh is within 1.8e-7 of
@@ -522,6 +526,7 @@ class CompiledPPOStep:
                     warnings.filterwarnings("ignore", "Detected call of `lr_scheduler", UserWarning)
                     self.lr_scheduler.step()
                 self._scheduler_stepped = True
+        _finite_gradient(float(grad_norm))  # the graph skipped the update; say why
         return parts, float(grad_norm)
 
     @property
@@ -688,6 +693,16 @@ def _finite_loss(loss: Tensor) -> float:
             f"PPO update: the loss is {value}; stopping before the weights change"
         )
     return value
+
+
+def _finite_gradient(grad_norm: float) -> None:
+    """A NaN or infinite gradient norm (the step skipped, the weights as they were) stops
+    the update."""
+    if not math.isfinite(grad_norm):
+        raise FloatingPointError(
+            f"PPO update: the gradient norm is {grad_norm}; the step was skipped and the "
+            "update stops"
+        )
 
 
 _PPO_OUTPUTS = ("logprobs", "entropy", "values")

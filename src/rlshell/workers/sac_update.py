@@ -114,6 +114,21 @@ def _check_finite(loss: LossOutput, name: str) -> float:
     return value
 
 
+def _finite_step(optimizer: torch.optim.Optimizer, name: str) -> None:
+    """``optimizer.step()`` unless its gradients' norm is NaN or infinite: then they are
+    cleared, nothing is applied, and FloatingPointError names the loss (``name``)."""
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"]]
+    present = [grad for grad in grads if grad is not None]
+    if present:
+        norm = float(torch.nn.utils.get_total_norm(present))
+        if not math.isfinite(norm):
+            optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(
+                f"SAC update: the gradient norm of {name} is {norm}; its step was skipped"
+            )
+    optimizer.step()
+
+
 class SACLearner:
     """The policy, its target Q heads, log α and three Adam optimizers; `update` is one SAC step.
 
@@ -176,7 +191,8 @@ class SACLearner:
         Always ``qf_loss``, ``q_mean``, ``alpha``; ``actor_loss``, ``entropy``
         (−E[log π]) and, with ``autotune``, ``alpha_loss`` on the steps that
         update the actor (the last of its ``policy_frequency`` repeats). A
-        non-finite loss raises FloatingPointError before its backward pass.
+        non-finite loss raises FloatingPointError before its backward pass, a
+        non-finite gradient norm before its optimizer's step.
         """
         settings = self.settings
         states = batch.states.to(self.device)
@@ -243,7 +259,7 @@ class SACLearner:
         value = _check_finite(critic, "the critic loss")
         self.critic_optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(critic.loss)
-        self.critic_optimizer.step()
+        _finite_step(self.critic_optimizer, "the critic loss")
         return {"qf_loss": value, "q_mean": float(critic.metrics["q_mean"])}
 
     def _actor_step(self, states: Tensor) -> dict[str, float]:
@@ -255,7 +271,7 @@ class SACLearner:
         # optimizer must not see it.
         self.policy.zero_grad(set_to_none=True)
         torch.autograd.backward(actor.loss)
-        self.actor_optimizer.step()
+        _finite_step(self.actor_optimizer, "the actor loss")
         metrics = {"actor_loss": value, "entropy": float(actor.metrics["entropy"])}
         if self.alpha_optimizer is not None:
             with torch.no_grad():
@@ -264,7 +280,7 @@ class SACLearner:
             metrics["alpha_loss"] = _check_finite(temperature, "the temperature loss")
             self.alpha_optimizer.zero_grad(set_to_none=True)
             torch.autograd.backward(temperature.loss)
-            self.alpha_optimizer.step()
+            _finite_step(self.alpha_optimizer, "the temperature loss")
         return metrics
 
     def state_dict(self) -> dict[str, Any]:

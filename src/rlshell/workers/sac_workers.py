@@ -19,6 +19,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+import attrs
 import torch
 from attrs import evolve, frozen
 from torch import Tensor
@@ -31,6 +32,7 @@ from rlshell.envs.stepper import EnvObs, EnvStepper
 from rlshell.models import get_model
 from rlshell.models.base import BasePolicy
 from rlshell.rollout.replay import ReplayBatch, ReplayBuffer
+from rlshell.rundir import write_nonfinite
 from rlshell.workers.sac_update import SACLearner, SACSettings, collect_sac_steps
 
 __all__ = ["CollectorShare", "SACCollector", "SACLearnerWorker", "sac_settings"]
@@ -199,7 +201,11 @@ class SACLearnerWorker(Worker):
             # rlcore's checks on this process's first update; the rest repeat its shapes.
             with unchecked() if self.checked or index else nullcontext():
                 batch = replay.sample(sac.batch_size, self.generator)
-                for key, value in learner.update(batch).items():
+                try:
+                    update = learner.update(batch)
+                except FloatingPointError as error:
+                    raise FloatingPointError(f"{error}. {self._dump_nonfinite(batch)}") from None
+                for key, value in update.items():
                     totals[key] = totals.get(key, 0.0) + value
                     counts[key] = counts.get(key, 0) + 1
         self.checked = self.checked or updates > 0
@@ -208,6 +214,19 @@ class SACLearnerWorker(Worker):
         metrics["train/replay_size"] = float(len(replay))
         metrics["time/update"] = time.perf_counter() - started
         return metrics, (self.policy_weights() if updates else None)
+
+    def _dump_nonfinite(self, batch: ReplayBatch) -> str:
+        """Write the sampled batch of an update whose loss or gradient was not finite into
+        ``<run dir>/nonfinite/update_<n>.pt`` (n: the learner's update count, from 1)."""
+        assert self.learner is not None
+        runner = self.config.runner
+        update = self.learner.step + 1
+        record = {
+            "update": update,
+            **{f.name: getattr(batch, f.name).detach().cpu() for f in attrs.fields(ReplayBatch)},
+        }
+        run_dir = Path(runner.output_dir) / runner.experiment_name
+        return write_nonfinite(run_dir, f"update_{update}", record)
 
     def save_checkpoint(self, path: str, step: int) -> None:
         """Learner, replay buffer, counters and RNG states to ``path/sac_learner.pt``."""
