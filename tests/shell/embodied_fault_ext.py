@@ -9,7 +9,11 @@ counted from the process start) fails as ``RLSHELL_TEST_ENV_FAULT`` says:
 - ``exit``: the process ends at once with ``os._exit(3)`` (no traceback, as a
   simulator crash);
 - ``nan``: the observation it returns is NaN;
-- ``hang``: the step never returns (it sleeps for an hour).
+- ``hang``: the step never returns (it sleeps for an hour);
+- ``segv``: the process is killed by a segmentation fault (``SIGSEGV``, as a
+  simulator's bad pointer);
+- ``oom``: the step asks numpy for 4 TiB, more than the machine has, and
+  raises the ``MemoryError`` that allocation fails with.
 
 It fails once: it first writes the marker file ``RLSHELL_TEST_ENV_FAULT_MARKER``
 and never fails while that file exists, so a resumed run trains normally;
@@ -23,6 +27,7 @@ ends copy 0's process and not the worker's.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -61,6 +66,10 @@ class FaultAtStep(gymnasium.Wrapper[Any, Any, Any, Any]):
             obs = np.full_like(obs, np.nan)
         if self.fault == "hang":
             time.sleep(3600)
+        if self.fault == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if self.fault == "oom":
+            np.ones(2**42, dtype=np.uint8)
         return obs, reward, terminated, truncated, info
 
 

@@ -267,15 +267,18 @@ def _zeros(stepper: EnvStepper) -> Tensor:
         ("hang", False, "the env did not return at env step 3 within env.step_timeout_s=1 s"),
         ("hang", True, "the env did not return at env step 3 within env.step_timeout_s=1 s"),
         ("exit", True, "the env raised at env step 3: "),
+        ("segv", True, "the env raised at env step 3: "),
+        ("oom", False, "the env raised at env step 3: MemoryError: Unable to allocate 4.00 TiB"),
     ],
-    ids=["raise", "nan", "hang", "hang-in-its-process", "process-exits"],
+    ids=["raise", "nan", "hang", "hang-in-its-process", "process-exits", "segfault", "oom"],
 )
 def test_reset_rebuilds_the_envs_after_each_kind_of_failure_and_counts_it(
     faulty: Callable[..., EnvStepper], tmp_path: Path, fault: str, isolated: bool, cause: str
 ) -> None:
     """A raise, a NaN, a step past ``step_timeout_s`` (in the worker's process or in the
-    env's own) and an env process that dies: each gives `EnvRestarted` with the rebuilt
-    envs' first observation, the next steps run, and ``env/failures`` counts one."""
+    env's own), an env process that exits or segfaults, and an allocation past the
+    machine's memory: each gives `EnvRestarted` with the rebuilt envs' first observation,
+    the next steps run, and ``env/failures`` counts one."""
     stepper = faulty(fault, 3, isolated=isolated, on_failure="reset", step_timeout_s=1.0)
     failed_env = stepper.env
     stepper.reset(seed=0)
