@@ -136,6 +136,48 @@ def test_a_placement_across_nodes_lands_each_worker_on_its_planned_node(
     assert "pool: envs, learner" in unlabelled.stderr
 
 
+def test_a_reasoning_run_with_its_actor_and_rollout_on_two_nodes_trains_and_evaluates(
+    nodes: Nodes, tmp_path: Path
+) -> None:
+    """GRPO (the quickstart, shortened) with its two actor ranks on node 0 and its rollout
+    and reward workers on the node group ``pool=envs`` (node 1): every worker group checks,
+    as it starts, that each worker reports from inside its process the Ray node its plan
+    names; the weights go from node 0's actor to node 1's rollout each step, the run
+    trains, evaluates and saves, and ``placement.json`` records the nodes."""
+    nodes.add(1)
+    result = train(
+        "configs/grpo.py",
+        f"cluster.address={nodes.address}",
+        "cluster.num_nodes=2",
+        'cluster.node_groups={"gen": "pool=envs"}',
+        'cluster.component_placement={"actor": "0:0-1", '
+        '"rollout": {"placement": "0:0", "node_group": "gen"}, '
+        '"reward": {"placement": "0", "node_group": "gen"}}',
+        "runner.max_steps=2",
+        "runner.prompts_per_step=2",
+        "algorithm.group_size=2",
+        "rollout.max_new_tokens=4",
+        "runner.eval_interval=2",
+        "data.num_val=4",
+        "checkpoint.interval=2",
+        f"runner.output_dir={tmp_path}",
+        env=_env(),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_dir = tmp_path / "grpo"
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [int(r["step"]) for r in records if "time/step" in r] == [1, 2]
+    assert "eval/accuracy" in records[-1]
+    verify_checkpoint(run_dir / "checkpoints" / "global_step_2")
+    plan = json.loads((run_dir / "placement.json").read_text())
+    nodes_of = {
+        component["name"]: sorted({w["node_rank"] for w in component["workers"]})
+        for component in plan["components"]
+    }
+    assert nodes_of == {"actor": [0], "rollout": [1], "reward": [1]}
+
+
 def test_a_node_lost_mid_run_is_named_and_resume_auto_continues_without_a_gap(
     nodes: Nodes, tmp_path: Path
 ) -> None:
