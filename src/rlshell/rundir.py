@@ -87,9 +87,11 @@ def write_nonfinite(run_dir: Path, name: str, record: dict[str, Any]) -> str:
     import torch
 
     path = run_dir.resolve() / "nonfinite" / f"{name}.pt"
+    partial = path.with_name(f".{path.name}.partial")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(record, path)
+        torch.save(record, partial)
+        os.replace(partial, path)  # a process stopped mid-write leaves no half file named .pt
     except OSError as error:
         return f"Its batch could not be written to {path}: {error}"
     return f"Its batch is in {path} (torch.load(path, weights_only=False))"
