@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import gymnasium
 import numpy as np
 import pytest
 import torch
+from attrs import evolve
 from gymnasium import spaces
 
 from rlshell.config import EnvConfig
@@ -220,6 +222,31 @@ def test_group_seeding_repeats_first_observations_within_groups_only() -> None:
 
 
 # --- episode statistics ----------------------------------------------------------------
+
+
+def test_isolated_copies_step_in_processes_of_their_own_as_the_sync_ones_do() -> None:
+    """``env.isolate``: an `AsyncVectorEnv` whose copies run in child processes; seeded
+    alike, it steps exactly as the in-process vector env (episodes ending included)."""
+    from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
+
+    config = gym_config("CartPole-v1", num_envs=2, max_steps=20)
+    isolated = EnvStepper.from_config(evolve(config, isolate=True), seed=3)
+    in_process = EnvStepper.from_config(config, seed=3)
+    assert isinstance(isolated.env, AsyncVectorEnv)
+    assert isinstance(in_process.env, SyncVectorEnv)
+    assert {p.pid for p in isolated.env.processes}.isdisjoint({os.getpid()})
+    torch.testing.assert_close(isolated.reset(seed=3), in_process.reset(seed=3))
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        actions = torch.as_tensor(rng.integers(0, 2, size=2))
+        a, b = isolated.step(actions), in_process.step(actions)
+        torch.testing.assert_close(a.next_obs, b.next_obs)
+        torch.testing.assert_close(a.obs, b.obs)
+        assert torch.equal(a.dones, b.dones)
+    assert isolated.pop_metrics() == in_process.pop_metrics()
+    isolated.close()
+    assert "isolate" not in ENVS.ignores("gymnasium")
+    assert "isolate" in ENVS.ignores("maniskill")
 
 
 def test_episode_stats_match_a_hand_count_on_cartpole() -> None:

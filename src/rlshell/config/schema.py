@@ -518,7 +518,10 @@ class EnvConfig:
     (`rlshell.envs.stepper.EnvStepper`). ``step_timeout_s`` (null: none)
     bounds each env ``step`` and ``reset`` call, with a timer that interrupts
     Python code and waits on env processes, not a simulator stuck inside C
-    (``cluster.call_timeout_s`` stops the run then).
+    (``cluster.call_timeout_s`` stops the run then). ``isolate`` (the
+    ``gymnasium`` env type): each env copy steps in a process of its own, so a
+    copy that crashes (a segfault) takes only its process, which ``reset``
+    replaces; it costs a pipe round trip per step.
     """
 
     env_type: str | None = None
@@ -534,6 +537,7 @@ class EnvConfig:
     on_failure: Literal["stop", "reset"] = "stop"
     step_timeout_s: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     max_consecutive_failures: int = field(default=3, metadata=POSITIVE_INT)
+    isolate: bool = False
 
 
 @frozen

@@ -7,7 +7,10 @@ A builder is ``builder(cfg, seed) -> gymnasium.vector.VectorEnv`` making
   imports ``module`` first, e.g. ``"gymnasium_robotics:FetchReach-v4"``), as
   a synchronous vector env that resets a finished copy in the same step
   (gymnasium's ``SAME_STEP`` autoreset: the finished episode's last
-  observation is in ``info["final_obs"]``).
+  observation is in ``info["final_obs"]``); with ``env.isolate`` each copy
+  steps in a process of its own (gymnasium's ``AsyncVectorEnv``), so a copy
+  that crashes takes only its process, which ``env.on_failure='reset'``
+  replaces.
 - ``maniskill``: ManiSkill 3 tasks (`rlshell.envs.maniskill`): one env per
   process on a CPU (with the software Vulkan driver ``make install`` fetches),
   or ManiSkill's batched GPU simulation with ``env.uses_gpus``; state or
@@ -52,6 +55,7 @@ ENVS: Registry[EnvBuilder] = Registry(
         "obs_mode",
         "image_size",
         "ignore_terminations",
+        "isolate",
     ),
 )
 
@@ -66,8 +70,9 @@ def register_env(
     """Register ``builder`` under ``env_type``; ``force=True`` replaces an existing entry.
 
     ``reads``: which of ``env.env_id``, ``env.max_episode_steps``,
-    ``env.control_mode``, ``env.obs_mode``, ``env.image_size`` and
-    ``env.ignore_terminations`` the builder reads (None: all of them);
+    ``env.control_mode``, ``env.obs_mode``, ``env.image_size``,
+    ``env.ignore_terminations`` and ``env.isolate`` the builder reads (None:
+    all of them);
     validation refuses the others set for this env type.
     """
     return ENVS.register(env_type, builder, force=force, reads=reads)
@@ -124,7 +129,7 @@ def _gymnasium_env(cfg: EnvConfig, seed: int) -> VectorEnv:
     env = gymnasium.make_vec(
         env_id,
         num_envs=cfg.num_envs,
-        vectorization_mode="sync",
+        vectorization_mode="async" if cfg.isolate else "sync",
         vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP},
         **make_kwargs,
     )
@@ -138,8 +143,20 @@ def _maniskill_env(cfg: EnvConfig, seed: int) -> VectorEnv:
     return make_maniskill_env(cfg, seed)
 
 
-register_env("gymnasium", _gymnasium_env, reads=("env_id", "max_episode_steps"))
-register_env("maniskill", _maniskill_env)  # reads every env hyperparameter
+register_env("gymnasium", _gymnasium_env, reads=("env_id", "max_episode_steps", "isolate"))
+# ManiSkill's CPU envs are in processes of their own already (two or more per worker).
+register_env(
+    "maniskill",
+    _maniskill_env,
+    reads=(
+        "env_id",
+        "max_episode_steps",
+        "control_mode",
+        "obs_mode",
+        "image_size",
+        "ignore_terminations",
+    ),
+)
 
 
 def _pixel_env(cfg: EnvConfig, seed: int) -> VectorEnv:
