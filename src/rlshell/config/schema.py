@@ -519,9 +519,9 @@ class EnvConfig:
     bounds each env ``step`` and ``reset`` call, with a timer that interrupts
     Python code and waits on env processes, not a simulator stuck inside C
     (``cluster.call_timeout_s`` stops the run then). ``isolate`` (the
-    ``gymnasium`` env type): each env copy steps in a process of its own, so a
-    copy that crashes (a segfault) takes only its process, which ``reset``
-    replaces; it costs a pipe round trip per step.
+    ``gymnasium`` env type): each env copy steps in a process of its own
+    (spawned), so a copy that crashes (a segfault) takes only its process,
+    which ``reset`` replaces; it costs a pipe round trip per step.
     """
 
     env_type: str | None = None

@@ -126,11 +126,15 @@ def _gymnasium_env(cfg: EnvConfig, seed: int) -> VectorEnv:
     make_kwargs: dict[str, Any] = {}
     if cfg.max_episode_steps is not None:
         make_kwargs["max_episode_steps"] = cfg.max_episode_steps
+    vector_kwargs: dict[str, Any] = {"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP}
+    if cfg.isolate:
+        # Spawned, not forked: the worker's torch holds threads a fork would copy mid-use.
+        vector_kwargs["context"] = "spawn"
     env = gymnasium.make_vec(
         env_id,
         num_envs=cfg.num_envs,
         vectorization_mode="async" if cfg.isolate else "sync",
-        vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP},
+        vector_kwargs=vector_kwargs,
         **make_kwargs,
     )
     env.reset(seed=seed)
