@@ -45,19 +45,17 @@ __all__ = [
 
 EnvBuilder = Callable[[EnvConfig, int], "VectorEnv"]
 
-# The EnvConfig fields a builder may read (the runner reads num_envs and the rest itself).
-ENVS: Registry[EnvBuilder] = Registry(
-    "env type",
-    hyperparameters=(
-        "env_id",
-        "max_episode_steps",
-        "control_mode",
-        "obs_mode",
-        "image_size",
-        "ignore_terminations",
-        "isolate",
-    ),
+# What to simulate and how to observe it: the EnvConfig fields ManiSkill's builder reads.
+_TASK_KEYS = (
+    "env_id",
+    "max_episode_steps",
+    "control_mode",
+    "obs_mode",
+    "image_size",
+    "ignore_terminations",
 )
+# The EnvConfig fields a builder may read (the runner reads num_envs and the rest itself).
+ENVS: Registry[EnvBuilder] = Registry("env type", hyperparameters=(*_TASK_KEYS, "isolate"))
 
 
 def register_env(
@@ -149,18 +147,7 @@ def _maniskill_env(cfg: EnvConfig, seed: int) -> VectorEnv:
 
 register_env("gymnasium", _gymnasium_env, reads=("env_id", "max_episode_steps", "isolate"))
 # ManiSkill's CPU envs are in processes of their own already (two or more per worker).
-register_env(
-    "maniskill",
-    _maniskill_env,
-    reads=(
-        "env_id",
-        "max_episode_steps",
-        "control_mode",
-        "obs_mode",
-        "image_size",
-        "ignore_terminations",
-    ),
-)
+register_env("maniskill", _maniskill_env, reads=_TASK_KEYS)
 
 
 def _pixel_env(cfg: EnvConfig, seed: int) -> VectorEnv:
