@@ -110,6 +110,11 @@ class PPOSettings:
         return self.ppo_epochs * self.num_minibatches
 
 
+# One rollout step as collect_rollout keeps it until the window's last value is known:
+# forward inputs, log-probs, values, rewards, terminated, truncated, bootstrap values.
+_Pending = tuple[dict[str, Tensor], Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+
+
 def collect_rollout(
     policy: BasePolicy,
     stepper: EnvStepper,
@@ -187,9 +192,6 @@ def collect_rollout(
         next_values = torch.where(truncated, bootstrap, following)
         buffer.add(inputs, logprobs, values, rewards, terminated, truncated, next_values)
     return obs
-
-
-_Pending = tuple[dict[str, Tensor], Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
 
 
 def _truncated_at(step: _Pending, values: Tensor) -> _Pending:
