@@ -98,7 +98,7 @@ SHELL = Path(__file__).resolve().parents[1] / "src" / "rlshell"
 
 # Lowest first. Every top-level module or package of rlshell is in exactly one layer.
 SHELL_LAYERS: list[tuple[str, frozenset[str]]] = [
-    ("base", frozenset({"rlshell", "config", "extensions", "limits"})),
+    ("base", frozenset({"rlshell", "config", "extensions", "limits", "process"})),
     ("cluster", frozenset({"cluster"})),
     (
         "domain",

@@ -319,4 +319,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rlshell.process import exit_process
+
+    exit_process(main())

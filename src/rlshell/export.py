@@ -158,8 +158,6 @@ def load_policy(checkpoint: Path, config: Config | None = None) -> CheckpointPol
 
     ``config`` is the run's resolved config (default: `run_config`).
     """
-    from rlshell.tokenizer import load_tokenizer
-
     checkpoint = Path(checkpoint)
     policy_layout(checkpoint)  # a missing checkpoint, or one without weights, fails first
     if config is None:
@@ -168,8 +166,13 @@ def load_policy(checkpoint: Path, config: Config | None = None) -> CheckpointPol
     torch.manual_seed(config.actor.seed)  # as the trainer seeds before building
     model = _build(model_config)
     load_policy_weights(checkpoint, model)
-    tokenizer_dir = checkpoint / "tokenizer"
-    tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir.is_dir() else None
+    tokenizer = None
+    if (tokenizer_dir := checkpoint / "tokenizer").is_dir():
+        # Imported here: transformers takes seconds to import, and a policy without a
+        # tokenizer (an embodied run's) is built and written without it.
+        from rlshell.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer_dir)
     return CheckpointPolicy(model.eval(), model_config, tokenizer)
 
 
@@ -328,4 +331,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rlshell.process import exit_process
+
+    exit_process(main())

@@ -273,4 +273,6 @@ def _first_docstring_line(path: Path) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rlshell.process import exit_process
+
+    exit_process(main())
