@@ -18,7 +18,7 @@ from rlshell.config import ConfigError
 from rlshell.data import ArithmeticTask, arithmetic_task, load_dataset
 from rlshell.hub import hub_id, split_files
 from rlshell.runners.validation import load_config
-from tests.shell.test_run import ROOT, cli_env, train
+from tests.shell.test_run import ONE_ACTOR_RANK, ROOT, cli_env, train
 
 GRPO = ROOT / "configs" / "grpo.py"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -302,6 +302,7 @@ def test_a_run_trains_a_hub_model_on_a_hub_dataset_offline(
         env = cli_env(ray_tmp, HF_HUB_CACHE=str(hub_cache), HF_HUB_OFFLINE="1")
         result = train(
             "configs/grpo.py",
+            *ONE_ACTOR_RANK,
             "actor.model.path=testorg/tiny",
             "actor.model.model_kwargs={}",
             "data.task=file",

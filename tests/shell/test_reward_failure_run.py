@@ -23,13 +23,20 @@ from pathlib import Path
 import pytest
 
 from rlshell.metrics import read_metrics
-from tests.shell.test_run import ROOT, cli_env, train, wait_for_no_ray_processes
+from tests.shell.test_run import (
+    ONE_ACTOR_RANK,
+    ROOT,
+    cli_env,
+    train,
+    wait_for_no_ray_processes,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("reward_failure_run")]
 
 HERE = Path(__file__).resolve().parent
 TINY = [
     "configs/grpo.py",
+    *ONE_ACTOR_RANK,
     "runner.max_steps=4",
     "runner.prompts_per_step=2",
     "algorithm.group_size=2",

@@ -211,7 +211,7 @@ def test_the_engine_killed_mid_generation_is_named_and_resume_auto_continues(
         "runner.prompts_per_step=4",
         "runner.max_steps=4",
         "runner.eval_interval=2",
-        "data.num_val=16",
+        "data.num_val=4",
         "checkpoint.interval=1",
         "checkpoint.keep_last=null",
         f"runner.output_dir={tmp_path}",

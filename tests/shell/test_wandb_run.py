@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 
 from rlshell.metrics import WANDB_RUN_FILE, read_metrics
-from tests.shell.test_run import cli_env, train
+from tests.shell.test_run import ONE_ACTOR_RANK, cli_env, train
 from tests.shell.wandb_records import offline_runs
 
 pytestmark = pytest.mark.slow
 
 RUN = [
     "configs/grpo.py",
+    *ONE_ACTOR_RANK,
     "runner.max_steps=3",
     "runner.prompts_per_step=4",
     "runner.eval_interval=0",
