@@ -4,7 +4,8 @@
 registers it in every process. It scores exact match unless the response is
 a cue: HANG sleeps forever, SPIN loops on the CPU forever, SLOW takes 0.4 s,
 BOOM raises, NAN / NONE / TEXT return a bad value, EXIT ends the process, HOG
-allocates 1 GiB.
+allocates 1 GiB, ``ENV:NAME`` scores whether the process's environment variable NAME holds
+the answer (``unset``: that it has none).
 
 Two more for whole runs: ``always_fails`` raises on every call, and
 ``every_other`` raises on every other call of its process (the first, the
@@ -38,6 +39,8 @@ def chaos_reward(response: str, answer: str) -> float:
     if response == "HOG":
         hog = bytearray(1 << 30)  # 1 GiB, past any memory_mb the tests set
         return float(len(hog) > 0)
+    if response.startswith("ENV:"):
+        return 1.0 if os.environ.get(response.removeprefix("ENV:"), "unset") == answer else 0.0
     bad: dict[str, object] = {"NAN": float("nan"), "NONE": None, "TEXT": "1.0"}
     if response in bad:
         return cast(float, bad[response])

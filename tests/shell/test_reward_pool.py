@@ -1,9 +1,9 @@
 """Rewards scored in a RewardPool: math, timeouts, errors, a RewardWorker on Ray; the format reward.
 
 Misbehaving rewards come from `reward_ext_chaos`, an extension module beside
-this file, so spawned reward processes (and a Ray worker's) register them too.
-Pools start once per module: a reward process takes a couple of seconds to
-import torch and math-verify.
+this file, so reward processes (and a Ray worker's) register them too.
+Pools start once per module: the fork server a pool's processes fork from takes
+a few seconds to import torch and math-verify.
 """
 
 from __future__ import annotations
@@ -223,6 +223,53 @@ def test_a_reward_past_its_memory_limit_fails_that_sample_and_the_pool_scores_on
         (failure,) = result.failures
         assert failure.last_line == "MemoryError"
         assert pool.score(["b"], ["b"]).scores == (1.0,)
+
+
+ORPHANED = """
+import sys, time
+from rlshell.rewards.pool import RewardPool
+pool = RewardPool("chaos", timeout_s=600.0, num_processes=1)
+print(pool._processes[0].pid, flush=True)
+pool.score(["HANG"], ["-"])  # hangs in the reward process until this process is killed
+"""
+
+
+def test_reward_processes_end_when_the_pools_process_is_killed_even_mid_call(
+    chaos_extension: None,
+) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    owner = subprocess.Popen(
+        [sys.executable, "-c", ORPHANED], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+    )
+    assert owner.stdout is not None
+    child = int(owner.stdout.readline())
+    time.sleep(0.5)  # the call is under way
+    os.kill(owner.pid, signal.SIGKILL)
+    owner.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists():
+        status = (
+            Path(f"/proc/{child}/status").read_text() if Path(f"/proc/{child}").exists() else ""
+        )
+        if "State:\tZ" in status:
+            break  # ended; its parent (the fork server, or init) has not reaped it yet
+        assert time.monotonic() < deadline, "the reward process outlived its pool's process"
+        time.sleep(0.1)
+
+
+def test_a_reward_process_sees_the_pools_environment_when_it_started(
+    chaos_extension: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Processes fork from a fork server started by an earlier pool; each still sees the
+    environment of the pool that started it, as a spawned process would."""
+    with RewardPool("chaos", timeout_s=30.0, num_processes=1, failure_score=FAILED) as first:
+        assert first.score(["ENV:RLSHELL_TEST_REWARD_ENV"], ["unset"]).scores == (1.0,)
+    monkeypatch.setenv("RLSHELL_TEST_REWARD_ENV", "set later")
+    with RewardPool("chaos", timeout_s=30.0, num_processes=1, failure_score=FAILED) as second:
+        assert second.score(["ENV:RLSHELL_TEST_REWARD_ENV"], ["set later"]).scores == (1.0,)
 
 
 # ------------------------------------------------------------- several rewards in one pool

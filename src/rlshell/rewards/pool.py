@@ -7,9 +7,15 @@
     with RewardPool(["math", "format"], timeout_s=5.0, num_processes=4) as pool:
         results = pool.score_each(responses, answers)   # {"math": RewardResult, "format": ...}
 
-The pool starts ``num_processes`` processes once (the "spawn" start method:
-a fresh interpreter, never a fork of a process that may hold threads, as Ray
-workers do) and keeps them for every later call. Each process loads
+The pool starts ``num_processes`` processes once and keeps them for every
+later call. They are forked from multiprocessing's fork server (the
+"forkserver" start method): a fresh interpreter, started once per process
+that makes pools, which has imported this module and the rewards' heavy
+dependencies (torch through rlcore, math-verify); a fork of it starts in
+a fraction of a second, where a spawned interpreter imports them again
+(about 4 CPU-seconds each), and never is a fork of the caller, which may
+hold threads (a Ray worker does). Each process takes the caller's
+environment as it is when the process starts, as a spawned one would. Each process loads
 ``RLSHELL_EXT_MODULE`` before it looks its rewards up, so rewards registered
 by extension modules work there too. A pool of several rewards has every
 process hold all of them: a batch is one queue of calls (each reward on each
@@ -26,7 +32,7 @@ the queue, and a fresh process starts in the background while the others
 keep scoring. Hung calls on different processes time out side by side, so a
 batch whose hangs each hit another process ends about ``timeout_s`` after
 the last hang began; hangs that fall on the same process follow one another
-(with a fresh process's start-up, a couple of seconds, in between). A
+(with a fresh process's start-up, a fork of the fork server, in between). A
 process that dies mid-call (a crash, ``os._exit``) fails that one sample as
 an error the same way.
 
@@ -59,7 +65,7 @@ import types
 from collections import deque
 from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection, wait
-from multiprocessing.context import SpawnContext
+from multiprocessing.context import ForkServerContext
 from typing import Any, Self
 
 from attrs import frozen
@@ -172,7 +178,9 @@ class RewardPool:
         self.failure_score = float(failure_score)
         self.start_timeout_s = start_timeout_s
         self.memory_mb = memory_mb
-        self._context = multiprocessing.get_context("spawn")
+        self._context = multiprocessing.get_context("forkserver")
+        # Imported once, by the fork server, when it starts (the first pool of a process).
+        self._context.set_forkserver_preload([__name__, *_PRELOAD])
         self._lock = threading.Lock()
         self._closed = False
         self._processes: list[_RewardProcess] = []
@@ -490,7 +498,7 @@ class _RewardProcess:
 
     def __init__(
         self,
-        context: SpawnContext,
+        context: ForkServerContext,
         reward_types: tuple[str, ...],
         start_timeout_s: float,
         memory_mb: int | None = None,
@@ -498,7 +506,7 @@ class _RewardProcess:
         parent_end, child_end = context.Pipe(duplex=True)
         self.process = context.Process(
             target=_serve,
-            args=(child_end, reward_types, os.getpid(), memory_mb),
+            args=(child_end, reward_types, os.getpid(), memory_mb, dict(os.environ)),
             name=f"reward:{','.join(reward_types)}",
             daemon=True,
         )
@@ -536,7 +544,7 @@ class _RewardProcess:
 
 @contextlib.contextmanager
 def _main_script_left_out() -> Iterator[None]:
-    """While a process starts: spawn would run this process's main script again in it (as
+    """While a process starts: a new process would run this process's main script again (as
     ``__mp_main__``), and a script or notebook export without an ``if __name__ ==
     "__main__":`` guard would train a second time there. A reward process needs nothing of
     it: rewards come by name from the registry (built-ins, ``RLSHELL_EXT_MODULE``, and the
@@ -557,10 +565,16 @@ def _serve(
     reward_types: tuple[str, ...],
     parent_pid: int,
     memory_mb: int | None = None,
+    environ: dict[str, str] | None = None,
 ) -> None:
     """Score chunks of ``(call, reward slot, response, answer)`` sent on ``conn`` until it
     closes; the slot is the reward's position in ``reward_types``. ``memory_mb`` caps how
-    far the process may grow once its rewards are loaded."""
+    far the process may grow once its rewards are loaded. ``environ``: the pool's
+    environment when it started this process (a fork server's children have the server's,
+    which may be older), extension modules and objects included."""
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
     try:
@@ -645,9 +659,19 @@ def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _exit_when_orphaned(parent_pid: int) -> None:
-    """End this process when its parent is gone, even in the middle of a hung call."""
+def _exit_when_orphaned(pool_pid: int) -> None:
+    """End this process when the pool's process is gone, even in the middle of a hung call.
+
+    Its parent is the fork server, which ends with the pool's process; the pool's process is
+    also checked itself."""
+    parent = os.getppid()
     while True:
         time.sleep(_ORPHAN_CHECK_S)
-        if os.getppid() != parent_pid:
+        if os.getppid() != parent:
+            os._exit(1)
+        try:
+            os.kill(pool_pid, 0)
+        except ProcessLookupError:
+            os._exit(1)
+        except PermissionError:  # a process of another user holds the pid: ours is gone
             os._exit(1)
