@@ -15,12 +15,12 @@ dependencies (torch through rlcore, math-verify); a fork of it starts in
 a fraction of a second, where a spawned interpreter imports them again
 (about 4 CPU-seconds each), and never is a fork of the caller, which may
 hold threads (a Ray worker does). Each process takes the caller's
-environment as it is when the process starts, as a spawned one would. Each process loads
-``RLSHELL_EXT_MODULE`` before it looks its rewards up, so rewards registered
-by extension modules work there too. A pool of several rewards has every
-process hold all of them: a batch is one queue of calls (each reward on each
-sample), shared out as one reward's batch is, and each reward's calls come
-back as its own `RewardResult`.
+environment as it is when the process starts, as a spawned one would.
+Each process loads ``RLSHELL_EXT_MODULE`` before it looks its rewards up,
+so rewards registered by extension modules work there too. A pool of several
+rewards has every process hold all of them: a batch is one queue of calls
+(each reward on each sample), shared out as one reward's batch is, and each
+reward's calls come back as its own `RewardResult`.
 
 Timeouts. Work goes out in chunks (a few samples per message keeps thousands
 of millisecond-long math-verify calls cheap), but every call has a deadline of
