@@ -348,6 +348,34 @@ def test_a_constructor_error_fails_the_launch_and_cleans_up(
         group.ping()
 
 
+def test_groups_started_side_by_side_answer_once_waited_for_and_a_failure_stops_them(
+    ray_cluster: Cluster, plan_component: PlanFactory
+) -> None:
+    """`start` creates a group's actors without waiting; `wait_started` waits. The reasoning
+    runner starts its groups so, all before it waits for any."""
+    first = EchoWorker.create_group(1).start(ray_cluster, plan_component("side_a"))
+    second = EchoWorker.create_group(2).start(ray_cluster, plan_component("side_b"))
+    try:
+        with pytest.raises(RuntimeError, match="already launched"):
+            first.start(ray_cluster, plan_component("side_c"))
+        assert first.wait_started() is first
+        assert second.wait_started() is second
+        assert first.add(10).wait() == [11, 11]
+        assert second.add(10).wait() == [12, 12]
+        with pytest.raises(RuntimeError, match="already launched"):
+            second.wait_started()
+    finally:
+        first.shutdown()
+        second.shutdown()
+    with pytest.raises(RuntimeError, match="call start\\(\\) first"):
+        EchoWorker.create_group(0).wait_started()
+    # A constructor that raises fails at the wait, and its group is stopped.
+    fragile = FragileWorker.create_group().start(ray_cluster, plan_component("side_fragile"))
+    with pytest.raises(KeyError, match="checkpoint_dir"):
+        fragile.wait_started()
+    assert not fragile.actors
+
+
 def test_launching_a_name_twice_is_refused(
     echo: WorkerGroup[EchoWorker], ray_cluster: Cluster, plan_component: PlanFactory
 ) -> None:

@@ -293,6 +293,8 @@ class WorkerGroup(Generic[W]):
         self._cluster: Cluster | None = None
         self._reservation: Reservation | None = None
         self._stopped = False
+        # Between `start` and `wait_started`: the cluster, when the launch began, its deadline.
+        self._pending: tuple[Cluster, float, float] | None = None
         self.call_timeout_s: float | None = None
         self.launch_seconds = 0.0
 
@@ -323,8 +325,37 @@ class WorkerGroup(Generic[W]):
         constructors. A constructor that raises fails the launch with its
         exception (also a `WorkerError` naming rank and node); every actor and
         placement group made so far is removed.
+
+        ``launch`` is `start` then `wait_started`. Several groups start side by
+        side with `start` on each, then `wait_started` on each: their processes
+        start and import together instead of one group after another.
         """
-        if self._handles or self._stopped:
+        self.start(
+            cluster,
+            placement,
+            name,
+            max_concurrency=max_concurrency,
+            concurrency_groups=concurrency_groups,
+            call_timeout_s=call_timeout_s,
+            timeout_s=timeout_s,
+        )
+        return self.wait_started()
+
+    def start(
+        self,
+        cluster: Cluster,
+        placement: ComponentPlan,
+        name: str | None = None,
+        *,
+        max_concurrency: int | None = None,
+        concurrency_groups: Mapping[str, int] | None = None,
+        call_timeout_s: float | None = None,
+        timeout_s: float = 300.0,
+    ) -> WorkerGroup[W]:
+        """The first half of `launch` (same arguments): reserve the placement and create the
+        actors, without waiting for their constructors. Call `wait_started` next; until then
+        the group takes no calls. Actors that fail to be created are stopped."""
+        if self._handles or self._stopped or self._pending is not None:
             raise RuntimeError(
                 f"this {self.worker_cls.__name__} group was already launched; "
                 "create another with create_group()"
@@ -339,10 +370,30 @@ class WorkerGroup(Generic[W]):
         self._reservation = reservation
         try:
             self._start_actors(cluster, reservation, placement, max_concurrency, concurrency_groups)
+        except BaseException:
+            self._stop()
+            raise
+        self._pending = (cluster, start, deadline)
+        return self
+
+    def wait_started(self) -> WorkerGroup[W]:
+        """The second half of `launch`: wait until every constructor ran, check each worker
+        runs on its planned node, and give the ranks their rendezvous address. A failure
+        stops the group (every actor and placement group removed) and is raised."""
+        if self._pending is None:
+            done = self._cluster is not None or self._stopped
+            raise RuntimeError(
+                f"this {self.worker_cls.__name__} group "
+                + ("was already launched" if done else "was not started: call start() first")
+            )
+        cluster, start, deadline = self._pending
+        self._pending = None
+        try:
             everyone = tuple(range(self.world_size))
             infos = self._startup_call(everyone, "_rlshell_ready", deadline)
             self._infos = list(infos)
-            self._check_pinning(reservation)
+            assert self._reservation is not None
+            self._check_pinning(self._reservation)
             ((address, port),) = self._startup_call((0,), "_rlshell_rendezvous_address", deadline)
             rendezvous = {"MASTER_ADDR": str(address), "MASTER_PORT": str(port)}
             self._startup_call(everyone, "_rlshell_set_env", deadline, rendezvous)

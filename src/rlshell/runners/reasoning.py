@@ -295,31 +295,36 @@ class ReasoningTrainer:
         timeout = config.cluster.call_timeout_s
         started = time.perf_counter()
         total_updates = config.runner.max_steps * optimizer_steps_per_batch(config)
-        self.actor = ActorWorker.create_group(config, total_updates, self.hybrid).launch(
+        # Every group's actors are created first, then waited for: their processes start and
+        # import side by side (a failure stops them all: `launch` closes the trainer).
+        self.actor = ActorWorker.create_group(config, total_updates, self.hybrid).start(
             cluster, plan.component("actor"), call_timeout_s=timeout
         )
-        self.reward = RewardWorker.create_group(config.reward).launch(
+        self.reward = RewardWorker.create_group(config.reward).start(
             cluster, plan.component("reward"), call_timeout_s=timeout
         )
         if not self.hybrid:
             # Partial rollouts: syncs are offered in a thread of their own, while one generates.
             partial = config.runner.mode == "async" and config.rollout.partial_rollouts
             control = {"control": 1} if partial else None
-            self.rollout = RolloutWorker.create_group(config).launch(
+            self.rollout = RolloutWorker.create_group(config).start(
                 cluster,
                 plan.component("rollout"),
                 concurrency_groups=control,
                 call_timeout_s=timeout,
             )
         if config.algorithm.kl_coef > 0:
-            self.reference = ReferenceWorker.create_group(config).launch(
+            self.reference = ReferenceWorker.create_group(config).start(
                 cluster, plan.component("reference"), call_timeout_s=timeout
             )
         if trains_critic(config):
             critic_updates = config.runner.max_steps * optimizer_steps_per_batch(config)
-            self.critic = CriticWorker.create_group(config, critic_updates).launch(
+            self.critic = CriticWorker.create_group(config, critic_updates).start(
                 cluster, plan.component("critic"), call_timeout_s=timeout
             )
+        for group in (self.actor, self.reward, self.rollout, self.reference, self.critic):
+            if group is not None:
+                group.wait_started()
         calls = [self.actor.init_worker(self.tokenizer_dir)]
         if self.rollout is not None:
             calls.append(self.rollout.init_worker(self.tokenizer_dir))
