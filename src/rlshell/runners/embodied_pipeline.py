@@ -55,7 +55,7 @@ from rlshell.runners.embodied_ppo import (
     ppo_unread,
 )
 from rlshell.runners.spec import RunSpec
-from rlshell.runners.trainer import launched_group
+from rlshell.runners.trainer import launched_together
 from rlshell.runners.unread import compile_unread
 from rlshell.workers.embodied_pipeline import EnvWorker, PipelineActor, PipelineRolloutWorker
 
@@ -159,26 +159,13 @@ class PipelinedPPOTrainer(EmbodiedTrainer):
         stack = ExitStack()
         try:
             started = time.perf_counter()
-            envs = stack.enter_context(
-                launched_group(
-                    EnvWorker.create_group(config), cluster, plan.component("env"), timeout
-                )
-            )
-            rollout = stack.enter_context(
-                launched_group(
-                    PipelineRolloutWorker.create_group(config),
-                    cluster,
-                    plan.component("rollout"),
-                    timeout,
-                )
-            )
-            actor = stack.enter_context(
-                launched_group(
-                    PipelineActor.create_group(config, spec.critic),
-                    cluster,
-                    plan.component("actor"),
-                    timeout,
-                )
+            envs, rollout, actor = launched_together(
+                stack,
+                cluster,
+                timeout,
+                (EnvWorker.create_group(config), plan.component("env")),
+                (PipelineRolloutWorker.create_group(config), plan.component("rollout")),
+                (PipelineActor.create_group(config, spec.critic), plan.component("actor")),
             )
             actor_up = actor.init_worker()
             policy = rollout.init_worker().wait()[0]

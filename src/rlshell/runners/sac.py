@@ -29,7 +29,7 @@ from rlshell.metrics import merge_rank_metrics
 from rlshell.runners.embodied import EmbodiedTrainer
 from rlshell.runners.offload import not_offloading_problems
 from rlshell.runners.spec import ProcessLayout, RunSpec
-from rlshell.runners.trainer import launched_group
+from rlshell.runners.trainer import launched_together
 from rlshell.runners.unread import compile_unread, embodied_unread, stages_unread
 from rlshell.workers.sac_workers import SACCollector, SACLearnerWorker
 
@@ -153,18 +153,12 @@ class SACTrainer(EmbodiedTrainer):
         stack = ExitStack()
         try:
             started = time.perf_counter()
-            collectors = stack.enter_context(
-                launched_group(
-                    SACCollector.create_group(config), cluster, plan.component("env"), timeout
-                )
-            )
-            learner = stack.enter_context(
-                launched_group(
-                    SACLearnerWorker.create_group(config),
-                    cluster,
-                    plan.component("actor"),
-                    timeout,
-                )
+            collectors, learner = launched_together(
+                stack,
+                cluster,
+                timeout,
+                (SACCollector.create_group(config), plan.component("env")),
+                (SACLearnerWorker.create_group(config), plan.component("actor")),
             )
             shares = collectors.init_worker().wait()
             learner.init_worker(shares[0].obs_dim, shares[0].action_dim).wait()

@@ -26,7 +26,7 @@ never reads, each with the reason, so that validation refuses them when set
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkable
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from rlshell.cluster.ray_cluster import Cluster
     from rlshell.runners.spec import RunSpec
 
-__all__ = ["Cadence", "Reporting", "Salvaging", "Trainer", "launched_group"]
+__all__ = ["Cadence", "Reporting", "Salvaging", "Trainer", "launched_group", "launched_together"]
 
 
 @frozen
@@ -165,3 +165,18 @@ def launched_group(
         yield launched
     finally:
         launched.shutdown()
+
+
+def launched_together(
+    stack: ExitStack,
+    cluster: Cluster,
+    timeout: float | None,
+    *launches: tuple[WorkerGroup[Any], ComponentPlan],
+) -> list[Any]:
+    """Each ``(group, placement)`` launched, their actors all created before any is waited
+    for (their processes start and import side by side); each group is shut down when
+    ``stack`` closes, from the moment its actors exist."""
+    for group, placement in launches:
+        group.start(cluster, placement, call_timeout_s=timeout)
+        stack.callback(group.shutdown)
+    return [group.wait_started() for group, _ in launches]
