@@ -293,8 +293,9 @@ class WorkerGroup(Generic[W]):
         self._cluster: Cluster | None = None
         self._reservation: Reservation | None = None
         self._stopped = False
-        # Between `start` and `wait_started`: the cluster, when the launch began, its deadline.
-        self._pending: tuple[Cluster, float, float] | None = None
+        # Between `start` and `wait_started`: the cluster, the reservation, when the launch
+        # began and its deadline.
+        self._pending: tuple[Cluster, Reservation, float, float] | None = None
         self.call_timeout_s: float | None = None
         self.launch_seconds = 0.0
 
@@ -373,7 +374,7 @@ class WorkerGroup(Generic[W]):
         except BaseException:
             self._stop()
             raise
-        self._pending = (cluster, start, deadline)
+        self._pending = (cluster, reservation, start, deadline)
         return self
 
     def wait_started(self) -> WorkerGroup[W]:
@@ -386,14 +387,13 @@ class WorkerGroup(Generic[W]):
                 f"this {self.worker_cls.__name__} group "
                 + ("was already launched" if done else "was not started: call start() first")
             )
-        cluster, start, deadline = self._pending
+        cluster, reservation, start, deadline = self._pending
         self._pending = None
         try:
             everyone = tuple(range(self.world_size))
             infos = self._startup_call(everyone, "_rlshell_ready", deadline)
             self._infos = list(infos)
-            assert self._reservation is not None
-            self._check_pinning(self._reservation)
+            self._check_pinning(reservation)
             ((address, port),) = self._startup_call((0,), "_rlshell_rendezvous_address", deadline)
             rendezvous = {"MASTER_ADDR": str(address), "MASTER_PORT": str(port)}
             self._startup_call(everyone, "_rlshell_set_env", deadline, rendezvous)

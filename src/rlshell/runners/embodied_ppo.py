@@ -34,7 +34,7 @@ from rlshell.metrics import merge_rank_metrics
 from rlshell.runners.embodied import EmbodiedTrainer
 from rlshell.runners.offload import not_offloading_problems
 from rlshell.runners.spec import ProcessLayout, RunSpec, resolve_spec
-from rlshell.runners.trainer import Cadence, launched_group
+from rlshell.runners.trainer import Cadence, launched_together
 from rlshell.runners.unread import embodied_unread, ppo_update_unread, sac_unread
 from rlshell.workers.embodied_actor import EmbodiedWorker
 
@@ -187,13 +187,11 @@ class CollocatedPPOTrainer(EmbodiedTrainer):
         config = spec.config
         stack = ExitStack()
         try:
-            group = stack.enter_context(
-                launched_group(
-                    EmbodiedWorker.create_group(config, spec.critic),
-                    cluster,
-                    plan.component("actor"),
-                    config.cluster.call_timeout_s,
-                )
+            (group,) = launched_together(
+                stack,
+                cluster,
+                config.cluster.call_timeout_s,
+                (EmbodiedWorker.create_group(config, spec.critic), plan.component("actor")),
             )
             started = time.perf_counter()
             shares = group.init_worker().wait()

@@ -25,8 +25,8 @@ never reads, each with the reason, so that validation refuses them when set
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkable
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from rlshell.cluster.ray_cluster import Cluster
     from rlshell.runners.spec import RunSpec
 
-__all__ = ["Cadence", "Reporting", "Salvaging", "Trainer", "launched_group", "launched_together"]
+__all__ = ["Cadence", "Reporting", "Salvaging", "Trainer", "launched_together"]
 
 
 @frozen
@@ -153,18 +153,6 @@ class Salvaging(Protocol):
     """
 
     def salvage(self, error: BaseException) -> bool: ...
-
-
-@contextmanager
-def launched_group(
-    group: WorkerGroup[Any], cluster: Cluster, placement: ComponentPlan, timeout: float | None
-) -> Iterator[Any]:
-    """``group`` launched on ``placement`` for the block, shut down after it."""
-    launched = group.launch(cluster, placement, call_timeout_s=timeout)
-    try:
-        yield launched
-    finally:
-        launched.shutdown()
 
 
 def launched_together(
