@@ -9,7 +9,9 @@ on purpose) and answers an unknown name with the closest registered ones:
 
 `ADVANTAGES` holds ``(AdvantageBatch, AdvantageConfig) -> Advantages``
 callables and `POLICY_LOSSES` ``(PolicyLossBatch, PolicyLossConfig) ->
-LossOutput`` callables; the built-ins are registered when `rlcore` is imported.
+LossOutput`` callables. Their built-ins are registered by `rlcore.advantages` and
+`rlcore.losses`, which each registry imports before it is first read or written
+(``builtins``): this module itself imports no torch.
 
 An entry may say which hyperparameters (fields of its config record) it
 reads, so that a caller can refuse the others instead of passing them to an
@@ -24,6 +26,7 @@ An entry registered without ``reads`` is taken to read every hyperparameter.
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Generic, TypeVar, overload
 
@@ -41,14 +44,32 @@ class Registry(Generic[T]):
 
     ``hyperparameters``: the names of the fields of the config record every
     entry is called with (`rlcore.advantages.AdvantageConfig` for
-    `ADVANTAGES`); an entry's ``reads`` must be among them.
+    `ADVANTAGES`); an entry's ``reads`` must be among them. ``builtins``: the
+    module that registers the built-in entries, imported before the registry is
+    first used (so a name looked up, or registered by an extension, always
+    meets them).
     """
 
-    def __init__(self, kind: str, hyperparameters: Iterable[str] = ()) -> None:
+    def __init__(
+        self, kind: str, hyperparameters: Iterable[str] = (), builtins: str | None = None
+    ) -> None:
         self.kind = kind
         self.hyperparameters = frozenset(hyperparameters)
         self._entries: dict[str, T] = {}
         self._reads: dict[str, frozenset[str] | None] = {}
+        self._builtins = builtins
+
+    def _with_builtins(self) -> dict[str, T]:
+        """The entries, once the built-ins' module was imported (it registers into this
+        registry as it is imported: the name is cleared first, so that is no recursion)."""
+        if self._builtins is not None:
+            module, self._builtins = self._builtins, None
+            try:
+                importlib.import_module(module)
+            except BaseException:
+                self._builtins = module  # imported again on the next use
+                raise
+        return self._entries
 
     @overload
     def register(
@@ -85,6 +106,7 @@ class Registry(Generic[T]):
                 return self.register(name, item, force=force, reads=reads)
 
             return decorator
+        self._with_builtins()
         declared = None if reads is None else self._checked_reads(name, reads)
         # Registering an equal entry again (an extension loaded twice) is not a replacement.
         if (
@@ -125,19 +147,19 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         """The entry registered under ``name``, or a KeyError suggesting close names."""
         try:
-            return self._entries[name]
+            return self._with_builtins()[name]
         except KeyError:
             raise KeyError(self.unknown_message(name)) from None
 
     def unknown_message(self, name: str) -> str:
-        close = difflib.get_close_matches(name, list(self._entries), n=3, cutoff=0.5)
+        close = difflib.get_close_matches(name, list(self._with_builtins()), n=3, cutoff=0.5)
         hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
         return (
             f"unknown {self.kind} '{name}'{hint}; registered: {', '.join(self.names()) or 'none'}"
         )
 
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        return sorted(self._with_builtins())
 
     def unregister(self, name: str) -> T:
         """Remove and return an entry (for tests and hot-reloading extensions)."""
@@ -147,13 +169,13 @@ class Registry(Generic[T]):
         return entry
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._with_builtins()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._with_builtins())
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, names={self.names()})"
@@ -168,9 +190,12 @@ def _describe(entry: object) -> str:
 # The fields of `rlcore.advantages.AdvantageConfig` and `rlcore.losses.PolicyLossConfig`
 # (defined there, after this module is imported; tests/core/test_registry.py checks).
 ADVANTAGES: Registry[AdvantageEstimator] = Registry(
-    "advantage estimator", hyperparameters=("gamma", "lam", "eps", "whiten", "baseline_form")
+    "advantage estimator",
+    hyperparameters=("gamma", "lam", "eps", "whiten", "baseline_form"),
+    builtins="rlcore.advantages",
 )
 POLICY_LOSSES: Registry[PolicyLoss] = Registry(
     "policy loss",
     hyperparameters=("clip_low", "clip_high", "dual_clip", "behavior_weight_cap", "agg"),
+    builtins="rlcore.losses",
 )

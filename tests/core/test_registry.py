@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import attrs
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import rlcore
 from rlcore.advantages import AdvantageBatch, AdvantageConfig
 from rlcore.losses import PolicyLossBatch, PolicyLossConfig
 from rlcore.registry import ADVANTAGES, POLICY_LOSSES, Registry
@@ -171,3 +176,67 @@ def test_changing_what_a_policy_loss_ignores_changes_nothing(seed: int) -> None:
         base = POLICY_LOSSES.get(name)(batch, PolicyLossConfig())
         other = POLICY_LOSSES.get(name)(batch, changed)
         assert torch.equal(base.loss, other.loss), name
+
+
+def _fresh_python(code: str) -> str:
+    """``code`` run by a new interpreter (nothing of rlcore imported yet); its stdout."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_registry_and_the_reward_processes_import_no_torch_and_builtins_load_on_use() -> None:
+    """rlcore imports its modules on first use: a reward process (rlshell.rewards.pool, which
+    needs `Registry` only) starts without torch, and a registry's built-ins are there the
+    first time it is read, or written by an extension (a clash is still refused)."""
+    out = _fresh_python(
+        """
+        import sys
+        import rlcore.registry, rlshell.rewards.pool
+        print("torch" in sys.modules)
+        from rlcore.registry import ADVANTAGES, POLICY_LOSSES
+        ADVANTAGES.register("mine", lambda batch, config: None)
+        print("torch" in sys.modules, "grpo" in ADVANTAGES, "mine" in ADVANTAGES)
+        try:
+            POLICY_LOSSES.register("vanilla", lambda batch, config: None)
+        except KeyError as error:
+            print("refused:", error)
+        """
+    )
+    lines = out.splitlines()
+    assert lines[0] == "False"
+    assert lines[1] == "True True True"
+    assert lines[2].startswith("refused: \"policy loss 'vanilla' is already registered")
+
+
+def test_the_package_names_resolve_on_first_use_and_unknown_ones_are_attribute_errors() -> None:
+    out = _fresh_python(
+        """
+        import sys
+        import rlcore
+        print("torch" in sys.modules)
+        print(sorted(rlcore.__all__) == sorted(n for n in dir(rlcore) if not n.startswith("_")))
+        print(rlcore.masked.__name__, rlcore.Mask is rlcore.types.Mask, rlcore.typecheck_enabled())
+        from rlcore import losses, unchecked
+        print(losses is rlcore.losses, callable(unchecked))
+        try:
+            rlcore.gae
+        except AttributeError as error:
+            print(error)
+        """
+    )
+    assert out.splitlines() == [
+        "False",
+        "True",
+        "rlcore.masked True True",
+        "True True",
+        "module 'rlcore' has no attribute 'gae'",
+    ]
+    for name in rlcore.__all__:
+        assert getattr(rlcore, name) is not None
