@@ -26,17 +26,18 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-import torch
 from attrs import frozen
-from jaxtyping import Int
-from torch import Tensor
 
-from rlcore.rollout import combine_rewards, length_penalty
 from rlshell.config import RewardConfig
 from rlshell.rewards import REWARDS, get_reward
 from rlshell.rewards.failures import function_name
 from rlshell.rewards.pool import RewardResult
+
+if TYPE_CHECKING:
+    from jaxtyping import Int
+    from torch import Tensor
 
 __all__ = ["LENGTH_PENALTY", "WeightedReward", "WeightedScores", "weights_problems"]
 
@@ -182,6 +183,12 @@ class WeightedReward:
         ``lengths``: each response's token count, rows grouped ``group_size``
         at a time by prompt (the length penalty compares a group's lengths).
         """
+        # torch and rlcore's maths here, where the driver combines: the reward worker, which
+        # only names the pooled rewards, starts without them.
+        import torch
+
+        from rlcore.rollout import combine_rewards
+
         missing = [name for name in self.pooled if name not in parts]
         if missing:
             raise ValueError(f"no scores of {missing} among the rewards' results {list(parts)}")
@@ -210,6 +217,10 @@ class WeightedReward:
     def _length_penalty(
         self, results: Mapping[str, RewardResult], lengths: Tensor, group_size: int
     ) -> RewardResult:
+        import torch
+
+        from rlcore.rollout import length_penalty
+
         samples = lengths.shape[0]
         if group_size < 1 or samples % group_size:
             raise ValueError(
