@@ -201,13 +201,15 @@ def test_the_engine_killed_mid_generation_is_named_and_resume_auto_continues(
     tmp_path: Path,
 ) -> None:
     ray_tmp = Path(__import__("tempfile").mkdtemp(prefix="rv", dir="/tmp"))
-    # configs/grpo_vllm.py as docs/rollout.md shows it, shortened, disaggregated.
+    # configs/grpo_vllm.py as docs/rollout.md shows it, shortened, disaggregated: vLLM in a
+    # worker of its own beside one actor rank (how many ranks train is not what is tested).
     args = [
         sys.executable,
         "-m",
         "rlshell.train",
         "configs/grpo_vllm.py",
-        f"cluster.component_placement={DISAGGREGATED}",
+        'cluster.component_placement={"actor": "0:0", "rollout": "0:0", "reward": "0"}',
+        "actor.fsdp_config.wrap_policy.min_num_params=0",
         "runner.prompts_per_step=4",
         "runner.max_steps=4",
         "runner.eval_interval=2",
