@@ -36,19 +36,6 @@ if TYPE_CHECKING:
     from rlcore._checking import TypeCheckError, typecheck, typecheck_enabled, unchecked
     from rlcore.types import Advantages, LossOutput, Mask, as_bool_mask
 
-_MODULES = frozenset(
-    {
-        "advantages",
-        "distributions",
-        "logprobs",
-        "losses",
-        "masked",
-        "mismatch",
-        "normalize",
-        "registry",
-        "rollout",
-    }
-)
 # Names defined in a module of the package: name -> that module.
 _NAMES = {
     "TypeCheckError": "rlcore._checking",
@@ -80,6 +67,9 @@ __all__ = [
     "typecheck_enabled",
     "unchecked",
 ]
+
+# The rest of __all__ are the package's modules.
+_MODULES = frozenset(__all__) - set(_NAMES)
 
 __version__ = "0.1.0"
 
