@@ -60,15 +60,13 @@ class Registry(Generic[T]):
         self._builtins = builtins
 
     def _with_builtins(self) -> dict[str, T]:
-        """The entries, once the built-ins' module was imported (it registers into this
-        registry as it is imported: the name is cleared first, so that is no recursion)."""
+        """The entries, once the built-ins' module was imported. That module registers into
+        this registry as it is imported; its own calls land here mid-import, where Python's
+        import returns the module being initialised (as for any circular import), and another
+        thread's call waits for the import to finish."""
         if self._builtins is not None:
-            module, self._builtins = self._builtins, None
-            try:
-                importlib.import_module(module)
-            except BaseException:
-                self._builtins = module  # imported again on the next use
-                raise
+            importlib.import_module(self._builtins)
+            self._builtins = None
         return self._entries
 
     @overload

@@ -215,6 +215,28 @@ def test_the_registry_and_the_reward_processes_import_no_torch_and_builtins_load
     assert lines[2].startswith("refused: \"policy loss 'vanilla' is already registered")
 
 
+def test_threads_that_read_a_registry_first_at_once_all_meet_its_builtins() -> None:
+    out = _fresh_python(
+        """
+        import threading
+        from rlcore.registry import ADVANTAGES
+        barrier, seen = threading.Barrier(8), []
+
+        def look():
+            barrier.wait()
+            seen.append("grpo" in ADVANTAGES and "gae" in ADVANTAGES)
+
+        threads = [threading.Thread(target=look) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        print(seen)
+        """
+    )
+    assert out.strip() == str([True] * 8)
+
+
 def test_the_package_names_resolve_on_first_use_and_unknown_ones_are_attribute_errors() -> None:
     out = _fresh_python(
         """
