@@ -48,6 +48,7 @@ from rlshell.config import Config, ConfigError, read_config, write_config
 from rlshell.extensions import Registration, encode_registrations, load_extensions, shipping
 from rlshell.models import ModelEntry
 from rlshell.models.base import BasePolicy
+from rlshell.rundir import run_dir_of
 from rlshell.runners.loop import TrainResult
 from rlshell.runners.validation import load_config as _load_config
 from rlshell.runners.validation import validate
@@ -72,11 +73,6 @@ __all__ = [
 ]
 
 ConfigSource = Config | Mapping[str, Any] | str | Path
-
-
-def run_dir_of(config: Config) -> Path:
-    """Where a run writes: ``runner.output_dir / runner.experiment_name``."""
-    return Path(config.runner.output_dir) / config.runner.experiment_name
 
 
 # --- Python objects ---------------------------------------------------------------------------

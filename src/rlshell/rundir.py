@@ -42,7 +42,7 @@ from typing import Any, Self
 from attrs import frozen
 
 from rlshell.checkpoint import list_checkpoints
-from rlshell.config import ConfigError
+from rlshell.config import Config, ConfigError
 from rlshell.metrics import METRICS_FILE, WANDB_RUN_FILE, read_metrics
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "claimed_run_dir",
     "clear_run",
     "read_contents",
+    "run_dir_of",
     "write_nonfinite",
 ]
 
@@ -79,6 +80,11 @@ RESULTS = (
 # Written at every start (the probe's report at every probe): replaced freely, removed with the
 # results on overwrite.
 PLAN_FILES = ("config.json", "placement.json", "tokenizer", "probe.json", DRY_RUN_DIR)
+
+
+def run_dir_of(config: Config) -> Path:
+    """Where a run writes: ``runner.output_dir / runner.experiment_name``."""
+    return Path(config.runner.output_dir) / config.runner.experiment_name
 
 
 def write_nonfinite(run_dir: Path, name: str, record: dict[str, Any]) -> str:

@@ -35,12 +35,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlshell.api import run_dir_of
 from rlshell.checkpoint import RUN_CONFIG, list_checkpoints
 from rlshell.config import Config, ConfigError, write_config
 from rlshell.extensions import ExtensionError, load_extensions
-from rlshell.rundir import DRY_RUN_DIR
-from rlshell.runners.validation import load_config
+from rlshell.rundir import DRY_RUN_DIR, run_dir_of
 
 if TYPE_CHECKING:
     from rlshell.runners.loop import Interrupted
@@ -90,6 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ExtensionError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    # Validation's imports (torch, the runners) only once there is a config to check:
+    # --help and a usage error answer without them.
+    from rlshell.runners.validation import load_config
+
     try:
         config = load_config(source, overrides, for_run=not args.dry_run)
     except ConfigError as error:
