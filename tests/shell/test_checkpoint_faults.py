@@ -23,6 +23,7 @@ import pytest
 
 from rlshell.checkpoint import (
     MANIFEST,
+    QUEUE_FILE,
     TRAINER_STATE,
     CheckpointError,
     TrainerState,
@@ -32,6 +33,7 @@ from rlshell.checkpoint import (
     verify_checkpoint,
 )
 from rlshell.runners.loop import save_checkpoint
+from rlshell.runners.validation import load_config, validate
 
 RANKS, SHARD = 3, 96 * 1024
 
@@ -224,3 +226,55 @@ def test_a_checkpoint_saved_again_replaces_the_old_one_without_a_moment_without_
     _assert_exactly_step(path, 4)
     assert not (path / "actor" / "old.bin").exists()
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["global_step_4"]
+
+
+class QueueingTrainer(ShardTrainer):
+    """Saves as an async run does at the steps of ``queued``: the rollouts generated ahead of
+    the step (`QUEUE_FILE`) beside its shards, listed in the manifest like them."""
+
+    def __init__(self, queued: set[int]) -> None:
+        self.queued = queued
+
+    def save(self, directory: Path, step: int) -> TrainerState:
+        state = super().save(directory, step)
+        if step in self.queued:
+            (directory / QUEUE_FILE).write_bytes(b"rollouts generated ahead of step %d" % step)
+        return state
+
+
+def test_a_synchronous_resume_is_refused_for_the_checkpoint_auto_takes_not_a_damaged_newer_one(
+    tmp_path: Path,
+) -> None:
+    """Validation refuses resuming an async run's checkpoint synchronously (its queued
+    rollouts would be skipped), judging the checkpoint resume=auto takes: a newer one that
+    does not verify (truncated, or of the right size with a changed byte) is skipped, as the
+    run skips it, and is never the reason a run is refused."""
+    run_dir = tmp_path / "runs" / "grpo"
+    for step in (1, 2):
+        save_checkpoint(QueueingTrainer({2}), run_dir, step, None)  # type: ignore[arg-type]
+    config = load_config(
+        "configs/grpo.py", [f"runner.output_dir={tmp_path / 'runs'}", "checkpoint.resume=auto"]
+    )
+    assert config.runner.mode == "sync"
+    newest = run_dir / "checkpoints" / "global_step_2"
+    refusal = f"checkpoint.resume: {newest} holds rollouts generated ahead"
+    assert any(p.startswith(refusal) for p in validate(config, for_run=True))
+    async_config = load_config(
+        "configs/grpo_async.py",
+        [
+            f"runner.output_dir={tmp_path / 'runs'}",
+            "runner.experiment_name=grpo",
+            "checkpoint.resume=auto",
+        ],
+    )
+    assert not [p for p in validate(async_config, for_run=True) if "holds rollouts" in p]
+
+    shard = newest / "actor" / "shard_0.bin"
+    original = shard.read_bytes()
+    shard.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))  # same size: only SHA-256 tells
+    assert resolve_resume("auto", run_dir) == run_dir / "checkpoints" / "global_step_1"
+    assert not [p for p in validate(config, for_run=True) if "holds rollouts" in p]
+    shard.write_bytes(original[:100])  # truncated: the quick check tells
+    assert not [p for p in validate(config, for_run=True) if "holds rollouts" in p]
+    shard.write_bytes(original)
+    assert any(p.startswith(refusal) for p in validate(config, for_run=True))

@@ -33,7 +33,13 @@ from typing import Any
 import attrs
 
 from rlcore.registry import ADVANTAGES, POLICY_LOSSES, Registry
-from rlshell.checkpoint import list_checkpoints, queue_problem
+from rlshell.checkpoint import (
+    CheckpointError,
+    list_checkpoints,
+    queue_problem,
+    read_trainer_state,
+    verify_checkpoint,
+)
 from rlshell.cluster.placement import ClusterSpec, ComponentRequest, PlacementError, PlacementPlan
 from rlshell.config import (
     COMPONENTS,
@@ -45,6 +51,7 @@ from rlshell.config import (
 )
 from rlshell.engines.rollout import ROLLOUT_ENGINES, SGLANG_REFUSAL
 from rlshell.engines.training import TRAINING_BACKENDS
+from rlshell.rundir import run_dir_of
 from rlshell.runners.spec import RunSpec, resolve_spec
 
 __all__ = [
@@ -817,11 +824,42 @@ def _run_only_problems(config: Config) -> list[str]:
         problems.append(f"checkpoint.resume: no checkpoint directory at {resume}")
     elif resume is not None:
         # An async run's checkpoint resumed synchronously would skip its queued rollouts.
-        run_dir = Path(config.runner.output_dir) / config.runner.experiment_name
-        checkpoints = list_checkpoints(run_dir) if resume == "auto" else [(0, Path(resume))]
-        if checkpoints and (problem := queue_problem(checkpoints[-1][1], config.runner.mode)):
+        problem = (
+            _auto_resume_queue_problem(run_dir_of(config), config.runner.mode)
+            if resume == "auto"
+            else queue_problem(Path(resume), config.runner.mode)
+        )
+        if problem:
             problems.append(problem)
     return problems
+
+
+def _auto_resume_queue_problem(run_dir: Path, mode: str) -> str | None:
+    """`queue_problem` of the checkpoint ``checkpoint.resume=auto`` will take, as far as it
+    can be known without reading every checkpoint twice.
+
+    Newest first, a checkpoint that fails the quick check (its manifest, its files' sizes, its
+    trainer state) is skipped, as resume=auto skips it. The first that passes decides: without
+    a queue there is nothing to refuse (were it damaged all the same, the run resumes an
+    older one and checks that one before its workers start); with one, it is verified in full
+    (SHA-256) first, so that a damaged checkpoint the run would skip is never the reason a
+    run is refused.
+    """
+    for _, path in reversed(list_checkpoints(run_dir)):
+        try:
+            verify_checkpoint(path, digests=False)
+            read_trainer_state(path)
+        except CheckpointError:
+            continue
+        problem = queue_problem(path, mode)
+        if problem is None:
+            return None
+        try:
+            verify_checkpoint(path)
+        except CheckpointError:
+            continue
+        return problem
+    return None
 
 
 # What a config value needs installed: (key, the value that needs it, the module imported,
