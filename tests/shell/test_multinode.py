@@ -70,8 +70,13 @@ class Nodes:
 
 
 @pytest.fixture
-def nodes() -> Iterator[Nodes]:
+def nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[Nodes]:
     temp_dir = Path(tempfile.mkdtemp(prefix="rm", dir="/tmp"))  # Ray's socket paths stay short
+    # ray.cluster_utils writes the head's address into the default Ray temp dir, and fails
+    # where that folder was never made (no embedded Ray ran on this machine before): the
+    # test's own folder serves, and /tmp/ray is left alone.
+    monkeypatch.setenv("RAY_TMPDIR", str(temp_dir))
+    (temp_dir / "ray").mkdir()
     started = Nodes(temp_dir)
     try:
         yield started
