@@ -18,7 +18,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium
 import numpy as np
@@ -260,6 +260,122 @@ def test_success_at_the_end_and_at_any_step_with_wilson_intervals(
         # The probe cannot render: the evaluation stands, with a warning instead of a GIF.
         assert report["gifs"] is None
         assert f"warning: no GIF: env {probe_env} does not render rgb_array frames" in err
+
+
+FAILING_ID = "RlshellEvaluateFailingProbe-v0"
+
+
+class _FailingProbe(_SuccessProbe):
+    """`_SuccessProbe` whose copies share a step count and raise at the counts in ``fail_at``
+    (and at every count from ``fail_from``); it renders a grey frame (for GIFs)."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 4}
+    steps: ClassVar[int] = 0
+    fail_at: ClassVar[frozenset[int]] = frozenset()
+    fail_from: ClassVar[int | None] = None
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        self.render_mode = render_mode
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        cls = _FailingProbe
+        cls.steps += 1
+        if cls.steps in cls.fail_at or (cls.fail_from is not None and cls.steps >= cls.fail_from):
+            raise RuntimeError(f"injected eval fault at count {cls.steps}")
+        return super().step(action)
+
+    def render(self) -> np.ndarray:
+        return np.full((16, 16, 3), 128, np.uint8)
+
+
+@pytest.fixture
+def failing_env() -> Iterator[type[_FailingProbe]]:
+    gymnasium.register(FAILING_ID, entry_point=_FailingProbe)
+    _FailingProbe.steps, _FailingProbe.fail_at, _FailingProbe.fail_from = 0, frozenset(), None
+    yield _FailingProbe
+    del gymnasium.registry[FAILING_ID]
+
+
+def _failing_checkpoint(tmp_path: Path) -> Path:
+    config = _policy_config(FAILING_ID, obs_dim=1)
+    return write_actor_checkpoint(tmp_path, config, _constant_action_policy(config, 1), step=3)
+
+
+def test_an_env_that_fails_stops_the_evaluation_naming_it_and_the_episodes_done(
+    failing_env: type[_FailingProbe], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 3 envs of 2-step episodes: counts 1-6 finish 3 episodes, count 7 is env 0's 3rd step.
+    failing_env.fail_at = frozenset({7})
+    checkpoint = _failing_checkpoint(tmp_path)
+    status, _, err = evaluate_here(capsys, str(checkpoint), "--episodes", "5", "--no-gif")
+    assert status == 1
+    assert (
+        f"error: env {FAILING_ID}: the env raised at env step 3: RuntimeError: injected eval "
+        "fault at count 7 — the evaluation stopped after 3 of 5 episodes; env.on_failure=reset "
+        "rebuilds the envs and plays on"
+    ) in err
+    assert 'test_embodied_evaluate.py", line' in err  # the env's own traceback
+    # Every failure at once, past the bound: the same stop, without the advice to reset.
+    failing_env.steps, failing_env.fail_from = 0, 7
+    status, _, err = evaluate_here(
+        capsys,
+        str(checkpoint),
+        "env.on_failure=reset",
+        "env.max_consecutive_failures=1",
+        "--episodes",
+        "5",
+        "--no-gif",
+    )
+    assert status == 1
+    assert "2 env steps in a row failed, more than env.max_consecutive_failures=1; stopping" in err
+    assert "the evaluation stopped after 3 of 5 episodes\n" in err
+
+
+def test_with_reset_an_env_failure_rebuilds_the_envs_and_every_episode_is_played(
+    failing_env: type[_FailingProbe], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    failing_env.fail_at = frozenset({7})
+    checkpoint = _failing_checkpoint(tmp_path)
+    status, report, err = evaluate_here(
+        capsys, str(checkpoint), "env.on_failure=reset", "--episodes", "5", "--no-gif"
+    )
+    assert status == 0, err
+    assert f"env {FAILING_ID}: the env raised at env step 3" in err
+    assert "rebuilding and resetting its 3 envs (env.on_failure='reset')" in err
+    # The episodes cut by the failure are not counted: 5 whole ones, played after the rebuild.
+    assert report["eval/env_failures"] == 1
+    assert report["eval/episodes"] == 5
+    assert report["episode_lengths"] == [2] * 5
+    assert report["episode_returns"] == [2.0] * 5
+    # Without a failure the count is there, and 0; with on_failure=stop it is not reported.
+    failing_env.fail_at = frozenset()
+    _, report, _ = evaluate_here(
+        capsys, str(checkpoint), "env.on_failure=reset", "--episodes", "5", "--no-gif"
+    )
+    assert report["eval/env_failures"] == 0
+    _, report, _ = evaluate_here(capsys, str(checkpoint), "--episodes", "5", "--no-gif")
+    assert "eval/env_failures" not in report
+
+
+def test_an_env_failure_while_recording_the_gif_keeps_the_evaluation(
+    failing_env: type[_FailingProbe], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 2 envs play 2 episodes (counts 1-4); the recording env's first step is count 5.
+    failing_env.fail_at = frozenset({5})
+    checkpoint = _failing_checkpoint(tmp_path)
+    status, report, err = evaluate_here(capsys, str(checkpoint), "--episodes", "2")
+    assert status == 0, err
+    assert report["eval/episodes"] == 2
+    assert report["gifs"] is None
+    assert (
+        f"warning: no GIF: the recording's env failed: env {FAILING_ID}: the env raised at "
+        "env step 1: RuntimeError: injected eval fault at count 5"
+    ) in err
+    # Without the failure the same env is recorded.
+    failing_env.steps, failing_env.fail_at = 0, frozenset()
+    status, report, err = evaluate_here(capsys, str(checkpoint), "--episodes", "2")
+    assert status == 0, err
+    assert report["gifs"] is not None
 
 
 @pytest.mark.skipif(not typecheck_enabled(), reason="RLCORE_TYPECHECK=0: nothing is checked")

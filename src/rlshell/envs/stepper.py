@@ -51,7 +51,7 @@ from __future__ import annotations
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import numpy as np
 import torch
@@ -396,7 +396,7 @@ class EnvStepper:
         }
 
     @classmethod
-    def from_config(cls, cfg: EnvConfig, seed: int = 0) -> EnvStepper:
+    def from_config(cls, cfg: EnvConfig, seed: int = 0) -> Self:
         """A stepper over ``make_env(cfg, seed)``, failing as ``cfg.on_failure`` says."""
         from rlshell.envs import make_env
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import time
+import traceback
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,7 @@ from rlshell.checkpoint import (
     read_trainer_state,
 )
 from rlshell.config import Config
-from rlshell.envs.stepper import EnvStepper
+from rlshell.envs.stepper import EnvRestarted, EnvStepError, EnvStepper
 from rlshell.evaluation.intervals import student_t_interval, wilson_interval
 from rlshell.evaluation.recording import RecordingUnavailableError, record_task_gifs
 from rlshell.models import get_model
@@ -116,10 +117,11 @@ class _EpisodeRecorder(EnvStepper):
     any step) per episode, just before the base class clears them.
     """
 
-    def __init__(self, env: VectorEnv, env_id: str | None = None) -> None:
-        super().__init__(env, env_id)
+    def __init__(self, env: VectorEnv, env_id: str | None = None, **options: Any) -> None:
+        super().__init__(env, env_id, **options)
         self.episodes: list[Episode] = []
         self.finished = [0] * self.num_envs
+        self.failures = 0  # env failures the envs were rebuilt after (env.on_failure='reset')
 
     def _record_episodes(self, rows: np.ndarray, success: np.ndarray | None) -> None:
         reported = self._reports_success
@@ -153,6 +155,13 @@ def run_episodes(
 
     Ordered by (ordinal, env index): the first ``num_envs`` are each env's
     first episode. Deterministic for a deterministic policy and env.
+
+    An env failure (a step that raises, hangs past ``env.step_timeout_s`` or
+    returns NaN) is handled as the stepper's ``on_failure`` says: ``"stop"``
+    raises it, naming the env, the env step and the episodes finished so far;
+    ``"reset"`` rebuilds the envs (counted in ``stepper.failures``), the
+    episodes in progress are not counted, and every env plays on until its
+    quota of finished episodes.
     """
     count = stepper.num_envs
     quotas = [episodes // count + (index < episodes % count) for index in range(count)]
@@ -168,7 +177,22 @@ def run_episodes(
             # rlcore's checks on the first step; the others repeat its shapes (rlcore.unchecked).
             with unchecked() if steps else nullcontext():
                 actions, _ = policy.predict_action_batch(obs, mode="eval", compute_values=False)
-            obs = stepper.step(actions).obs
+            try:
+                obs = stepper.step(actions).obs
+            except EnvRestarted as restart:
+                obs = restart.obs
+                stepper.failures += 1
+            except (EnvStepError, FloatingPointError) as error:
+                done = sum(min(f, q) for f, q in zip(stepper.finished, quotas, strict=True))
+                hint = (
+                    "; env.on_failure=reset rebuilds the envs and plays on"
+                    if stepper.on_failure == "stop"
+                    else ""
+                )
+                raise EvaluationError(
+                    f"{error} — the evaluation stopped after {done} of {episodes} episodes"
+                    f"{hint}\n" + "".join(traceback.format_exception(error.__cause__ or error))
+                ) from error
             steps += 1
     kept = [e for e in stepper.episodes if e.ordinal < quotas[e.env_index]]
     return sorted(kept, key=lambda e: (e.ordinal, e.env_index))
@@ -201,6 +225,8 @@ class EmbodiedEvaluation:
     gifs: dict[str, Path] | None
     gif_warning: str | None
     seconds: float
+    # Env failures the envs were rebuilt after (env.on_failure='reset'; None: 'stop').
+    env_failures: int | None = None
 
     def report(self) -> dict[str, Any]:
         returns = [e.episode_return for e in self.episodes]
@@ -240,6 +266,7 @@ class EmbodiedEvaluation:
                 else None
             ),
             "time/eval": self.seconds,
+            **({} if self.env_failures is None else {"eval/env_failures": self.env_failures}),
         }
 
 
@@ -253,17 +280,15 @@ def gif_dir(checkpoint: Path, step: int) -> Path:
 def _make_stepper(config: Config, num_envs: int, seed: int) -> _EpisodeRecorder:
     import gymnasium
 
-    from rlshell.envs import make_env
-
     env_cfg = evolve(config.env, num_envs=num_envs)
     try:
-        env = make_env(env_cfg, seed)
+        # The run's env.on_failure, env.step_timeout_s and env.max_consecutive_failures apply.
+        return _EpisodeRecorder.from_config(env_cfg, seed)
     except (ValueError, KeyError, ImportError, RuntimeError, gymnasium.error.Error) as error:
         raise EvaluationError(
             f"cannot make the run's env (env.env_type={env_cfg.env_type!r}, "
             f"env.env_id={env_cfg.env_id!r}): {error}"
         ) from error
-    return _EpisodeRecorder(env, env_cfg.env_id)
 
 
 def evaluate_embodied(
@@ -287,6 +312,7 @@ def evaluate_embodied(
     finally:
         stepper.close()
     env_id = stepper.env_id
+    env_failures = stepper.failures if stepper.on_failure == "reset" else None
     gifs: dict[str, Path] | None = None
     warning = None
     if settings.gif:
@@ -300,6 +326,8 @@ def evaluate_embodied(
             )
         except RecordingUnavailableError as error:
             warning = f"no GIF: {error}"
+        except (EnvStepError, FloatingPointError) as error:  # the episodes above are kept
+            warning = f"no GIF: the recording's env failed: {error}"
     return EmbodiedEvaluation(
         step=step,
         env_id=env_id,
@@ -309,4 +337,5 @@ def evaluate_embodied(
         gifs=gifs,
         gif_warning=warning,
         seconds=time.perf_counter() - started,
+        env_failures=env_failures,
     )

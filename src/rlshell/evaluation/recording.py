@@ -199,10 +199,12 @@ def _recording_env(cfg: EnvConfig, seed: int) -> tuple[EnvStepper, FrameSource]:
             env = builder(cfg)
         except (gymnasium.error.DependencyNotInstalled, ImportError) as error:
             raise RecordingUnavailableError(f"env {env_id} cannot render here: {error}") from None
-        return EnvStepper(env, cfg.env_id), _rendered_frame
+        return EnvStepper(env, cfg.env_id, step_timeout_s=cfg.step_timeout_s), _rendered_frame
     from rlshell.envs import make_env
 
-    stepper = EnvStepper(make_env(evolve(cfg, num_envs=1), seed), cfg.env_id)
+    stepper = EnvStepper(
+        make_env(evolve(cfg, num_envs=1), seed), cfg.env_id, step_timeout_s=cfg.step_timeout_s
+    )
     if "main_images" not in stepper.reset(seed):
         stepper.close()
         raise RecordingUnavailableError(
