@@ -88,5 +88,31 @@ def make_faulty_env(cfg: EnvConfig, seed: int) -> VectorEnv:
     return env
 
 
+class Allocating(gymnasium.Env[np.ndarray, np.int64]):
+    """Each step allocates and touches ``RLSHELL_TEST_ENV_ALLOC_MB`` MiB (unset: none), then
+    frees them: a simulator whose memory jumps, for ``env.memory_mb``."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        size = int(os.environ.get("RLSHELL_TEST_ENV_ALLOC_MB", "0")) * 2**20
+        if size:
+            block = np.ones(size, np.uint8)  # every page written
+            del block
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+# A gymnasium id with its module, as env.env_id takes it: a spawned env process imports it.
+ALLOCATING_ID = f"{__name__}:RlshellAllocating-v0"
+gymnasium.register("RlshellAllocating-v0", entry_point=f"{__name__}:Allocating")
+
+
 def register() -> None:
     register_env("faulty_gymnasium", make_faulty_env, force=True)

@@ -783,6 +783,22 @@ def test_max_staleness_is_unread_in_sync_mode_and_async_is_the_reasoning_runners
     )
 
 
+def test_env_memory_mb_needs_env_processes_of_their_own() -> None:
+    cartpole = ROOT / "configs/ppo_cartpole.py"
+    assert load_config(cartpole, ["env.memory_mb=256", "env.isolate=true"]).env.memory_mb == 256
+    with pytest.raises(ConfigError) as caught:
+        load_config(cartpole, ["env.memory_mb=256"])
+    assert caught.value.problems == [
+        "env.memory_mb: limits each env copy's own process; env.isolate is false, so the envs "
+        "step in the worker's process, whose memory torch shares: set env.isolate=true"
+    ]
+    with pytest.raises(ConfigError) as caught:
+        load_config(ROOT / "configs/ppo_pushcube_cpu.py", ["env.memory_mb=256"])
+    assert caught.value.problems == [
+        "env.memory_mb: the 'maniskill' env type (env.env_type) does not read it"
+    ]
+
+
 def test_async_pipelined_ppo_takes_a_policy_that_normalises_its_observations() -> None:
     """The rollout workers keep their running statistics through the syncs (tested in
     tests/shell/test_embodied_pipeline.py), so nothing is refused."""

@@ -157,6 +157,8 @@ READ_BUT_REFUSED: dict[str, str] = {
     "(null: nothing to load); validation refuses it set in the embodied runs",
     "actor.enable_offload": "the placement planner reads it for every plan (may the actor "
     "time-share GPUs?); the sft run, which places the actor alone, refuses it set",
+    "env.memory_mb": "the gymnasium env type's builder reads it to refuse it again without "
+    "env.isolate (for make_env called directly); validation refuses it set then",
     "agent.tools": "a reasoning run reads it to find it empty (one-turn rollouts: "
     "rlshell.engines.rollout.multi_turn.make_agent_loop; no marker tokens: "
     "rlshell.tokenizer.prepare_tokenizer); validation refuses the agent keys set then",

@@ -15,7 +15,7 @@ from gymnasium import spaces
 
 from rlshell.config import EnvConfig
 from rlshell.envs import ENVS, get_env_cls, make_env
-from rlshell.envs.stepper import EnvStepper, StepResult, group_seeds
+from rlshell.envs.stepper import EnvStepError, EnvStepper, StepResult, group_seeds
 
 SAME_STEP = gymnasium.vector.AutoresetMode.SAME_STEP
 TINY_ID = "RlshellTinyScripted-v0"
@@ -247,6 +247,38 @@ def test_isolated_copies_step_in_processes_of_their_own_as_the_sync_ones_do() ->
     isolated.close()
     assert "isolate" not in ENVS.ignores("gymnasium")
     assert "isolate" in ENVS.ignores("maniskill")
+
+
+def test_memory_mb_limits_the_address_space_of_each_isolated_env_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``env.memory_mb``: an isolated copy whose step allocates past the limit fails that step
+    with a MemoryError (an env failure); the same step under the limit, or without one, runs."""
+    from tests.shell.embodied_fault_ext import ALLOCATING_ID
+
+    config = EnvConfig(env_type="gymnasium", env_id=ALLOCATING_ID, num_envs=2, isolate=True)
+    actions = torch.zeros(2, dtype=torch.int64)
+
+    def one_step(cfg: EnvConfig, alloc_mb: int) -> None:
+        monkeypatch.setenv("RLSHELL_TEST_ENV_ALLOC_MB", str(alloc_mb))  # spawned processes
+        stepper = EnvStepper.from_config(cfg)
+        try:
+            stepper.reset(seed=0)
+            stepper.step(actions)
+        finally:
+            stepper.env.close(terminate=True)
+
+    one_step(config, 512)  # no limit
+    one_step(evolve(config, memory_mb=256), 64)
+    with pytest.raises(
+        EnvStepError,
+        match=r"at env step 1: MemoryError: Unable to allocate 512\. MiB .* \(past env.memory_mb=256 MiB of growth\)",
+    ):
+        one_step(evolve(config, memory_mb=256), 512)
+    with pytest.raises(ValueError, match="env.memory_mb limits each env copy's own process"):
+        EnvStepper.from_config(evolve(config, isolate=False, memory_mb=256))
+    assert "memory_mb" not in ENVS.ignores("gymnasium")
+    assert "memory_mb" in ENVS.ignores("maniskill")
 
 
 def test_episode_stats_match_a_hand_count_on_cartpole() -> None:

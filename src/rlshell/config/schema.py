@@ -522,6 +522,11 @@ class EnvConfig:
     ``gymnasium`` env type): each env copy steps in a process of its own
     (spawned), so a copy that crashes (a segfault) takes only its process,
     which ``reset`` replaces; it costs a pipe round trip per step.
+    ``memory_mb`` (with ``isolate``; null: no limit): how far each env copy's
+    process's address space may grow past its size once its env is built
+    (``RLIMIT_AS``), so a simulator whose memory runs away fails its step with
+    a ``MemoryError`` (a failure as above) instead of taking the machine's
+    memory.
     """
 
     env_type: str | None = None
@@ -538,6 +543,7 @@ class EnvConfig:
     step_timeout_s: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     max_consecutive_failures: int = field(default=3, metadata=POSITIVE_INT)
     isolate: bool = False
+    memory_mb: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
 
 
 @frozen

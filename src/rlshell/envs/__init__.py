@@ -24,6 +24,7 @@ A builder is ``builder(cfg, seed) -> gymnasium.vector.VectorEnv`` making
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -55,7 +56,9 @@ _TASK_KEYS = (
     "ignore_terminations",
 )
 # The EnvConfig fields a builder may read (the runner reads num_envs and the rest itself).
-ENVS: Registry[EnvBuilder] = Registry("env type", hyperparameters=(*_TASK_KEYS, "isolate"))
+ENVS: Registry[EnvBuilder] = Registry(
+    "env type", hyperparameters=(*_TASK_KEYS, "isolate", "memory_mb")
+)
 
 
 def register_env(
@@ -69,8 +72,8 @@ def register_env(
 
     ``reads``: which of ``env.env_id``, ``env.max_episode_steps``,
     ``env.control_mode``, ``env.obs_mode``, ``env.image_size``,
-    ``env.ignore_terminations`` and ``env.isolate`` the builder reads (None:
-    all of them);
+    ``env.ignore_terminations``, ``env.isolate`` and ``env.memory_mb`` the
+    builder reads (None: all of them);
     validation refuses the others set for this env type.
     """
     return ENVS.register(env_type, builder, force=force, reads=reads)
@@ -128,11 +131,23 @@ def _gymnasium_env(cfg: EnvConfig, seed: int) -> VectorEnv:
     if cfg.isolate:
         # Spawned, not forked: the worker's torch holds threads a fork would copy mid-use.
         vector_kwargs["context"] = "spawn"
+    wrappers = None
+    if cfg.memory_mb is not None:
+        if not cfg.isolate:
+            raise ValueError(
+                "env.memory_mb limits each env copy's own process: set env.isolate=true (in "
+                "the worker's process the limit would bound torch's memory too)"
+            )
+        from rlshell.envs.memory import MemoryLimited
+
+        # Applied in each copy's process once its env is built (make_vec's wrappers run there).
+        wrappers = [functools.partial(MemoryLimited, memory_mb=cfg.memory_mb)]
     env = gymnasium.make_vec(
         env_id,
         num_envs=cfg.num_envs,
         vectorization_mode="async" if cfg.isolate else "sync",
         vector_kwargs=vector_kwargs,
+        wrappers=wrappers,
         **make_kwargs,
     )
     env.reset(seed=seed)
@@ -145,7 +160,9 @@ def _maniskill_env(cfg: EnvConfig, seed: int) -> VectorEnv:
     return make_maniskill_env(cfg, seed)
 
 
-register_env("gymnasium", _gymnasium_env, reads=("env_id", "max_episode_steps", "isolate"))
+register_env(
+    "gymnasium", _gymnasium_env, reads=("env_id", "max_episode_steps", "isolate", "memory_mb")
+)
 # ManiSkill's CPU envs are in processes of their own already (two or more per worker).
 register_env("maniskill", _maniskill_env, reads=_TASK_KEYS)
 

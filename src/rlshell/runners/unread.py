@@ -76,6 +76,11 @@ def env_unread(config: Config) -> dict[str, str]:
             "bounds how many failed env steps in a row env.on_failure='reset' rebuilds the "
             "envs after; env.on_failure is 'stop', so the first failure stops the run"
         )
+    if not config.env.isolate:
+        unread["env.memory_mb"] = (
+            "limits each env copy's own process; env.isolate is false, so the envs step in "
+            "the worker's process, whose memory torch shares: set env.isolate=true"
+        )
     env_type = config.env.env_type
     if env_type is None or env_type not in ENVS:
         return unread  # a missing or unknown type is its own problem
