@@ -272,10 +272,11 @@ def test_memory_mb_limits_the_address_space_of_each_isolated_env_process(
     one_step(evolve(config, memory_mb=256), 64)
     with pytest.raises(
         EnvStepError,
-        match=r"at env step 1: MemoryError: Unable to allocate 512\. MiB .* \(past env.memory_mb=256 MiB of growth\)",
+        match=r"at env step 1: MemoryError: Unable to allocate 512\. MiB .* "
+        r"\(past env\.memory_mb=256 MiB of growth\)",
     ):
         one_step(evolve(config, memory_mb=256), 512)
-    with pytest.raises(ValueError, match="env.memory_mb limits each env copy's own process"):
+    with pytest.raises(ValueError, match=r"env\.memory_mb limits each env copy's own process"):
         EnvStepper.from_config(evolve(config, isolate=False, memory_mb=256))
     assert "memory_mb" not in ENVS.ignores("gymnasium")
     assert "memory_mb" in ENVS.ignores("maniskill")
