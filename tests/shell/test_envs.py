@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import resource
 from typing import Any
 
 import gymnasium
@@ -261,7 +262,10 @@ def test_memory_mb_limits_the_address_space_of_each_isolated_env_process(
 
     def one_step(cfg: EnvConfig, alloc_mb: int) -> None:
         monkeypatch.setenv("RLSHELL_TEST_ENV_ALLOC_MB", str(alloc_mb))  # spawned processes
+        limit_here = resource.getrlimit(resource.RLIMIT_AS)
         stepper = EnvStepper.from_config(cfg)
+        # AsyncVectorEnv builds a copy here too (for its spaces): this process stays unbound.
+        assert resource.getrlimit(resource.RLIMIT_AS) == limit_here
         try:
             stepper.reset(seed=0)
             stepper.step(actions)

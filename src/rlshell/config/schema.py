@@ -523,7 +523,7 @@ class EnvConfig:
     (spawned), so a copy that crashes (a segfault) takes only its process,
     which ``reset`` replaces; it costs a pipe round trip per step.
     ``memory_mb`` (with ``isolate``; null: no limit): how far each env copy's
-    process's address space may grow past its size once its env is built
+    process's address space may grow past its size at the env's first reset
     (``RLIMIT_AS``), so a simulator whose memory runs away fails its step with
     a ``MemoryError`` (a failure as above) instead of taking the machine's
     memory.

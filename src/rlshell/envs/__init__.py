@@ -140,7 +140,8 @@ def _gymnasium_env(cfg: EnvConfig, seed: int) -> VectorEnv:
             )
         from rlshell.envs.memory import MemoryLimited
 
-        # Applied in each copy's process once its env is built (make_vec's wrappers run there).
+        # Built in each copy's process (make_vec's wrappers run there), and once in this
+        # process to read the spaces: the limit is set at the first reset (MemoryLimited).
         wrappers = [functools.partial(MemoryLimited, memory_mb=cfg.memory_mb)]
     env = gymnasium.make_vec(
         env_id,
