@@ -504,6 +504,12 @@ class EnvStepper:
             values.clear()
         return metrics
 
+    @property
+    def restarts(self) -> int:
+        """How many times the envs were rebuilt after a failure (``on_failure='reset'``),
+        over this stepper's life."""
+        return self._restarts
+
     def close(self) -> None:
         """Close the env (and its simulator)."""
         self.env.close()

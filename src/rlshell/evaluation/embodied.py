@@ -121,7 +121,6 @@ class _EpisodeRecorder(EnvStepper):
         super().__init__(env, env_id, **options)
         self.episodes: list[Episode] = []
         self.finished = [0] * self.num_envs
-        self.failures = 0  # env failures the envs were rebuilt after (env.on_failure='reset')
 
     def _record_episodes(self, rows: np.ndarray, success: np.ndarray | None) -> None:
         reported = self._reports_success
@@ -159,7 +158,7 @@ def run_episodes(
     An env failure (a step that raises, hangs past ``env.step_timeout_s`` or
     returns NaN) is handled as the stepper's ``on_failure`` says: ``"stop"``
     raises it, naming the env, the env step and the episodes finished so far;
-    ``"reset"`` rebuilds the envs (counted in ``stepper.failures``), the
+    ``"reset"`` rebuilds the envs (counted in ``stepper.restarts``), the
     episodes in progress are not counted, and every env plays on until its
     quota of finished episodes.
     """
@@ -181,7 +180,6 @@ def run_episodes(
                 obs = stepper.step(actions).obs
             except EnvRestarted as restart:
                 obs = restart.obs
-                stepper.failures += 1
             except (EnvStepError, FloatingPointError) as error:
                 done = sum(min(f, q) for f, q in zip(stepper.finished, quotas, strict=True))
                 hint = (
@@ -312,7 +310,7 @@ def evaluate_embodied(
     finally:
         stepper.close()
     env_id = stepper.env_id
-    env_failures = stepper.failures if stepper.on_failure == "reset" else None
+    env_failures = stepper.restarts if stepper.on_failure == "reset" else None
     gifs: dict[str, Path] | None = None
     warning = None
     if settings.gif:
