@@ -350,9 +350,9 @@ def train_validated(config: Config, *, overwrite: bool = False) -> TrainResult:
             plan = plan_for(config, spec_of_nodes)
         except PlacementError as error:
             raise ConfigError([f"cluster.component_placement: {error}"]) from None
-        if cluster_spec_for(config) is None and spec.trainer is not None:
+        if cluster_spec_for(config) is None and spec.rules is not None:
             # An attached cluster is planned only now: the trainer's rules on the plan.
-            problems = spec.trainer.problems(config, plan)
+            problems = spec.rules.problems(config, plan)
             if problems:
                 raise ConfigError(problems)
         print(render_table(plan), flush=True)

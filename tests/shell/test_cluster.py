@@ -13,15 +13,14 @@ import ray
 import torch
 from ray.util import placement_group_table
 
-from rlshell.cluster.placement import ComponentPlan, NodeGroup
-from rlshell.cluster.ray_cluster import (
-    NODE_RANK_LABEL,
-    Cluster,
-    ReservationError,
+from rlshell.cluster.placement import (
+    ComponentPlan,
+    NodeGroup,
     label_selector,
     local_cluster_spec,
     parse_node_ranks,
 )
+from rlshell.cluster.ray_cluster import NODE_RANK_LABEL, Cluster, ReservationError
 from rlshell.cluster.worker import Worker
 from rlshell.config import WORKER_MALLOC_ENV
 

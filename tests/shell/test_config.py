@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import typing
 from pathlib import Path
@@ -209,25 +210,62 @@ def test_the_default_config_is_valid() -> None:
     assert probe.runner.runner_type == "probe"
 
 
+HYBRID = ['cluster.component_placement={"actor": "0:0", "rollout": "0:0", "env": "0:0"}']
+TRAINERS = [
+    ("configs/grpo.py", [], "ReasoningTrainer"),
+    ("configs/sft_arithmetic.py", [], "SFTTrainer"),
+    ("configs/ppo_cartpole.py", [], "CollocatedPPOTrainer"),
+    ("configs/ppo_cartpole.py", HYBRID, "PipelinedPPOTrainer"),
+    ("configs/sac_pendulum.py", [], "SACTrainer"),
+]
+
+
 @pytest.mark.parametrize(
     ("config", "overrides", "trainer"),
-    [
-        ("configs/grpo.py", [], "ReasoningTrainer"),
-        ("configs/ppo_cartpole.py", [], "CollocatedPPOTrainer"),
-        (
-            "configs/ppo_cartpole.py",
-            ['cluster.component_placement={"actor": "0:0", "rollout": "0:0", "env": "0:0"}'],
-            "PipelinedPPOTrainer",
-        ),
-        ("configs/sac_pendulum.py", [], "SACTrainer"),
-        ("configs/grpo.py", ["runner.runner_type=probe"], None),
-    ],
+    [*TRAINERS, ("configs/grpo.py", ["runner.runner_type=probe"], None)],
 )
 def test_the_run_spec_names_the_trainer_once(
     config: str, overrides: list[str], trainer: str | None
 ) -> None:
     spec = resolve_spec(load_config(ROOT / config, overrides))
     assert (spec.trainer.__name__ if spec.trainer is not None else None) == trainer
+    if spec.trainer is not None:
+        # The rules validation reads are the trainer's own: it inherits them.
+        assert spec.rules is not None
+        assert spec.rules.trainer_name == trainer
+        assert issubclass(spec.trainer, spec.rules)
+
+
+# What a trainer's launch needs and validation must not load: a dry run stays quick.
+TRAINER_STACKS = (
+    "rlshell.runners.reasoning",
+    "rlshell.runners.sft",
+    "rlshell.runners.embodied_ppo",
+    "rlshell.runners.embodied_pipeline",
+    "rlshell.runners.sac",
+    "rlshell.workers.actor",
+    "rlshell.tokenizer",
+    "torch.distributed.checkpoint",
+    "ray",
+)
+
+
+def test_validation_imports_the_trainers_rules_not_the_trainers() -> None:
+    """Validating every trainer's config, and resolving its spec, loads none of the trainers
+    (their workers bring FSDP's checkpointing, the tokenizer's transformers, Ray)."""
+    configs = [(str(ROOT / config), overrides) for config, overrides, _ in TRAINERS]
+    code = (
+        "import json, sys\n"
+        "from rlshell.runners.spec import resolve_spec\n"
+        "from rlshell.runners.validation import load_config\n"
+        f"for config, overrides in {configs!r}:\n"
+        "    assert resolve_spec(load_config(config, overrides)).rules is not None\n"
+        f"print(json.dumps([m for m in {TRAINER_STACKS!r} if m in sys.modules]))\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert json.loads(completed.stdout.splitlines()[-1]) == []
 
 
 def test_every_problem_is_reported_at_once_each_naming_its_key() -> None:

@@ -21,8 +21,13 @@ from rlshell.checkpoint import TrainerState, list_checkpoints
 from rlshell.config import Config
 from rlshell.metrics import read_metrics
 from rlshell.runners.loop import Interrupted, run
-from rlshell.runners.spec import resolve_spec
 from rlshell.runners.validation import load_config
+
+
+@attrs.frozen
+class StandInSpec:
+    config: Config
+    trainer: type[Any]
 
 
 class CtrlCTrainer:
@@ -79,9 +84,9 @@ def run_with_ctrl_c(tmp_path: Path, at: tuple[int, ...], *overrides: str) -> Pat
         ],
     )
     trainer = type("Trainer", (CtrlCTrainer,), {"ctrl_c_at": at, "saved": []})
-    spec = attrs.evolve(resolve_spec(config), trainer=trainer)
     run_dir = tmp_path / config.runner.experiment_name
-    run(spec, None, None, run_dir)  # type: ignore[arg-type]  # the stand-in needs neither
+    # The loop reads a spec's config and trainer class; the stand-in needs no cluster or plan.
+    run(StandInSpec(config, trainer), None, None, run_dir)  # type: ignore[arg-type]
     return run_dir
 
 

@@ -68,6 +68,9 @@ __all__ = [
     "cluster_spec",
     "detect_mode",
     "format_ranks",
+    "label_selector",
+    "local_cluster_spec",
+    "parse_node_ranks",
     "parse_placement",
     "parse_ranks",
     "plan_from_dict",
@@ -1069,3 +1072,66 @@ def _number(value: float) -> str:
 def _nodes_label(node_ranks: Sequence[int]) -> str:
     noun = "node" if len(node_ranks) == 1 else "nodes"
     return f"{noun} {format_ranks(node_ranks)}"
+
+
+def label_selector(text: str) -> tuple[str, str] | None:
+    """``("pool", "cpu")`` from a node group given as a Ray node label, ``"pool=cpu"``;
+    None for node ranks (``"1-2"``)."""
+    key, equals, value = text.partition("=")
+    if not equals:
+        return None
+    if not key.strip() or not value.strip():
+        raise ValueError(f"'{text}' is neither node ranks nor a label like 'pool=cpu'")
+    return key.strip(), value.strip()
+
+
+def parse_node_ranks(text: str, node_count: int, label: str = "") -> tuple[int, ...]:
+    """Node ranks from ``"0-1,3"`` (or ``"all"``), checked against ``node_count``.
+
+    ``label`` names the node group in errors.
+    """
+    where = f"node group '{label}'" if label else "node ranks"
+    if text.strip() == DEFAULT_NODE_GROUP:
+        return tuple(range(node_count))
+    ranks: list[int] = []
+    for part in (piece.strip() for piece in text.split(",")):
+        low_text, _, high_text = part.partition("-")
+        try:
+            low = int(low_text)
+            high = int(high_text) if high_text else low
+        except ValueError:
+            raise ValueError(
+                f"{where}: '{part}' in '{text}' is not a node rank or range like '0-3'"
+            ) from None
+        if low > high:
+            raise ValueError(f"{where}: range '{part}' in '{text}' runs backwards")
+        ranks.extend(range(low, high + 1))
+    outside = sorted(rank for rank in set(ranks) if not 0 <= rank < node_count)
+    if outside:
+        raise ValueError(
+            f"{where}: node ranks {outside} in '{text}' do not exist; "
+            f"the cluster has nodes 0-{node_count - 1}"
+        )
+    repeated = sorted({rank for rank in ranks if ranks.count(rank) > 1})
+    if repeated:
+        raise ValueError(f"{where}: node ranks {repeated} appear twice in '{text}'")
+    return tuple(ranks)
+
+
+def local_cluster_spec() -> ClusterSpec:
+    """This machine as a one-node `ClusterSpec`, without Ray (for ``--dry-run``).
+
+    CPUs are those this process may run on (its affinity mask, which container
+    CPU limits set), GPUs those torch sees.
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    import torch  # deferred: reading the spec must not cost a torch import elsewhere
+
+    gpus = torch.cuda.device_count()
+    return ClusterSpec(
+        nodes=(NodeSpec(gpus=gpus, cpus=float(cpus)),),
+        node_groups=(NodeGroup(DEFAULT_NODE_GROUP, (0,)),),
+    )

@@ -9,8 +9,8 @@ it running on shutdown.
 others follow sorted by IP) so the pure planner in `rlshell.cluster.placement` can plan
 against them. `Cluster.reserve` realises one component of a plan: one Ray
 placement group per node it uses, pinned to that node with Ray's
-``ray.io/node-id`` label selector. `local_cluster_spec` describes this machine
-without starting Ray, for ``--dry-run``.
+``ray.io/node-id`` label selector. (`rlshell.cluster.placement.local_cluster_spec`
+describes this machine without Ray, for ``--dry-run``.)
 
     with Cluster() as cluster:
         spec = cluster.spec()
@@ -40,6 +40,8 @@ from rlshell.cluster.placement import (
     NodeGroup,
     NodeSpec,
     WorkerPlacement,
+    label_selector,
+    parse_node_ranks,
 )
 from rlshell.config import TRACE_ENV_VAR, WORKER_MALLOC_ENV
 from rlshell.extensions import ENV_VAR as EXT_MODULE_ENV_VAR
@@ -58,9 +60,6 @@ __all__ = [
     "Cluster",
     "Reservation",
     "ReservationError",
-    "label_selector",
-    "local_cluster_spec",
-    "parse_node_ranks",
 ]
 
 # Every Ray node carries this label (its hex node id); placement-group bundles
@@ -100,71 +99,8 @@ def _ip_key(address: str) -> tuple[int, int | str]:
         return (1, address)
 
 
-def label_selector(text: str) -> tuple[str, str] | None:
-    """``("pool", "cpu")`` from a node group given as a Ray node label, ``"pool=cpu"``;
-    None for node ranks (``"1-2"``)."""
-    key, equals, value = text.partition("=")
-    if not equals:
-        return None
-    if not key.strip() or not value.strip():
-        raise ValueError(f"'{text}' is neither node ranks nor a label like 'pool=cpu'")
-    return key.strip(), value.strip()
-
-
 def _node_labels(node: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in (node.get("Labels") or {}).items()}
-
-
-def parse_node_ranks(text: str, node_count: int, label: str = "") -> tuple[int, ...]:
-    """Node ranks from ``"0-1,3"`` (or ``"all"``), checked against ``node_count``.
-
-    ``label`` names the node group in errors.
-    """
-    where = f"node group '{label}'" if label else "node ranks"
-    if text.strip() == DEFAULT_NODE_GROUP:
-        return tuple(range(node_count))
-    ranks: list[int] = []
-    for part in (piece.strip() for piece in text.split(",")):
-        low_text, _, high_text = part.partition("-")
-        try:
-            low = int(low_text)
-            high = int(high_text) if high_text else low
-        except ValueError:
-            raise ValueError(
-                f"{where}: '{part}' in '{text}' is not a node rank or range like '0-3'"
-            ) from None
-        if low > high:
-            raise ValueError(f"{where}: range '{part}' in '{text}' runs backwards")
-        ranks.extend(range(low, high + 1))
-    outside = sorted(rank for rank in set(ranks) if not 0 <= rank < node_count)
-    if outside:
-        raise ValueError(
-            f"{where}: node ranks {outside} in '{text}' do not exist; "
-            f"the cluster has nodes 0-{node_count - 1}"
-        )
-    repeated = sorted({rank for rank in ranks if ranks.count(rank) > 1})
-    if repeated:
-        raise ValueError(f"{where}: node ranks {repeated} appear twice in '{text}'")
-    return tuple(ranks)
-
-
-def local_cluster_spec() -> ClusterSpec:
-    """This machine as a one-node `ClusterSpec`, without starting Ray (for ``--dry-run``).
-
-    CPUs are those this process may run on (its affinity mask, which container
-    CPU limits set), GPUs those torch sees.
-    """
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    import torch  # deferred: reading the spec must not cost a torch import elsewhere
-
-    gpus = torch.cuda.device_count()
-    return ClusterSpec(
-        nodes=(NodeSpec(gpus=gpus, cpus=float(cpus)),),
-        node_groups=(NodeGroup(DEFAULT_NODE_GROUP, (0,)),),
-    )
 
 
 class _ReleaseHook(Protocol):

@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, Self
 
 from attrs import frozen
 
@@ -48,28 +48,16 @@ from rlshell.config import Config
 from rlshell.metrics import merge_rank_metrics
 from rlshell.runners.async_rollout import StalenessError
 from rlshell.runners.embodied import EmbodiedTrainer
-from rlshell.runners.embodied_ppo import (
-    COLLOCATED_EXAMPLE,
-    actor_share_problems,
-    ppo_problems,
-    ppo_unread,
-)
+from rlshell.runners.rules.embodied import PipelinedPPORules
 from rlshell.runners.spec import RunSpec
 from rlshell.runners.trainer import launched_together
-from rlshell.runners.unread import compile_unread
 from rlshell.workers.embodied_pipeline import EnvWorker, PipelineActor, PipelineRolloutWorker
 
 __all__ = ["Pipeline", "PipelinedPPOTrainer", "SubmittedWindow"]
 
 
-class PipelinedPPOTrainer(EmbodiedTrainer):
+class PipelinedPPOTrainer(PipelinedPPORules, EmbodiedTrainer):
     """Env, rollout and actor groups of their own; a window's calls chained, then the update."""
-
-    registered_names: ClassVar[tuple[str, ...]] = (
-        "actor.model.model_type",
-        "algorithm.adv_type",
-        "env.env_type",
-    )
 
     def __init__(
         self,
@@ -88,68 +76,6 @@ class PipelinedPPOTrainer(EmbodiedTrainer):
         self.windows: deque[tuple[int, int, SubmittedWindow]] = deque()
         self.version = 0
         self.submitted_through = 0
-
-    @classmethod
-    def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
-        """The hybrid placement's sizes: envs split evenly over env workers, stages and actor
-        ranks, no more rollout workers than env workers, and GAE."""
-        problems = ppo_problems(config, "the pipelined embodied PPO runner")
-        if config.env.on_failure == "reset":
-            problems.append(
-                "env.on_failure: 'reset' drops a failed env step and takes it again, and the "
-                "hybrid placement's rollout workers have already recorded it; stop on a "
-                "failure ('stop') or run with env, rollout and actor under one key, e.g. "
-                f"{COLLOCATED_EXAMPLE}"
-            )
-        if config.algorithm.adv_type != "gae":
-            problems.append(
-                f"algorithm.adv_type: the hybrid placement trains PPO with GAE; "
-                f"'{config.algorithm.adv_type}' (group-normalised episode returns) runs with "
-                f"env, rollout and actor under one key, e.g. {COLLOCATED_EXAMPLE}"
-            )
-        if plan is None:
-            return problems
-        env_workers = len(plan.component("env").workers)
-        rollout_workers = len(plan.component("rollout").workers)
-        stages = config.rollout.pipeline_stage_num
-        num_envs = config.env.num_envs
-        if rollout_workers > env_workers:
-            problems.append(
-                f"cluster.component_placement: {rollout_workers} rollout workers for "
-                f"{env_workers} env workers; rollout worker r acts for env workers r, "
-                f"r + {rollout_workers}, ..., so some would idle: place at most {env_workers}"
-            )
-        if num_envs % env_workers:
-            problems.append(
-                f"env.num_envs: {num_envs} envs do not split evenly over the {env_workers} env "
-                "workers"
-            )
-        elif (num_envs // env_workers) % stages:
-            problems.append(
-                f"rollout.pipeline_stage_num: an env worker's {num_envs // env_workers} envs do "
-                f"not split evenly into {stages} stages"
-            )
-        problems += actor_share_problems(config, len(plan.component("actor").workers))
-        return problems
-
-    @classmethod
-    def unread(cls, config: Config) -> dict[str, str]:
-        unread = {
-            **ppo_unread(config, "the pipelined embodied PPO runner"),
-            **compile_unread(
-                "only the collocated placement (env, rollout and actor in the same processes, "
-                f"e.g. {COLLOCATED_EXAMPLE}) reads it; the hybrid placement runs eager"
-            ),
-        }
-        del unread["runner.mode"]  # this runner has the asynchronous mode
-        if config.runner.mode == "async":
-            del unread["algorithm.max_staleness"]
-        else:
-            unread["algorithm.max_staleness"] = (
-                "bounds how far runner.mode='async' lets the env and rollout workers run ahead "
-                "of the update; runner.mode is 'sync'"
-            )
-        return unread
 
     @classmethod
     def launch(cls, spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> Self:

@@ -35,23 +35,17 @@ from rlshell.checkpoint import TrainerState
 from rlshell.cluster.group import WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
-from rlshell.config import AgentConfig, AlgorithmConfig, Config, DataConfig
+from rlshell.config import AgentConfig, Config
 from rlshell.conversation import Message, RenderedConversation, render_conversation
 from rlshell.data import Sampler, SamplerState, Split, load_conversations
 from rlshell.metrics import tokens_per_second
 from rlshell.rollout import RolloutBatch
-from rlshell.runners.spec import ProcessLayout, RunSpec
-from rlshell.runners.unread import compile_unread, sac_unread, stages_unread
+from rlshell.runners.rules.sft import SFTRules, data_parallel_shares
+from rlshell.runners.spec import RunSpec
 from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
 from rlshell.workers.actor import ActorWorker
 
 __all__ = ["Demonstration", "SFTTrainer", "demonstration_batch", "render_demonstrations"]
-
-# What the sft run reads of the agent's settings: the markers of the conversations' text.
-AGENT_KEYS_READ = ("call_start", "call_end", "result_start", "result_end")
-# ...and of the data's: where the conversations are.
-DATA_KEYS_READ = ("task", "train_path", "val_path")
-ALGORITHM_KEYS_READ = ("loss_agg_mode",)
 
 
 @attrs.frozen(eq=False)
@@ -129,7 +123,7 @@ def demonstration_batch(demonstrations: Sequence[Demonstration], pad_id: int) ->
     )
 
 
-class SFTTrainer:
+class SFTTrainer(SFTRules):
     """The actor group of an sft run and its supervised step.
 
     ``SFTTrainer.launch(spec, cluster, plan, run_dir)`` builds the run's tokenizer
@@ -141,7 +135,6 @@ class SFTTrainer:
     """
 
     curves: ClassVar[tuple[str, ...]] = ("train/loss", "eval/loss")
-    registered_names: ClassVar[tuple[str, ...]] = ("actor.model.model_type",)
 
     def __init__(self, config: Config, tokenizer_dir: str) -> None:
         self.config = config
@@ -151,95 +144,6 @@ class SFTTrainer:
         self.train_set: list[Demonstration] = []
         self.val_set: list[Demonstration] = []
         self.sampler: Sampler[Demonstration] | None = None
-
-    # -- what it runs
-
-    @classmethod
-    def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
-        data, runner = config.data, config.runner
-        problems = []
-        if data.task != "conversations":
-            problems.append(
-                f"data.task: the sft runner trains on demonstrations, JSONL conversations "
-                f"(data.task='conversations' with data.train_path); got '{data.task}'"
-            )
-        elif data.train_path is None:
-            problems.append(
-                "data.train_path: the sft runner needs its training conversations (a JSONL file "
-                'of {"messages": [...]} lines)'
-            )
-        if runner.eval_interval and data.task == "conversations" and data.val_path is None:
-            problems.append(
-                f"runner.eval_interval: evaluating every {runner.eval_interval} steps reads the "
-                "held-out conversations of data.val_path, which is unset; set it, or "
-                "runner.eval_interval=0"
-            )
-        layout = ProcessLayout.of(config.cluster.component_placement)
-        others = sorted(name for name in layout.keys if name != "actor")
-        if others:
-            problems.append(
-                f"cluster.component_placement: the sft run starts the actor alone; it places "
-                f"{', '.join(others)} too (e.g. {{'actor': '0:0-1'}})"
-            )
-        pipeline = config.actor.megatron.pipeline_model_parallel_size
-        if config.actor.backend == "megatron" and pipeline > 1:
-            problems.append(
-                "actor.megatron.pipeline_model_parallel_size: the sft update and evaluation run "
-                "the whole model on each rank of a tensor-parallel group (Megatron's pipeline "
-                "schedule is not built for them); use 1, with tensor or data parallelism"
-            )
-        if plan is not None and any(c.name == "actor" for c in plan.components):
-            shares = _data_parallel_shares(config, len(plan.component("actor").workers))
-            if runner.prompts_per_step < shares:
-                problems.append(
-                    f"runner.prompts_per_step: {runner.prompts_per_step} conversations a step, "
-                    f"fewer than the actor's {shares} data-parallel ranks; every rank needs a share"
-                )
-        return problems
-
-    @classmethod
-    def unread(cls, config: Config) -> dict[str, str]:
-        who = "the sft runner"
-        demonstrations = f"{who} trains on demonstrations (data.task='conversations')"
-        unread = {
-            **compile_unread(f"{who} does not read it"),
-            **stages_unread(config, who),
-            **sac_unread(who),
-            "rollout": f"{demonstrations}: it generates nothing",
-            "reward": f"{demonstrations}: nothing is scored",
-            "critic": f"{demonstrations}: there is no value model",
-            "env": f"{demonstrations}; env.* configures the embodied runner's environments",
-            "runner.mode": f"runs the reasoning rollout ahead of its update; {who} has no rollout",
-            "runner.rollout_steps": "env steps per env in an embodied step; an sft step is "
-            "runner.prompts_per_step conversations",
-            "actor.mini_batch_size": f"splits the reasoning update into mini-batches of prompts; "
-            f"{who} makes one optimizer step on each step's runner.prompts_per_step "
-            "conversations",
-            "actor.share_prompt_forward": f"shares a prompt's forward among a GRPO group's "
-            f"samples; {who}'s rows are distinct conversations",
-            "actor.enable_offload": f"moves the actor out of the way of a rollout on the GPUs "
-            f"it shares; {who} has no rollout",
-            "actor.reference_cpus_per_worker": f"sizes the reasoning runner's reference "
-            f"workers (the KL term); {who} runs none",
-        }
-        for key in _fields(AlgorithmConfig, (*ALGORITHM_KEYS_READ, "sac")):
-            unread[f"algorithm.{key}"] = (
-                f"{who}'s loss is rlcore's sft_loss (the negative log-likelihood of the "
-                "trained tokens), aggregated with algorithm.loss_agg_mode; no other algorithm "
-                "key shapes it"
-            )
-        for key in _fields(AgentConfig, AGENT_KEYS_READ):
-            unread[f"agent.{key}"] = (
-                f"configures the reasoning runner's tool calls; {who} reads the markers of "
-                "the conversations' text only (agent.call_start, call_end, result_start, "
-                "result_end)"
-            )
-        for key in _fields(DataConfig, DATA_KEYS_READ):
-            unread[f"data.{key}"] = (
-                f"describes prompts (the arithmetic task or prompt files); {demonstrations}, "
-                "read from data.train_path and data.val_path"
-            )
-        return unread
 
     # -- launching
 
@@ -262,7 +166,7 @@ class SFTTrainer:
         self.train_set = self._demonstrations(tokenizer, "train")
         if config.runner.eval_interval:
             self.val_set = self._demonstrations(tokenizer, "val")
-            shares = _data_parallel_shares(config, len(plan.component("actor").workers))
+            shares = data_parallel_shares(config, len(plan.component("actor").workers))
             if len(self.val_set) < shares:
                 raise ValueError(
                     f"data.val_path: {len(self.val_set)} conversations, fewer than the actor's "
@@ -355,17 +259,3 @@ class SFTTrainer:
     def close(self) -> None:
         if self.actor is not None:
             self.actor.shutdown()
-
-
-def _data_parallel_shares(config: Config, ranks: int) -> int:
-    """How many shares the actor's ``ranks`` split a batch's rows into: one per FSDP rank, one
-    per Megatron model replica (tensor × pipeline ranks hold one)."""
-    if config.actor.backend != "megatron":
-        return ranks
-    megatron = config.actor.megatron
-    return ranks // (megatron.tensor_model_parallel_size * megatron.pipeline_model_parallel_size)
-
-
-def _fields(cls: type, read: Sequence[str]) -> list[str]:
-    """The fields of the attrs class ``cls`` other than ``read``."""
-    return [field.name for field in attrs.fields(cls) if field.name not in read]

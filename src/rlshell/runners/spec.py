@@ -1,7 +1,8 @@
 """The run spec: what a config asks for, resolved once, read by everything after.
 
-`resolve_spec` turns a config into a `RunSpec`: which trainer runs it and the
-facts that trainer and its workers branch on (whether a critic is trained,
+`resolve_spec` turns a config into a `RunSpec`: which trainer runs it (its
+rules, `rlshell.runners.rules`, without importing the trainer) and the facts
+that trainer and its workers branch on (whether a critic is trained,
 which components share processes). Nothing downstream re-derives a mode from
 strings (``loss_type == "sac"``, ``adv_type != "gae"``, placement keys): it
 reads the spec. Which trainer runs what:
@@ -26,6 +27,7 @@ from attrs import frozen
 from rlshell.config import Config, PlacementEntry
 
 if TYPE_CHECKING:
+    from rlshell.runners.rules import TrainerRules
     from rlshell.runners.trainer import Trainer
 
 __all__ = ["ProcessLayout", "RunSpec", "resolve_spec", "trainer_class", "trainer_classes"]
@@ -65,17 +67,23 @@ class ProcessLayout:
 class RunSpec:
     """A run, resolved from its config: the trainer and the facts it dispatches on.
 
-    ``trainer``: the `Trainer` class that runs it (None: the probe, which
-    checks a placement and trains nothing). ``critic``: a value function is
-    trained (embodied PPO with GAE). ``rollout_in_actor``: the rollout runs in
-    the actor's processes (one placement key names both).
+    ``rules``: the rules of the trainer that runs it (None: the probe, which
+    checks a placement and trains nothing); `trainer` imports the trainer class
+    itself. ``critic``: a value function is trained (embodied PPO with GAE).
+    ``rollout_in_actor``: the rollout runs in the actor's processes (one
+    placement key names both).
     """
 
     config: Config
-    trainer: type[Trainer] | None
+    rules: type[TrainerRules] | None
     critic: bool
     rollout_in_actor: bool
     layout: ProcessLayout
+
+    @property
+    def trainer(self) -> type[Trainer] | None:
+        """The `Trainer` class that runs it (imported now: its workers' stacks with it)."""
+        return None if self.rules is None else trainer_class(self.rules.trainer_name)
 
 
 # Each trainer's module, imported only when a run needs that trainer: a reasoning run's
@@ -119,15 +127,16 @@ def _trainer_name(config: Config, layout: ProcessLayout) -> str | None:
 def resolve_spec(config: Config) -> RunSpec:
     """The `RunSpec` of ``config`` (the table in this module's docstring).
 
-    Whether the config is one the chosen trainer can run is the trainer's
-    `Trainer.problems`; this only picks it.
+    Whether the config is one the chosen trainer can run is its rules'
+    `rlshell.runners.rules.TrainerRules.problems`; this only picks them.
     """
+    from rlshell.runners.rules import rules_of
+
     layout = ProcessLayout.of(config.cluster.component_placement)
     name = _trainer_name(config, layout)
-    trainer = None if name is None else trainer_class(name)
     return RunSpec(
         config=config,
-        trainer=trainer,
+        rules=None if name is None else rules_of(name),
         critic=name in _PPO_TRAINERS and config.algorithm.adv_type == "gae",
         rollout_in_actor=layout.shared("actor", "rollout"),
         layout=layout,

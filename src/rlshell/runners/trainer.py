@@ -16,11 +16,12 @@ the same for every trainer:
     finally:
         trainer.close()
 
-What a trainer accepts is its own business too: `Trainer.problems` returns
-every rule of its own that a config and plan break (sizes that must divide,
-components that must share processes), and `Trainer.unread` names the keys it
-never reads, each with the reason, so that validation refuses them when set
-(`rlshell.runners.validation`): a key accepted and ignored is a bug.
+What a trainer accepts is its own business too, in its rules
+(`rlshell.runners.rules`), which the trainer class inherits: `problems`
+returns every rule of its own that a config and plan break (sizes that must
+divide, components that must share processes), and `unread` names the keys
+it never reads, each with the reason, so that validation refuses them when
+set (`rlshell.runners.validation`): a key accepted and ignored is a bug.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from rlshell.checkpoint import TrainerState
 from rlshell.cluster.group import WorkerGroup
 from rlshell.cluster.placement import ComponentPlan
 from rlshell.config import Config
+from rlshell.runners.rules import TrainerRules
 
 if TYPE_CHECKING:
     from rlshell.cluster.placement import PlacementPlan
@@ -78,29 +80,16 @@ class Cadence:
         return self.eval_interval > 0
 
 
-class Trainer(Protocol):
+class Trainer(TrainerRules, Protocol):
     """One kind of run: its worker groups, one step, evaluation and checkpoints.
 
-    ``curves``: the metric keys `rlshell.metrics.plot_run` draws at the end.
-    ``registered_names``: the config keys whose values name registry entries
-    this trainer builds (``actor.model.model_type``, ``env.env_type``, ...);
-    validation looks each up.
+    A trainer inherits its rules (`rlshell.runners.rules.TrainerRules`: what it
+    cannot run, the keys it does not read), which validation reads without
+    importing it. ``curves``: the metric keys `rlshell.metrics.plot_run` draws
+    at the end.
     """
 
     curves: ClassVar[tuple[str, ...]]
-    registered_names: ClassVar[tuple[str, ...]]
-
-    @classmethod
-    def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
-        """What this trainer cannot run in ``config`` (and, when given, ``plan``); each line
-        starts with the key path it concerns. Called once, before anything starts."""
-        ...
-
-    @classmethod
-    def unread(cls, config: Config) -> dict[str, str]:
-        """Key paths (a section names every key under it) this trainer does not read with
-        ``config``, each with the reason; validation refuses any of them set."""
-        ...
 
     @classmethod
     def launch(cls, spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> Self:

@@ -10,10 +10,11 @@ concerns:
 - rules every trainer shares: a group size a group baseline can use, clip
   ranges, a rollout TP that fits its engine, a cluster that can be planned and
   a placement that fits it (`rlshell.cluster.placement`);
-- the trainer's own rules (`rlshell.runners.trainer.Trainer.problems`) and the
-  keys it does not read (`Trainer.unread`, with the keys no run reads in some
-  settings, `unread_keys`): a key set to anything but its default where it is
-  not read is refused with the reason;
+- the trainer's own rules (`rlshell.runners.rules.TrainerRules.problems`) and
+  the keys it does not read (`TrainerRules.unread`, with the keys no run reads
+  in some settings, `unread_keys`): a key set to anything but its default where
+  it is not read is refused with the reason. The rules are imported, not the
+  trainers: validation does not load their workers' stacks;
 - run-only checks (``for_run=True``): files and checkpoints that must exist,
   Hub ids that must be in the Hub cache or downloadable (`rlshell.hub`),
   packages the named backends need (wandb, vllm, megatron-core, mani-skill),
@@ -102,8 +103,8 @@ def validate(config: Config, *, for_run: bool = True) -> list[str]:
         plan, plan_problems = _plan(cluster, requests)
         problems += plan_problems
     problems += unread_problems(spec, plan)
-    if spec.trainer is not None:
-        problems += spec.trainer.problems(config, plan)
+    if spec.rules is not None:
+        problems += spec.rules.problems(config, plan)
     problems += _megatron_problems(spec, plan)
     if for_run:
         problems += _run_only_problems(config)
@@ -124,17 +125,17 @@ def unread_problems(spec: RunSpec, plan: PlacementPlan | None = None) -> list[st
 
 def unread_leaves(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, str]:
     """Every key (leaf) the run does not read, set or not, with the reason: `unread_keys`
-    and the trainer's `rlshell.runners.trainer.Trainer.unread`, sections expanded (the
+    and the trainer's `rlshell.runners.rules.TrainerRules.unread`, sections expanded (the
     trainer's reason wins for a key both name)."""
     declared = unread_keys(spec, plan)
-    if spec.trainer is not None:
-        declared.update(spec.trainer.unread(spec.config))
+    if spec.rules is not None:
+        declared.update(spec.rules.unread(spec.config))
     return {leaf: reason for key, reason in declared.items() for leaf in _leaves(key)}
 
 
 def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, str]:
     """Keys a run does not read in some settings of others, whatever its trainer, with the
-    reason (a trainer's own are `rlshell.runners.trainer.Trainer.unread`)."""
+    reason (a trainer's own are `rlshell.runners.rules.TrainerRules.unread`)."""
     config = spec.config
     unread: dict[str, str] = {}
     if not config.actor.model.is_lora:
@@ -222,7 +223,7 @@ def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, s
         unread["checkpoint.keep_last"] = f"{never} to keep or prune"
         unread["checkpoint.export_hf"] = f"{never} to export"
         unread["checkpoint.save_on_interrupt"] = f"{never}, also on Ctrl-C"
-    if plan is not None and spec.trainer is not None and _unsharded_actor(config, plan):
+    if plan is not None and spec.rules is not None and _unsharded_actor(config, plan):
         fsdp = config.actor.fsdp_config
         alone = (
             f"one actor rank whose model is already in fsdp_config.mixed_precision "
@@ -370,7 +371,7 @@ def _registry_problems(spec: RunSpec) -> list[str]:
         "env.env_type": (config.env.env_type, ENVS),
     }
     runner = config.runner.runner_type
-    named = () if spec.trainer is None else spec.trainer.registered_names
+    named = () if spec.rules is None else spec.rules.registered_names
     problems = []
     for key in named:
         name, registry = registries[key]
@@ -505,7 +506,7 @@ def _rollout_on_cpus(config: Config) -> bool:
     """Whether the rollout runs without GPUs: an embedded Ray on this machine without GPUs."""
     if config.cluster.simulate is not None or config.cluster.address is not None:
         return False
-    from rlshell.cluster.ray_cluster import local_cluster_spec
+    from rlshell.cluster.placement import local_cluster_spec
 
     return sum(node.gpus for node in local_cluster_spec().nodes) == 0
 
@@ -629,8 +630,7 @@ def cluster_spec_for(config: Config) -> ClusterSpec | None:
     an embedded Ray; None when attaching to a running cluster (its plan is
     checked once connected, before any worker starts).
     """
-    from rlshell.cluster.placement import cluster_spec, simulated_cluster
-    from rlshell.cluster.ray_cluster import local_cluster_spec
+    from rlshell.cluster.placement import cluster_spec, local_cluster_spec, simulated_cluster
 
     groups = config.cluster.node_groups or None
     if config.cluster.simulate is not None:
@@ -648,8 +648,7 @@ def _cluster_spec(config: Config) -> tuple[ClusterSpec | None, list[str]]:
     """`cluster_spec_for`, or the problems of the strings that describe the cluster
     (``cluster.simulate``, ``cluster.node_groups``) that keep it from being made. An attached
     cluster's node groups are checked against its nodes once connected; here, their syntax."""
-    from rlshell.cluster.placement import DEFAULT_NODE_GROUP, parse_ranks
-    from rlshell.cluster.ray_cluster import label_selector
+    from rlshell.cluster.placement import DEFAULT_NODE_GROUP, label_selector, parse_ranks
 
     try:
         spec = cluster_spec_for(config)

@@ -39,7 +39,7 @@ from rlcore.logprobs import token_logprobs, token_stats
 from rlcore.losses import PolicyLossBatch, PolicyLossConfig, entropy_loss, kl_estimate, sft_loss
 from rlcore.masked import aggregate, aggregation_normalizer, masked_mean
 from rlcore.mismatch import logprob_mismatch, rollout_importance_weights
-from rlcore.registry import ADVANTAGES, POLICY_LOSSES, Registry
+from rlcore.registry import ADVANTAGES, POLICY_LOSSES
 from rlcore.rollout import (
     balanced_micro_batches,
     group_mini_batches,
@@ -62,40 +62,21 @@ from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.rundir import write_nonfinite
 from rlshell.sync.codec import FlatBuckets
 from rlshell.sync.transfer import WeightSender, message_bytes
+from rlshell.workers.hyperparameters import ESTIMATOR_KEYS, LOSS_KEYS, read_for
 from rlshell.workers.packing import packed_policy_forward
 
 __all__ = [
-    "ESTIMATOR_KEYS",
-    "LOSS_KEYS",
     "ActorWorker",
     "NonFiniteLossError",
     "build_rollout_model",
     "compute_advantages",
     "old_logprobs_and_weights",
-    "optimizer_steps_per_batch",
     "policy_forward",
     "prompt_prefix_forward",
     "rollout_precision",
     "update_schedule",
     "worker_device",
 ]
-
-
-ESTIMATOR_KEYS = {
-    "algorithm.gamma": "gamma",
-    "algorithm.lam": "lam",
-    "algorithm.baseline_form": "baseline_form",
-}
-"""Config keys → the `rlcore.advantages.AdvantageConfig` field each sets."""
-
-LOSS_KEYS = {
-    "algorithm.clip_low": "clip_low",
-    "algorithm.clip_high": "clip_high",
-    "algorithm.dual_clip": "dual_clip",
-    "algorithm.behavior_weight_cap": "behavior_weight_cap",
-}
-"""Config keys → the `rlcore.losses.PolicyLossConfig` field each sets (``loss_agg_mode``
-sets ``agg`` for every loss: the actor aggregates the KL and entropy terms with it too)."""
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -176,7 +157,7 @@ def compute_advantages(
             group_size=batch.group_size,
             values=None if values is None else values.to(torch.float32),
         ),
-        AdvantageConfig(**_read_for(ADVANTAGES, algorithm.adv_type, config, ESTIMATOR_KEYS)),
+        AdvantageConfig(**read_for(ADVANTAGES, algorithm.adv_type, config, ESTIMATOR_KEYS)),
     )
 
 
@@ -185,20 +166,6 @@ def outcome_token_rewards(batch: RolloutBatch, scores: Tensor) -> Tensor:
     rollout gave (`RolloutBatch.token_rewards`, a multi-turn rollout's)."""
     placed = place_on_last_token(scores.to(torch.float32), batch.trained_mask)
     return placed if batch.token_rewards is None else placed + batch.token_rewards.to(placed)
-
-
-def _read_for(
-    registry: Registry[Any], name: str, config: Config, keys: Mapping[str, str]
-) -> dict[str, Any]:
-    """The hyperparameters of ``keys`` (config key → field) that entry ``name`` reads, from
-    ``config``; the others are left unread (validation refused them set)."""
-    reads = registry.reads(name)
-    values: dict[str, Any] = {}
-    for key, hyperparameter in keys.items():
-        if reads is None or hyperparameter in reads:
-            section, _, field = key.partition(".")
-            values[hyperparameter] = getattr(getattr(config, section), field)
-    return values
 
 
 def old_logprobs_and_weights(
@@ -536,9 +503,10 @@ class ActorWorker(Worker):
 
         Each data-parallel share runs the forward on its rows, in the micro-batches the update
         uses; one SUM all-reduce over the data-parallel group fills in the others'. Runs
-        where the update makes several optimizer steps per batch (`optimizer_steps_per_batch`)
-        or needs π_old before it (a KL penalty in the reward): every step's ratio is then taken
-        against these, not against weights an earlier step already moved.
+        where the update makes several optimizer steps per batch
+        (`rlshell.runners.rules.reasoning.optimizer_steps_per_batch`) or needs π_old before it
+        (a KL penalty in the reward): every step's ratio is then taken against these, not
+        against weights an earlier step already moved.
         """
         manager = self._manager()
         if manager.pipeline_stages > 1:
@@ -814,7 +782,7 @@ class ActorWorker(Worker):
                 weights=weights,
             ),
             PolicyLossConfig(
-                agg=mode, **_read_for(POLICY_LOSSES, algorithm.loss_type, self.config, LOSS_KEYS)
+                agg=mode, **read_for(POLICY_LOSSES, algorithm.loss_type, self.config, LOSS_KEYS)
             ),
         )
         loss = policy_loss.loss
@@ -973,13 +941,6 @@ def _accumulate(
             peaks[key] = max(peaks.get(key, -math.inf), value)
         else:
             totals[key] = totals.get(key, 0.0) + value
-
-
-def optimizer_steps_per_batch(config: Config) -> int:
-    """Optimizer steps the reasoning update makes per batch: ``algorithm.ppo_epochs`` ×
-    (``runner.prompts_per_step`` / ``actor.mini_batch_size``)."""
-    mini = config.actor.mini_batch_size or config.runner.prompts_per_step
-    return config.algorithm.ppo_epochs * max(1, config.runner.prompts_per_step // mini)
 
 
 def update_schedule(

@@ -1,0 +1,319 @@
+"""What the embodied trainers accept: their own rules and the keys they leave unread.
+
+`CollocatedPPORules`, `PipelinedPPORules` and `SACRules` are the halves of
+`rlshell.runners.embodied_ppo.CollocatedPPOTrainer`,
+`rlshell.runners.embodied_pipeline.PipelinedPPOTrainer` and
+`rlshell.runners.sac.SACTrainer` that validation reads
+(`rlshell.runners.rules`): they import none of the trainers' workers.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+
+from rlshell.cluster.placement import PlacementPlan
+from rlshell.config import Config, OptimConfig
+from rlshell.runners.offload import not_offloading_problems
+from rlshell.runners.spec import ProcessLayout, resolve_spec
+from rlshell.runners.unread import (
+    compile_unread,
+    embodied_unread,
+    ppo_update_unread,
+    sac_unread,
+    stages_unread,
+)
+
+__all__ = [
+    "COLLOCATED_EXAMPLE",
+    "HYBRID_EXAMPLE",
+    "CollocatedPPORules",
+    "PipelinedPPORules",
+    "SACRules",
+    "actor_share_problems",
+    "ppo_problems",
+    "ppo_unread",
+]
+
+COLLOCATED_EXAMPLE = '{"actor,rollout,env": "0:0-1"}'
+HYBRID_EXAMPLE = '{"actor": "0:0-1", "rollout": "0:0", "env": "0:0"}'
+_TRIO = ("actor", "rollout", "env")
+
+
+def ppo_problems(config: Config, who: str) -> list[str]:
+    """What both embodied PPO trainers refuse: a policy loss other than PPO's, offloading."""
+    problems = not_offloading_problems(config, who)
+    if config.algorithm.loss_type != "ppo":
+        problems.append(
+            f"algorithm.loss_type: {who}'s update is rlcore's ppo_policy_loss "
+            f"(rlshell.workers.embodied_update); '{config.algorithm.loss_type}' is a reasoning "
+            "runner's loss (or 'sac' with the SAC placement). Set algorithm.loss_type=ppo"
+        )
+    return problems
+
+
+def ppo_unread(config: Config, who: str) -> dict[str, str]:
+    """What both embodied PPO trainers leave unread (`rlshell.runners.unread`)."""
+    critic = resolve_spec(config).critic
+    return {
+        **embodied_unread(config, who),
+        **sac_unread(who),
+        **ppo_update_unread(config, critic, who),
+    }
+
+
+def actor_share_problems(config: Config, ranks: int) -> list[str]:
+    """Each of the actor's ``ranks`` trains on an equal share of ``env.num_envs`` envs,
+    whose samples must fill ``algorithm.num_minibatches``."""
+    problems = []
+    if config.env.num_envs % ranks:
+        problems.append(
+            f"env.num_envs: {config.env.num_envs} envs do not split evenly over the actor's "
+            f"{ranks} ranks"
+        )
+    samples = config.env.num_envs // ranks * config.runner.rollout_steps
+    if config.algorithm.num_minibatches > samples:
+        problems.append(
+            f"algorithm.num_minibatches: {config.algorithm.num_minibatches} minibatches of a "
+            f"rank's {samples} samples per step (env.num_envs / ranks × runner.rollout_steps)"
+        )
+    return problems
+
+
+SAC_EXAMPLE = '{"actor": "0", "rollout,env": "0"}'
+
+
+class CollocatedPPORules:
+    """What embodied PPO with env, rollout and actor in the same processes may ask for."""
+
+    trainer_name: ClassVar[str] = "CollocatedPPOTrainer"
+    registered_names: ClassVar[tuple[str, ...]] = (
+        "actor.model.model_type",
+        "algorithm.adv_type",
+        "env.env_type",
+    )
+
+    @classmethod
+    def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
+        layout = ProcessLayout.of(config.cluster.component_placement)
+        keys = [layout.key_of(name) for name in _TRIO]
+        if None not in keys and len(set(keys)) == 2:  # a missing one is a missing placement
+            grouped = next(key for key in keys if keys.count(key) == 2)
+            alone = next(name for name, key in zip(_TRIO, keys, strict=True) if key != grouped)
+            # Nothing else is worth checking against a layout no trainer runs.
+            return [
+                f"cluster.component_placement: the embodied PPO runner places env, rollout "
+                f"and actor either all under one key (collocated, e.g. {COLLOCATED_EXAMPLE}) "
+                f"or each under its own (hybrid, pipelined, e.g. {HYBRID_EXAMPLE}); "
+                f"'{grouped}' groups two of them apart from '{alone}'"
+            ]
+        problems = []
+        if plan is not None:
+            ranks = len(plan.component("actor").workers)
+            problems += actor_share_problems(config, ranks)
+            for key, on in (
+                ("actor.compile", config.actor.compile),
+                ("rollout.compile", config.rollout.compile),
+            ):
+                if on and ranks != 1:
+                    what = "update" if key == "actor.compile" else "rollout call"
+                    problems.append(
+                        f"{key}: the compiled {what} needs one actor rank (an unsharded "
+                        f"policy); got {ranks}. Set {key}=false or place the actor on one "
+                        'process, e.g. {"actor,rollout,env": "0:0"}'
+                    )
+        if config.actor.compile and config.algorithm.adv_type != "gae":
+            problems.append(
+                f"actor.compile: compiles PPO's update with algorithm.adv_type 'gae'; got "
+                f"'{config.algorithm.adv_type}', whose windows vary in size. Set "
+                "actor.compile=false"
+            )
+        problems += ppo_problems(config, "the embodied PPO runner")
+        return problems
+
+    @classmethod
+    def unread(cls, config: Config) -> dict[str, str]:
+        key = ProcessLayout.of(config.cluster.component_placement).key_of("actor")
+        return {
+            **ppo_unread(config, "the embodied PPO runner"),
+            "rollout.precision": (
+                f"'{key}' places the rollout in the actor's processes, where it acts with the "
+                "actor's own module (in actor.model.precision); leave it null"
+            ),
+            "rollout.pipeline_stage_num": (
+                f"{config.rollout.pipeline_stage_num} stages pipeline env workers and rollout "
+                f"workers of their own, but '{key}' places env, rollout and actor in the same "
+                f"processes; use 1 there, or the hybrid placement, e.g. {HYBRID_EXAMPLE}"
+            ),
+        }
+
+
+class PipelinedPPORules:
+    """What embodied PPO with env, rollout and actor groups of their own may ask for."""
+
+    trainer_name: ClassVar[str] = "PipelinedPPOTrainer"
+    registered_names: ClassVar[tuple[str, ...]] = (
+        "actor.model.model_type",
+        "algorithm.adv_type",
+        "env.env_type",
+    )
+
+    @classmethod
+    def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
+        """The hybrid placement's sizes: envs split evenly over env workers, stages and actor
+        ranks, no more rollout workers than env workers, and GAE."""
+        problems = ppo_problems(config, "the pipelined embodied PPO runner")
+        if config.env.on_failure == "reset":
+            problems.append(
+                "env.on_failure: 'reset' drops a failed env step and takes it again, and the "
+                "hybrid placement's rollout workers have already recorded it; stop on a "
+                "failure ('stop') or run with env, rollout and actor under one key, e.g. "
+                f"{COLLOCATED_EXAMPLE}"
+            )
+        if config.algorithm.adv_type != "gae":
+            problems.append(
+                f"algorithm.adv_type: the hybrid placement trains PPO with GAE; "
+                f"'{config.algorithm.adv_type}' (group-normalised episode returns) runs with "
+                f"env, rollout and actor under one key, e.g. {COLLOCATED_EXAMPLE}"
+            )
+        if plan is None:
+            return problems
+        env_workers = len(plan.component("env").workers)
+        rollout_workers = len(plan.component("rollout").workers)
+        stages = config.rollout.pipeline_stage_num
+        num_envs = config.env.num_envs
+        if rollout_workers > env_workers:
+            problems.append(
+                f"cluster.component_placement: {rollout_workers} rollout workers for "
+                f"{env_workers} env workers; rollout worker r acts for env workers r, "
+                f"r + {rollout_workers}, ..., so some would idle: place at most {env_workers}"
+            )
+        if num_envs % env_workers:
+            problems.append(
+                f"env.num_envs: {num_envs} envs do not split evenly over the {env_workers} env "
+                "workers"
+            )
+        elif (num_envs // env_workers) % stages:
+            problems.append(
+                f"rollout.pipeline_stage_num: an env worker's {num_envs // env_workers} envs do "
+                f"not split evenly into {stages} stages"
+            )
+        problems += actor_share_problems(config, len(plan.component("actor").workers))
+        return problems
+
+    @classmethod
+    def unread(cls, config: Config) -> dict[str, str]:
+        unread = {
+            **ppo_unread(config, "the pipelined embodied PPO runner"),
+            **compile_unread(
+                "only the collocated placement (env, rollout and actor in the same processes, "
+                f"e.g. {COLLOCATED_EXAMPLE}) reads it; the hybrid placement runs eager"
+            ),
+        }
+        del unread["runner.mode"]  # this runner has the asynchronous mode
+        if config.runner.mode == "async":
+            del unread["algorithm.max_staleness"]
+        else:
+            unread["algorithm.max_staleness"] = (
+                "bounds how far runner.mode='async' lets the env and rollout workers run ahead "
+                "of the update; runner.mode is 'sync'"
+            )
+        return unread
+
+
+class SACRules:
+    """What an SAC run (env collectors and one learner) may ask for."""
+
+    trainer_name: ClassVar[str] = "SACTrainer"
+    registered_names: ClassVar[tuple[str, ...]] = ("actor.model.model_type", "env.env_type")
+
+    @classmethod
+    def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
+        layout = ProcessLayout.of(config.cluster.component_placement)
+        problems = []
+        if layout.key_of("rollout") != layout.key_of("env"):
+            problems.append(
+                "cluster.component_placement: SAC's env workers step the policy themselves; "
+                f"place 'rollout' and 'env' under one key, e.g. {SAC_EXAMPLE}"
+            )
+        if layout.key_of("actor") is not None and layout.shared("actor", "env"):
+            problems.append(
+                "cluster.component_placement: SAC runs its learner ('actor') in a process of its "
+                "own beside the env workers, so that stepping and training overlap; give it a "
+                f"key of its own, e.g. {SAC_EXAMPLE}"
+            )
+        problems += not_offloading_problems(config, "SAC")
+        sac = config.algorithm.sac
+        if sac.learning_starts < sac.batch_size:
+            problems.append(
+                f"algorithm.sac.learning_starts: the first update samples batch_size="
+                f"{sac.batch_size} transitions, so at least that many must be collected first, "
+                f"got {sac.learning_starts}"
+            )
+        if sac.replay_size < sac.batch_size:
+            problems.append(
+                f"algorithm.sac.replay_size: {sac.replay_size} is smaller than batch_size "
+                f"{sac.batch_size}"
+            )
+        if plan is not None:
+            learners = len(plan.component("actor").workers)
+            collectors = len(plan.component("env").workers)
+            if learners != 1:
+                problems.append(
+                    "cluster.component_placement: SAC's learner ('actor') runs in one process, "
+                    f"got {learners}"
+                )
+            if config.env.num_envs % collectors:
+                problems.append(
+                    f"env.num_envs: {config.env.num_envs} envs do not split evenly over the "
+                    f"{collectors} env workers"
+                )
+        return problems
+
+    @classmethod
+    def unread(cls, config: Config) -> dict[str, str]:
+        unread = {
+            **compile_unread("SAC does not read it"),
+            **stages_unread(config, "SAC"),
+            **embodied_unread(config, "SAC"),
+            "actor.backend": "SAC's learner trains in plain torch in one process; "
+            "actor.backend picks the other runners' training backend",
+            "actor.fsdp_config": "SAC's learner is one process in plain torch: FSDP shards and "
+            "casts nothing",
+            "actor.model.gradient_checkpointing": "SAC's learner keeps every activation (its "
+            "MLPs are small)",
+            "rollout.precision": "SAC's env workers act with the learner's policy as it sends "
+            "it (actor.model.precision); leave it null",
+        }
+        own = (
+            "SAC's learner makes its own Adam optimizers at actor.optim.lr (policy), "
+            "algorithm.sac.q_lr and algorithm.sac.alpha_lr, without clipping or schedule"
+        )
+        for field in attrs.fields(OptimConfig):
+            if field.name != "lr":
+                unread[f"actor.optim.{field.name}"] = own
+        losses = (
+            "SAC trains with its own losses (rlcore's sac_*, set by algorithm.sac.* and "
+            "algorithm.gamma); this key sets PPO's or the reasoning runner's"
+        )
+        for key in (
+            "adv_type",
+            "group_size",
+            "clip_low",
+            "clip_high",
+            "dual_clip",
+            "loss_agg_mode",
+            "entropy_coef",
+            "lam",
+            "baseline_form",
+            "ppo_epochs",
+            "num_minibatches",
+            "vf_coef",
+            "value_clip",
+            "norm_adv",
+            "norm_reward",
+            "target_kl",
+        ):
+            unread[f"algorithm.{key}"] = losses
+        return unread
