@@ -465,6 +465,34 @@ def test_vllm_runs_on_this_cpu_with_a_head_size_its_cpu_attention_serves() -> No
     )
 
 
+def test_vllm_cpu_head_sizes_are_asked_once_per_vllm_build(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The sizes come from vLLM's CPU attention backend, then from the record kept in the
+    cache folder, until the record's key (the backend's file) no longer matches."""
+    pytest.importorskip("vllm", reason="vLLM's CPU build comes with `make install`")
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from rlshell.runners.validation import _vllm_cpu_head_sizes
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    sizes = _vllm_cpu_head_sizes()
+    assert sizes == list(CPUAttentionBackend.get_supported_head_sizes())
+    record_path = tmp_path / "rlstack" / "vllm_cpu_head_sizes.json"
+    record = json.loads(record_path.read_text())
+    assert record["head_sizes"] == sizes
+    assert record["key"].startswith(str(Path(sys.modules["vllm"].__file__).parent))
+    monkeypatch.setattr(
+        CPUAttentionBackend, "get_supported_head_sizes", classmethod(lambda cls: [7])
+    )
+    assert _vllm_cpu_head_sizes() == sizes  # the record answers; vLLM is not asked
+    record_path.write_text(json.dumps({**record, "key": "another build"}))
+    assert _vllm_cpu_head_sizes() == [7]  # asked again, and kept
+    assert json.loads(record_path.read_text()) == {**record, "head_sizes": [7]}
+    record_path.write_text("{not json")
+    assert _vllm_cpu_head_sizes() == [7]
+
+
 def test_vllm_tensor_parallelism_is_planned_but_not_run() -> None:
     overrides = ["rollout.backend=vllm", *VLLM_HEADS, "rollout.tensor_parallel_size=2"]
     placement = '{"actor": "0-1", "rollout": "0-1", "reward": "0"}'

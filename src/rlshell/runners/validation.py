@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import json
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -490,16 +492,50 @@ def _head_size(hf_config: object) -> int | None:
     return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
 
 
+_CPU_ATTENTION = Path("v1", "attention", "backends", "cpu_attn.py")
+
+
 def _vllm_cpu_head_sizes() -> list[int]:
-    """The head sizes the installed vLLM CPU build serves (none known without vLLM)."""
-    if not _importable("vllm"):
+    """The head sizes the installed vLLM CPU build serves (none known without vLLM).
+
+    Asking vLLM's CPU attention backend imports half of vLLM (about 10 s), so the answer
+    is kept in ``$XDG_CACHE_HOME/rlstack/vllm_cpu_head_sizes.json`` (default
+    ``~/.cache``) under the backend file's path, size and modification time: another
+    vLLM, or an edit of that file, asks again.
+    """
+    spec = importlib.util.find_spec("vllm")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
         return []
+    source = Path(next(iter(spec.submodule_search_locations)), _CPU_ATTENTION)
+    key = (
+        f"{source}:{source.stat().st_size}:{source.stat().st_mtime_ns}"
+        if source.is_file()
+        else None
+    )
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "rlstack")
+    cached = cache / "vllm_cpu_head_sizes.json"
+    if key is not None:
+        try:
+            record = json.loads(cached.read_text())
+            if record["key"] == key:
+                return [int(size) for size in record["head_sizes"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # no record, or an unreadable one: ask vLLM
     from rlshell.engines.rollout.vllm import vllm_logging_defaults
 
     vllm_logging_defaults()
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    return list(CPUAttentionBackend.get_supported_head_sizes())
+    sizes = [int(size) for size in CPUAttentionBackend.get_supported_head_sizes()]
+    if key is not None:
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            partial = cached.with_name(f"{cached.name}.{os.getpid()}")
+            partial.write_text(json.dumps({"key": key, "head_sizes": sizes}))
+            partial.replace(cached)  # whole or not at all, whoever writes at once
+        except OSError:
+            pass  # a read-only home: the next validation asks vLLM again
+    return sizes
 
 
 def _rollout_on_cpus(config: Config) -> bool:
