@@ -82,17 +82,15 @@ def actor_share_problems(config: Config, ranks: int) -> list[str]:
 
 
 SAC_EXAMPLE = '{"actor": "0", "rollout,env": "0"}'
+# The registry names both PPO trainers build.
+_PPO_REGISTERED = ("actor.model.model_type", "algorithm.adv_type", "env.env_type")
 
 
 class CollocatedPPORules:
     """What embodied PPO with env, rollout and actor in the same processes may ask for."""
 
     trainer_name: ClassVar[str] = "CollocatedPPOTrainer"
-    registered_names: ClassVar[tuple[str, ...]] = (
-        "actor.model.model_type",
-        "algorithm.adv_type",
-        "env.env_type",
-    )
+    registered_names: ClassVar[tuple[str, ...]] = _PPO_REGISTERED
 
     @classmethod
     def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
@@ -153,11 +151,7 @@ class PipelinedPPORules:
     """What embodied PPO with env, rollout and actor groups of their own may ask for."""
 
     trainer_name: ClassVar[str] = "PipelinedPPOTrainer"
-    registered_names: ClassVar[tuple[str, ...]] = (
-        "actor.model.model_type",
-        "algorithm.adv_type",
-        "env.env_type",
-    )
+    registered_names: ClassVar[tuple[str, ...]] = _PPO_REGISTERED
 
     @classmethod
     def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
