@@ -491,6 +491,12 @@ def test_vllm_cpu_head_sizes_are_asked_once_per_vllm_build(
     assert json.loads(record_path.read_text()) == {**record, "head_sizes": [7]}
     record_path.write_text("{not json")
     assert _vllm_cpu_head_sizes() == [7]
+    # A cache folder that cannot be made (here a file stands in its way): asked every time.
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    assert _vllm_cpu_head_sizes() == [7]
+    assert not (blocked / "rlstack").exists()
 
 
 def test_vllm_tensor_parallelism_is_planned_but_not_run() -> None:
