@@ -11,6 +11,9 @@ import os
 import torch
 from hypothesis import HealthCheck, settings
 
+# The time per file and the slowest tests, printed after every run (tests/suite_times.py).
+pytest_plugins = ["tests.suite_times"]
+
 _COMMON = {
     "deadline": None,
     "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],

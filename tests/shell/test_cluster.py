@@ -89,6 +89,55 @@ def test_attaching_refuses_embedded_only_options() -> None:
         Cluster("auto", num_cpus=2)
 
 
+TIMED_OUT = (
+    "The current node timed out during startup. This could happen because some of the raylet "
+    "failed to startup or the GCS has become overloaded."
+)
+
+
+@pytest.mark.parametrize(
+    ("failures", "started"),
+    [([TIMED_OUT], True), ([TIMED_OUT, TIMED_OUT], False), (["no such interface"], False)],
+    ids=["timed-out-once", "timed-out-twice", "another-error"],
+)
+def test_an_embedded_start_that_times_out_is_tried_once_more_and_said(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    failures: list[str],
+    started: bool,
+) -> None:
+    """Ray gives its node a fixed 30 s to start; on a loaded machine that can pass. The
+    start is tried once more, after a pause, saying so; a second time-out, or any other
+    error, is raised as Ray raised it, and whatever a failed try left is shut down."""
+    import rlshell.cluster.ray_cluster as ray_cluster
+
+    calls: list[dict[str, Any]] = []
+    shutdowns: list[int] = []
+
+    def init(**kwargs: Any) -> None:
+        calls.append(kwargs)
+        if len(calls) <= len(failures):
+            raise Exception(failures[len(calls) - 1])
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # the session's Ray may be up
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: shutdowns.append(1))
+    monkeypatch.setattr(ray_cluster, "_RETRY_PAUSE_S", 0.0)
+    if started:
+        Cluster(num_cpus=2, temp_dir="/tmp/rt").shutdown()
+    else:
+        with pytest.raises(Exception, match=failures[-1]):
+            Cluster(num_cpus=2, temp_dir="/tmp/rt")
+    retried = failures[0] == TIMED_OUT
+    assert len(calls) == (2 if retried else 1)
+    assert all(call["address"] == "local" and call["_temp_dir"] == "/tmp/rt" for call in calls)
+    assert len(shutdowns) == (1 if retried else 0)
+    said = capsys.readouterr().err
+    assert (
+        "did not start within Ray's 30 s" in said and "starting it once more" in said
+    ) == retried
+
+
 # ------------------------------------------------------------- the live cluster
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -209,21 +210,7 @@ class Cluster:
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
             if embedded:
-                # "local" (not None): never attach to a cluster Ray finds on its
-                # own (RAY_ADDRESS, /tmp/ray/ray_current_cluster) by accident.
-                ray.init(
-                    address="local",
-                    num_cpus=num_cpus,
-                    include_dashboard=False,
-                    log_to_driver=True,
-                    namespace=namespace,
-                    _temp_dir=temp_dir,
-                    # Ray starts one idle worker per CPU for a new driver's tasks; every
-                    # worker here is an actor with its own runtime_env (its env_vars), which
-                    # an idle worker cannot serve: they would only take the CPUs the actors
-                    # import torch on (measured: 2.5 s of a 2-step CartPole run's 31 s).
-                    _system_config={"prestart_worker_first_driver": False},
-                )
+                _start_embedded_ray(num_cpus, namespace, temp_dir)
             else:
                 ray.init(address=address, namespace=namespace, log_to_driver=True)
         self.startup_seconds = time.perf_counter() - start
@@ -500,6 +487,50 @@ class Cluster:
             reservation.release()
         if self.owns_ray and ray.is_initialized():
             ray.shutdown()
+
+
+# What Ray raises when its node's raylet has not registered with the GCS within its fixed 30 s
+# (ray._private.node): on a machine loaded by other work, not a broken installation.
+_STARTUP_TIMEOUT = "timed out during startup"
+_RETRY_PAUSE_S = 5.0
+
+
+def _start_embedded_ray(num_cpus: int | None, namespace: str, temp_dir: str | None) -> None:
+    """``ray.init`` of a local cluster; a start-up that times out is tried once more, and said.
+
+    Ray gives its node 30 s to register and has no setting for it. A second try, after a
+    pause in which the load that slowed the first may pass, gets another 30 s; a second
+    time-out is raised as Ray raised it.
+    """
+    for attempt in (1, 2):
+        try:
+            # "local" (not None): never attach to a cluster Ray finds on its own
+            # (RAY_ADDRESS, /tmp/ray/ray_current_cluster) by accident.
+            ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                log_to_driver=True,
+                namespace=namespace,
+                _temp_dir=temp_dir,
+                # Ray starts one idle worker per CPU for a new driver's tasks; every
+                # worker here is an actor with its own runtime_env (its env_vars), which
+                # an idle worker cannot serve: they would only take the CPUs the actors
+                # import torch on (measured: 2.5 s of a 2-step CartPole run's 31 s).
+                _system_config={"prestart_worker_first_driver": False},
+            )
+            return
+        except Exception as error:
+            if attempt == 2 or _STARTUP_TIMEOUT not in str(error):
+                raise
+            ray.shutdown()  # whatever the first try left running
+            print(
+                f"Ray's local node did not start within Ray's 30 s ({error}); the machine "
+                f"may be loaded: starting it once more in {_RETRY_PAUSE_S:g} s",
+                file=sys.stderr,
+                flush=True,
+            )
+            time.sleep(_RETRY_PAUSE_S)
 
 
 def _free_cpus(node_id: str) -> float | None:
