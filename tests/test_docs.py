@@ -478,15 +478,88 @@ def _shell_blocks_to_run() -> list[tuple[str, str | None]]:
     return runs
 
 
-@pytest.mark.parametrize(("command", "output"), _shell_blocks_to_run())
-def test_shell_commands_shown_in_the_docs_succeed(command: str, output: str | None) -> None:
+# A plain ``python -m rlshell.train`` command (no shell syntax, no environment of its own) is
+# run by `rlshell.train.main` in one interpreter shared by all of them: they differ only in
+# their arguments, and each would otherwise pay the interpreter's start-up and imports again.
+TRAIN = ".venv/bin/python -m rlshell.train "
+SHELL_SYNTAX = re.compile(r"&&|\|\||[|<>;`]|\$\(")
+
+_MAIN_RUNNER = textwrap.dedent(
+    """
+    import contextlib, io, json, shlex, sys, traceback
+    from rlshell.train import main
+    results = []
+    for arguments in json.load(sys.stdin):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = main(shlex.split(arguments))
+            except SystemExit as exit:  # argparse's --help and usage errors
+                status = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+            except BaseException:
+                traceback.print_exc()
+                status = 1
+        results.append({"status": status, "stdout": out.getvalue(), "stderr": err.getvalue()})
+    sys.__stdout__.write(json.dumps(results))
+    """
+)
+
+
+def in_one_interpreter(command: str) -> bool:
+    return command.startswith(TRAIN) and SHELL_SYNTAX.search(command) is None
+
+
+@pytest.fixture(scope="module")
+def train_commands() -> dict[str, subprocess.CompletedProcess[str]]:
+    """Every plain ``rlshell.train`` command the docs run, run one after another by
+    `rlshell.train.main` in one fresh interpreter: its status, stdout and stderr."""
+    commands = sorted(
+        {command for command, _ in _shell_blocks_to_run() if in_one_interpreter(command)}
+    )
     result = subprocess.run(
-        ["bash", "-c", with_this_venv(command)],
+        [sys.executable, "-c", _MAIN_RUNNER],
+        input=json.dumps([command.removeprefix(TRAIN) for command in commands]),
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=600,
     )
+    assert result.returncode == 0, result.stderr
+    return {
+        command: subprocess.CompletedProcess(command, run["status"], run["stdout"], run["stderr"])
+        for command, run in zip(commands, json.loads(result.stdout), strict=True)
+    }
+
+
+def test_the_shared_interpreter_takes_only_plain_train_commands() -> None:
+    assert in_one_interpreter(f"{TRAIN}configs/grpo.py --dry-run actor.optim.lr=1e-4")
+    assert in_one_interpreter(f"""{TRAIN}configs/grpo.py --dry-run a='{{"b": "0:0"}}'""")
+    for other in (
+        f"{TRAIN}configs/grpo.py --dry-run && {TRAIN}--config x.json --dry-run",
+        f"{TRAIN}configs/ppo_cartpole.py > /dev/null",
+        f"{TRAIN}configs/grpo.py | grep x",
+        f"X=1 {TRAIN}configs/grpo.py --dry-run",
+        ".venv/bin/python -m rlshell.envs.vulkan status",
+    ):
+        assert not in_one_interpreter(other), other
+
+
+# One worker runs them all, so the shared interpreter starts once (--dist loadgroup).
+@pytest.mark.xdist_group("docs_shell_commands")
+@pytest.mark.parametrize(("command", "output"), _shell_blocks_to_run())
+def test_shell_commands_shown_in_the_docs_succeed(
+    command: str, output: str | None, request: pytest.FixtureRequest
+) -> None:
+    if in_one_interpreter(command):
+        result = request.getfixturevalue("train_commands")[command]
+    else:
+        result = subprocess.run(
+            ["bash", "-c", with_this_venv(command)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
     assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
     if output is not None:
         assert normalise(result.stdout) == normalise(output), result.stdout
