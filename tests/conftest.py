@@ -7,7 +7,9 @@ deterministic; ``dev`` runs more examples; ``thorough`` many more.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -29,3 +31,13 @@ torch.set_num_threads(1)
 
 # Ray writes an auth token under ~/.ray unless told not to (shared/ENVIRONMENT.md).
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+# Runs of the command-line tools forked from a warm interpreter, on one Ray cluster per
+# pytest process (tests/launcher.py); imported once the environment above is set.
+from tests import launcher  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_the_launcher() -> Iterator[None]:
+    yield
+    launcher.shutdown()

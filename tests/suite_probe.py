@@ -42,13 +42,23 @@ def _install(folder: str) -> None:
     }
     local = threading.local()
     last_write = [0.0]
-    path = os.path.join(folder, f"{os.getpid()}.json")
+
+    def after_fork() -> None:
+        # A fork (tests/zygote.py's runs) starts its own count; what it inherited is its parent's.
+        for key in ("imports", "ray_init", "model_builds"):
+            counts[key] = 0.0
+        counts["ray_init_calls"] = counts["model_build_calls"] = 0
+        last_write[0] = 0.0
+
+    os.register_at_fork(after_in_child=after_fork)
 
     def write(force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - last_write[0] < 0.25:
             return
         last_write[0] = now
+        counts["argv"] = list(getattr(sys, "orig_argv", sys.argv))
+        path = os.path.join(folder, f"{os.getpid()}.json")
         try:
             temp = f"{path}.{threading.get_ident()}.tmp"
             with open(temp, "w") as handle:

@@ -5,7 +5,9 @@ and teardown together: a module fixture's work (a run several tests inspect) lan
 the setup of the first test that asks for it, and is counted there. Under xdist the
 controlling process receives every worker's reports, so the figures cover the whole
 run. At the end it prints the time per file and the slowest tests, and writes both
-as JSON (``build/test-times.json``, or where ``RLSTACK_TEST_TIMES`` says).
+as JSON (``build/test-times.json``, or where ``RLSTACK_TEST_TIMES`` says), with how
+`tests/launcher.py` started the runs of the command-line tools (forked or cold, on the
+shared Ray or not, and why).
 
 This is a report, not a check: no figure here fails a test.
 """
@@ -15,12 +17,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+LAUNCHES_KEY = "rlstack_launches"
 SLOWEST = 20
 FILES_SHOWN = 25
 ENV_VAR = "RLSTACK_TEST_TIMES"
@@ -32,6 +35,12 @@ class SuiteTimes:
         self.started = time.monotonic()
         self.by_test: dict[str, float] = defaultdict(float)
         self.outcome: dict[str, str] = {}
+        # How tests/launcher.py started the runs, from each xdist worker as it finishes.
+        self.launches: Counter[str] = Counter()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        self.launches.update(getattr(node, "workeroutput", {}).get(LAUNCHES_KEY, {}))
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -71,6 +80,14 @@ class SuiteTimes:
         terminalreporter.section(f"{SLOWEST} slowest tests (setup + call + teardown)")
         for nodeid, seconds in slowest:
             write(f"{seconds:8.1f} s  {nodeid}")
+        if not self.launches:  # no xdist workers: this process started the runs
+            from tests import launcher
+
+            self.launches.update(launcher.STATS)
+        if self.launches:
+            terminalreporter.section("runs of the command-line tools (tests/launcher.py)")
+            for how, count in self.launches.most_common():
+                write(f"{count:8d}  {how}")
         target = Path(os.environ.get(ENV_VAR) or self.rootdir / "build" / "test-times.json")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(
@@ -79,6 +96,7 @@ class SuiteTimes:
                     "wall_s": round(wall, 1),
                     "test_time_s": round(total, 1),
                     "exit_status": int(exitstatus),
+                    "launches": dict(self.launches),
                     "files": {
                         path: {"seconds": round(seconds, 2), "tests": count}
                         for path, (seconds, count) in files.items()
@@ -99,3 +117,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # The xdist workers report to the controlling process, which sums for all of them.
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(SuiteTimes(config.rootpath), "rlstack-suite-times")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: tell the controller
+        from tests import launcher
+
+        session.config.workeroutput[LAUNCHES_KEY] = dict(launcher.STATS)

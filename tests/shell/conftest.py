@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,14 +30,14 @@ _names = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[Cluster]:
-    """An embedded 2-CPU Ray cluster (RAY_AUTH_MODE=disabled comes from tests/conftest.py)."""
-    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    try:
-        with Cluster(num_cpus=2, temp_dir=temp_dir) as cluster:
-            yield cluster
-    finally:
-        shutil.rmtree(temp_dir, ignore_errors=True)
+def ray_cluster() -> Cluster:
+    """This pytest process's embedded 2-CPU Ray cluster (`tests.launcher.shared_cluster`: the
+    one runs started by `tests.launcher` attach to; RAY_AUTH_MODE=disabled comes from
+    tests/conftest.py)."""
+    from tests import launcher
+
+    cluster: Cluster = launcher.shared_cluster()
+    return cluster
 
 
 def make_plan(

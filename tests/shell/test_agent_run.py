@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,8 +22,9 @@ import torch
 from rlshell.checkpoint import QUEUE_FILE
 from rlshell.export import load_policy
 from rlshell.metrics import read_metrics
+from tests import launcher
 from tests.shell.test_async_run import _deterministic
-from tests.shell.test_run import ROOT, cli_env, ray_tmpdir, train
+from tests.shell.test_run import cli_env, ray_tmpdir, train
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("agent_run")]
 
@@ -114,12 +114,9 @@ def test_sft_then_rl_with_tools_resumed_mid_multi_turn_batch_repeats_its_step(
     # turn as long as a whole trajectory, the model alone.
     final = str(run_dir / "checkpoints" / "global_step_3")
     for extra in ([], ["--no-tools"]):
-        shown = subprocess.run(
+        shown = launcher.run(
             [sys.executable, "-m", "rlshell.evaluate", final, "--limit", "4", *extra],
-            cwd=ROOT,
             env=env,
-            capture_output=True,
-            text=True,
             timeout=300,
         )
         assert shown.returncode == 0, shown.stderr[-3000:]

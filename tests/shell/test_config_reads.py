@@ -44,7 +44,8 @@ from rlshell.runners.validation import (
     unread_leaves,
     validate,
 )
-from tests.shell.test_run import ROOT, cli_env
+from tests import launcher
+from tests.shell.test_run import cli_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("config_reads")]
 
@@ -174,14 +175,15 @@ class TracedRun:
     run_dir: Path
 
 
-def _start(name: str, args: list[str], out: Path) -> subprocess.Popen[str]:
+def _start(name: str, args: list[str], out: Path) -> launcher.WarmProcess | subprocess.Popen[bytes]:
     reads = out / "reads"
     reads.mkdir(parents=True)
     ray_tmp = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))
     env = cli_env(ray_tmp, **{TRACE_ENV_VAR: str(reads)})
     command = [sys.executable, "-m", "rlshell.train", *args, f"runner.output_dir={out / 'runs'}"]
-    log = (out / "log.txt").open("w")
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log, text=True)
+    with (out / "log.txt").open("w") as log:
+        # Two run at once: each on a Ray of its own, as each may ask for most of 2 CPUs.
+        return launcher.popen(command, env=env, stdout=log, stderr=log, shared_ray=False)
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +191,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TracedRun]:
     """Every run of `RUNS`, two at a time (most of a short run is process start-up)."""
     root = tmp_path_factory.mktemp("reads")
     pending = list(RUNS)
-    running: dict[str, subprocess.Popen[str]] = {}
+    running: dict[str, launcher.WarmProcess | subprocess.Popen[bytes]] = {}
     results: dict[str, TracedRun] = {}
     started = time.monotonic()
     try:

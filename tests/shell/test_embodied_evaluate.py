@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import warnings
@@ -55,8 +55,9 @@ from rlshell.evaluation.intervals import (
 )
 from rlshell.models import MODELS, get_model, register_model
 from rlshell.models.base import BasePolicy
+from tests import launcher
 from tests.shell.rlcore_checks import rlcore_checks_run
-from tests.shell.test_run import ROOT, cli_env, train
+from tests.shell.test_run import cli_env, train
 
 # --- the interval maths ------------------------------------------------------------------------
 
@@ -577,12 +578,8 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def evaluate_cli(*args: str) -> dict[str, Any]:
-    result = subprocess.run(
-        [sys.executable, "-m", "rlshell.evaluate", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = launcher.run(
+        [sys.executable, "-m", "rlshell.evaluate", *args], env=dict(os.environ), timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])

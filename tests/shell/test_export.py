@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -60,6 +59,7 @@ from rlshell.extensions import ENV_VAR
 from rlshell.models import get_model
 from rlshell.models.base import BasePolicy
 from rlshell.runners.validation import load_config
+from tests import launcher
 from tests.shell.conftest import single_rank_group
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,12 +173,9 @@ def test_a_reasoning_checkpoint_exports_a_hugging_face_model_and_tokenizer(
     written = read_config_source(run_config_path(checkpoint))
     assert "vocab_size" not in written["actor"]["model"]["model_kwargs"]
     out = tmp_path / "hf_model"
-    result = subprocess.run(
+    result = launcher.run(
         [sys.executable, "-m", "rlshell.export", str(checkpoint), str(out)],
-        cwd=ROOT,
         env=child_env(),
-        capture_output=True,
-        text=True,
         timeout=180,
     )
     assert result.returncode == 0, result.stderr
@@ -334,9 +331,7 @@ def test_an_extensions_model_is_exported_and_loaded_back_as_its_own_class(tmp_pa
     env = child_env(**{ENV_VAR: "rlshell_example_ext", "PYTHONPATH": pythonpath})
 
     def child(*args: str) -> str:
-        result = subprocess.run(
-            [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
-        )
+        result = launcher.run([sys.executable, *args], env=env, timeout=180)
         assert result.returncode == 0, result.stderr
         return result.stdout.strip()
 

@@ -8,6 +8,7 @@ that install step could not run. The GPU test needs an NVIDIA GPU.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -30,8 +31,9 @@ from rlshell.envs.stepper import EnvStepper
 from rlshell.envs.text import texts_of
 from rlshell.envs.vulkan import DIR_ENV_VAR, InstallError, install_lavapipe, main, use_vulkan_driver
 from rlshell.metrics import read_metrics
+from tests import launcher
 from tests.shell.test_cnn_policy import make_policy
-from tests.shell.test_run import ROOT, cli_env, train
+from tests.shell.test_run import cli_env, train
 from tests.shell.test_vla import make_vla
 
 CPU_REASON = maniskill_unavailable_reason()
@@ -234,7 +236,7 @@ def test_a_short_ppo_run_on_pushcube_trains_and_evaluates_with_a_gif(tmp_path: P
     assert all(0.0 <= r["env/success"] <= 1.0 for r in records)
     assert all(torch.isfinite(torch.tensor(r["train/loss"])) for r in records)
 
-    evaluated = subprocess.run(
+    evaluated = launcher.run(
         [
             sys.executable,
             "-m",
@@ -245,11 +247,8 @@ def test_a_short_ppo_run_on_pushcube_trains_and_evaluates_with_a_gif(tmp_path: P
             "--num-envs",
             "1",
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+        env=dict(os.environ),
         timeout=300,
-        check=False,
     )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     report = json.loads(evaluated.stdout.strip().splitlines()[-1])

@@ -10,7 +10,7 @@ itself, at tensor parallel 2, runs two steps in tests/shell/test_config_reads.py
 
 from __future__ import annotations
 
-import subprocess
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -21,7 +21,8 @@ import torch
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (the megatron extra)")
 
 from rlshell.metrics import read_metrics
-from tests.shell.test_run import ROOT, cli_env, train
+from tests import launcher
+from tests.shell.test_run import cli_env, train
 
 pytestmark = pytest.mark.slow
 
@@ -62,11 +63,9 @@ def test_a_pipeline_parallel_run_resumes_and_exports(tmp_path: Path) -> None:
 
     checkpoint = run / "checkpoints" / "global_step_3"
     exported = tmp_path / "exported"
-    result = subprocess.run(
+    result = launcher.run(
         [sys.executable, "-m", "rlshell.export", str(checkpoint), str(exported)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+        env=dict(os.environ),
         timeout=180,
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from rlshell.metrics import read_metrics
+from tests import launcher
 from tests.shell.test_run import ROOT, cli_env, train
 
 # One xdist worker runs the whole module, so the shared run happens once (--dist loadgroup).
@@ -119,9 +120,7 @@ def test_ctrl_c_then_resume_auto_reproduces_the_uninterrupted_run_exactly(
         f"runner.output_dir={tmp_path}",
     ]
     run_dir = tmp_path / "grpo"
-    process = subprocess.Popen(
-        args, cwd=ROOT, env=cli_env(ray_tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
+    process = launcher.popen(args, env=cli_env(ray_tmp), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while not (run_dir / "checkpoints" / "global_step_2").is_dir():
         assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
@@ -255,11 +254,9 @@ def test_evaluate_scores_a_checkpoint_and_the_export_as_the_run_did(uninterrupte
         (uninterrupted / "checkpoints" / "global_step_6", []),
         (uninterrupted / "hf_model", ["--config", str(uninterrupted / "config.json")]),
     ):
-        result = subprocess.run(
+        result = launcher.run(
             [sys.executable, "-m", "rlshell.evaluate", str(target), *extra],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
+            env=dict(os.environ),
             timeout=300,
         )
         assert result.returncode == 0, result.stderr[-2000:]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -23,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from rlshell.metrics import read_metrics
+from tests import launcher
 from tests.shell.test_run import (
     ONE_ACTOR_RANK,
-    ROOT,
     cli_env,
     train,
     wait_for_no_ray_processes,
@@ -74,6 +73,7 @@ def test_a_reward_that_always_raises_stops_the_run_naming_it_with_its_traceback_
         f"runner.output_dir={tmp_path}",
         env=chaos_env(ray_tmp),
         timeout=300,
+        shared_ray=False,  # its Ray's processes are checked gone at the end
     )
     output = result.stdout[-3000:] + result.stderr[-5000:]
     assert result.returncode == 1, output
@@ -103,7 +103,7 @@ def test_a_reward_that_always_raises_stops_the_run_naming_it_with_its_traceback_
     assert wait_for_no_ray_processes(ray_tmp) == []
 
     # Evaluating the checkpoint with the run's reward: the failure shown, its share reported.
-    evaluated = subprocess.run(
+    evaluated = launcher.run(
         [
             sys.executable,
             "-m",
@@ -111,10 +111,7 @@ def test_a_reward_that_always_raises_stops_the_run_naming_it_with_its_traceback_
             str(run / "checkpoints" / "global_step_1"),
             "--limit=4",
         ],
-        cwd=ROOT,
         env=chaos_env(ray_tmp),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import launcher
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_EXT = ROOT / "examples" / "extension"
 # A reasoning run on one actor rank that also generates, beside the reward worker: for tests
@@ -46,16 +48,17 @@ def cli_env(ray_tmpdir: Path, **extra: str) -> dict[str, str]:
 
 
 def train(
-    *args: str, env: dict[str, str], timeout: float = 180
+    *args: str, env: dict[str, str], timeout: float = 180, shared_ray: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m rlshell.train ARGS`` from the repository root."""
-    return subprocess.run(
+    """``python -m rlshell.train ARGS`` from the repository root, through `tests.launcher`:
+    forked from the warm interpreter and on this pytest process's Ray cluster where that
+    cannot change the run (``shared_ray=False``: a Ray of its own, for tests of Ray's start,
+    shutdown or leftovers)."""
+    return launcher.run(
         [sys.executable, "-m", "rlshell.train", *args],
-        cwd=ROOT,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=timeout,
+        shared_ray=shared_ray,
     )
 
 
@@ -93,6 +96,7 @@ def test_a_probe_run_places_every_worker_as_planned_with_extensions_loaded(
             ray_tmpdir, RLSHELL_EXT_MODULE="rlshell_example_ext", PYTHONPATH=str(EXAMPLE_EXT)
         ),
         timeout=240,
+        shared_ray=False,  # its Ray's processes are checked gone at the end
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "probe step 3/3" in result.stdout
@@ -123,13 +127,11 @@ def test_overwrite_clears_the_old_run_before_the_new_one_starts(
         "result = train('configs/grpo.py', sys.argv[1:], overwrite=True); print(result.run_dir)"
     )
     args = ["runner.runner_type=probe", "runner.max_steps=2", f"runner.output_dir={tmp_path}"]
-    result = subprocess.run(
+    result = launcher.run(
         [sys.executable, "-c", script, *args],
-        cwd=ROOT,
         env=cli_env(ray_tmpdir),
-        capture_output=True,
-        text=True,
         timeout=240,
+        shared_ray=False,  # its Ray's processes are checked gone at the end
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[0] == (
@@ -205,6 +207,7 @@ def test_a_placement_the_runner_cannot_run_is_named_before_ray_starts(
         env=cli_env(
             ray_tmpdir, RLSHELL_EXT_MODULE="rlshell_example_ext", PYTHONPATH=str(EXAMPLE_EXT)
         ),
+        shared_ray=False,  # that Ray never starts is checked at the end
     )
     assert result.returncode == 2
     problems = result.stderr.splitlines()[1:]

@@ -18,6 +18,7 @@ import pytest
 
 from rlshell.cluster.placement import Mode, read_plan
 from rlshell.runners.validation import load_config
+from tests import launcher
 from tests.shell.conftest import TrainHere
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,13 +30,13 @@ def train(
 ) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if k != "RLSHELL_EXT_MODULE"}
     environment.update(env or {})
-    return subprocess.run(
+    # Forked from the warm interpreter (tests/launcher.py); a Ray of its own if it gets there.
+    return launcher.run(
         [sys.executable, "-m", "rlshell.train", *args],
         cwd=cwd,
         env=environment,
-        capture_output=True,
-        text=True,
         timeout=timeout,
+        shared_ray=False,
     )
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from contextlib import closing
@@ -37,6 +36,7 @@ from rlshell.runners.spec import resolve_spec
 from rlshell.runners.validation import load_config, plan_for
 from rlshell.tokenizer import load_tokenizer
 from rlshell.workers.actor import policy_forward
+from tests import launcher
 from tests.shell.test_run import ROOT, cli_env
 
 pytestmark = [pytest.mark.slow]
@@ -218,9 +218,8 @@ def test_the_engine_killed_mid_generation_is_named_and_resume_auto_continues(
         "checkpoint.keep_last=null",
         f"runner.output_dir={tmp_path}",
     ]
-    run = subprocess.Popen(
-        args, cwd=ROOT, env=cli_env(ray_tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+    # A Ray of its own: the rollout worker to kill is found by its Ray's temp dir.
+    run = launcher.popen(args, env=cli_env(ray_tmp), shared_ray=False)
     checkpoints = tmp_path / "grpo_vllm" / "checkpoints"
     deadline = time.monotonic() + 300
     while not (checkpoints / "global_step_2").is_dir() and run.poll() is None:
@@ -234,14 +233,7 @@ def test_the_engine_killed_mid_generation_is_named_and_resume_auto_continues(
     assert "It was generating with the 'vllm' rollout engine" in stderr
     saved = sorted(int(p.name.rsplit("_", 1)[1]) for p in checkpoints.iterdir())
     assert saved[:2] == [1, 2]
-    resumed = subprocess.run(
-        [*args, "checkpoint.resume=auto"],
-        cwd=ROOT,
-        env=cli_env(ray_tmp),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    resumed = launcher.run([*args, "checkpoint.resume=auto"], env=cli_env(ray_tmp), timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout
     assert "RotaryEmbedding: Failed to load weights" not in resumed.stdout + resumed.stderr

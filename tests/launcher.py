@@ -1,0 +1,581 @@
+"""The tests' runs of the command-line tools, without paying an interpreter's start each time.
+
+Most of the suite's CPU time went to starting processes, not to what they check:
+`tests/profile_suite.py` found two thirds of it in imports (every ``python -m
+rlshell.train`` imports torch, transformers, Ray and the runners, ~6 CPU-s) and in
+starting a Ray cluster for each run (~9 CPU-s of daemons). Here a run is:
+
+- **forked from a warm interpreter** (the zygote, one per pytest process, started on
+  first use) that has imported the drivers' modules once; the fork then runs the
+  module as ``python -m`` would (``runpy``, as ``__main__``, its own ``sys.argv``,
+  environment, working directory, stdin/stdout/stderr, signals, exit status). It is a
+  real process: tests signal it, kill it and read its exit status as before.
+- **attached to this pytest process's Ray cluster** (`shared_cluster`, the one the
+  ``ray_cluster`` fixture gives) instead of starting its own: where the run's
+  `rlshell.cluster.ray_cluster.Cluster` would start a local Ray, it joins that one
+  (``ray.init(address=...)``), and leaves it up when it shuts down.
+
+Each is used only where it cannot change what the run does; otherwise the run is
+started the ordinary way, and nothing else differs:
+
+- a module imported in the zygote may have read its environment at import (Hugging
+  Face's cache paths, Ray's settings, thread counts): a run whose environment differs
+  from the zygote's in any such variable (`IMPORT_TIME_PREFIXES`) is started cold;
+- workers on the shared cluster are started by its raylet, with this process's
+  environment plus what `Cluster.worker_env` forwards: a run whose environment differs
+  in anything else (a fault-injection variable its workers read) starts its own Ray;
+- a test that checks Ray's own start or shutdown, or the processes a run leaves,
+  asks for its own Ray (``shared_ray=False``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Variables some module the zygote imports reads when it is imported (not when called).
+IMPORT_TIME_PREFIXES = (
+    "HF_",
+    "HUGGINGFACE",
+    "TRANSFORMERS",
+    "TOKENIZERS",
+    "TORCH",
+    "PYTORCH",
+    "OMP_",
+    "MKL",
+    "KMP_",
+    "RAY_",
+    "PYTHON",
+    "CUDA",
+    "VLLM",
+    "JAX",
+    "XLA",
+    "MPL",
+    "WANDB",
+    "MUJOCO",
+    "LD_",
+    "MALLOC",
+    "RLCORE_",
+    "TQDM",
+    "TMP",
+    "TEMP",
+    "XDG_",
+    "LANG",
+    "LC_",
+    "RLSHELL_TRACE_CONFIG_READS",
+)
+# ... except these, which are read when used (or applied to the fork here). The last three
+# are what ``ray.init`` sets in the environment of the process that calls it (this one,
+# once the shared cluster is up), which runs then inherit.
+READ_WHEN_USED = frozenset(
+    {
+        # torch sets it in os.environ (to its default) the first time it compiles here.
+        "TORCHINDUCTOR_CACHE_DIR",
+        "RAY_TMPDIR",
+        "PYTHONPATH",
+        "PYTHONUNBUFFERED",
+        "PYTHONBREAKPOINT",
+        "RAY_CLIENT_MODE",
+        "RAY_USAGE_STATS_ENABLED",
+    }
+)
+# What no worker reads: a run that differs from the shared cluster only in these (and in
+# what `Cluster.worker_env` forwards) runs there as it would on its own cluster.
+NOT_FOR_WORKERS = frozenset(
+    {
+        "PYTEST_CURRENT_TEST",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "RAY_TMPDIR",
+        "PYTHONUNBUFFERED",
+        "PYTHONBREAKPOINT",
+        "RAY_CLIENT_MODE",
+        "RAY_USAGE_STATS_ENABLED",
+    }
+)
+# The modules the drivers of short runs imported (`record_modules` writes the list): the
+# zygote imports them once. Many are imported lazily, inside the functions that use them
+# (transformers' model classes, matplotlib, tensorboard), so naming the entry points would
+# leave most of the work to every run. A stale list costs time, never correctness: what
+# it lacks a run imports itself, and what no longer exists is skipped.
+MODULES_FILE = Path(__file__).with_name("zygote_modules.txt")
+# Short runs whose drivers' imports make the list: every runner, evaluation and export.
+RECORDED_RUNS = (
+    [
+        "configs/grpo.py",
+        "runner.max_steps=1",
+        "runner.prompts_per_step=2",
+        "algorithm.group_size=2",
+        "data.num_val=2",
+        "checkpoint.interval=1",
+    ],
+    ["configs/ppo_cartpole.py", "runner.max_steps=1", "runner.rollout_steps=8"],
+    [
+        "configs/sac_pendulum.py",
+        "runner.max_steps=1",
+        "runner.rollout_steps=8",
+        "algorithm.sac.batch_size=8",
+        "algorithm.sac.learning_starts=8",
+    ],
+    ["configs/sft_arithmetic.py", "runner.max_steps=1", "runner.prompts_per_step=2"],
+)
+
+
+def _worker_forwarded() -> frozenset[str]:
+    from rlshell.cluster.ray_cluster import HUB_ENV_VARS
+    from rlshell.config import TRACE_ENV_VAR
+    from rlshell.extensions import ENV_VAR, OBJECTS_ENV_VAR
+
+    return frozenset({ENV_VAR, OBJECTS_ENV_VAR, "PYTHONPATH", TRACE_ENV_VAR, *HUB_ENV_VARS})
+
+
+def warm_fork_keeps(env: Mapping[str, str], zygote_env: Mapping[str, str]) -> list[str]:
+    """The variables that stop a run in ``env`` from being forked from a zygote started in
+    ``zygote_env`` (empty: it can be)."""
+    from rlshell.config import TRACE_ENV_VAR
+
+    names = set(env) | set(zygote_env)
+    return sorted(
+        name
+        for name in names
+        if name.startswith(IMPORT_TIME_PREFIXES)
+        and name not in READ_WHEN_USED
+        and env.get(name) != zygote_env.get(name)
+        # rlshell.config installs the tracer when imported; the fork does it (tests/zygote.py).
+        and not (name == TRACE_ENV_VAR and name not in zygote_env)
+    )
+
+
+def shared_ray_hides(env: Mapping[str, str], cluster_env: Mapping[str, str]) -> list[str]:
+    """The variables that a run in ``env`` would hide from its workers on a cluster started
+    in ``cluster_env`` (empty: it can run there)."""
+    forwarded = _worker_forwarded()
+    return sorted(
+        name
+        for name in set(env) | set(cluster_env)
+        if env.get(name) != cluster_env.get(name)
+        and name not in NOT_FOR_WORKERS
+        and not (name in forwarded and name in env)
+    )
+
+
+# ------------------------------------------------------------------------ the shared cluster
+
+# The environment the session started in (tests/conftest.py imports this module once it has
+# set its defaults). The zygote and the shared cluster start in it, whatever a test that
+# happens to start them first has set in os.environ since.
+SESSION_ENV = dict(os.environ)
+
+# Workers ask for fractional CPU bundles (0.25 by default), so tests never wait on each other.
+SHARED_CPUS = 2
+_CLUSTER: Any = None
+_CLUSTER_ENV: dict[str, str] = {}
+_CLUSTER_TEMP_DIR: list[str] = []
+
+
+@contextlib.contextmanager
+def _session_environment() -> Iterator[None]:
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(SESSION_ENV)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def shared_cluster() -> Any:
+    """This pytest process's Ray cluster (an embedded 2-CPU one), started on first use and
+    shut down at the end of the session (`shutdown`). Tests launch worker groups on it
+    directly (the ``ray_cluster`` fixture) and runs attach to it. Nothing is left on it
+    between tests: a run's job ends with its driver, and Ray then removes its actors and
+    placement groups."""
+    global _CLUSTER
+    if _CLUSTER is None or _CLUSTER.closed:
+        import tempfile
+
+        from rlshell.cluster.ray_cluster import Cluster
+
+        temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # socket paths stay short
+        with _session_environment():
+            _CLUSTER = Cluster(num_cpus=SHARED_CPUS, temp_dir=temp_dir)
+            # ray.init sets a few variables in the environment it starts in: the cluster's.
+            _CLUSTER_ENV.clear()
+            _CLUSTER_ENV.update(os.environ)
+        _CLUSTER_TEMP_DIR[:] = [temp_dir]
+    return _CLUSTER
+
+
+def shared_cluster_address() -> str:
+    import ray
+
+    shared_cluster()
+    return str(ray.get_runtime_context().gcs_address)
+
+
+def shutdown() -> None:
+    """Stop the zygote and the shared cluster, if they were started (the session's end)."""
+    global _CLUSTER, _ZYGOTE
+    if _ZYGOTE is not None:
+        _ZYGOTE.close()
+        _ZYGOTE = None
+    if _CLUSTER is not None:
+        import shutil
+
+        _CLUSTER.shutdown()
+        for temp_dir in _CLUSTER_TEMP_DIR:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        _CLUSTER = None
+
+
+atexit.register(shutdown)
+
+
+# ------------------------------------------------------------------------------ the zygote
+
+_ZYGOTE: Zygote | None = None
+
+
+class Zygote:
+    """A warm interpreter that forks a process for each run (`tests/zygote.py`)."""
+
+    def __init__(self) -> None:
+        self.env = dict(SESSION_ENV)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.socket = ours
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("zygote.py")), str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            cwd=ROOT,
+            env={**self.env, "RLSTACK_ZYGOTE_MODULES": str(MODULES_FILE)},
+        )
+        theirs.close()
+        reply = self.socket.recv(4096)
+        if not reply:
+            raise RuntimeError(f"the zygote exited before it was ready ({self.process.wait()})")
+        self.ready = json.loads(reply)
+
+    def fork(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: Path,
+        ray_address: str | None,
+        fds: Sequence[int],
+    ) -> int:
+        request = {
+            "argv": list(argv),
+            "env": dict(env),
+            "cwd": str(cwd),
+            "ray": ray_address,
+            "ray_cpus": SHARED_CPUS,
+        }
+        socket.send_fds(self.socket, [json.dumps(request).encode()], list(fds))
+        reply = json.loads(self.socket.recv(4096))
+        if "error" in reply:
+            raise RuntimeError(f"the zygote could not fork: {reply['error']}")
+        return int(reply["pid"])
+
+    def close(self) -> None:
+        self.socket.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def zygote() -> Zygote:
+    global _ZYGOTE
+    if _ZYGOTE is None or _ZYGOTE.process.poll() is not None:
+        _ZYGOTE = Zygote()
+    return _ZYGOTE
+
+
+# ---------------------------------------------------------------------------- the processes
+
+
+class WarmProcess:
+    """A forked run, used like a `subprocess.Popen` (``stdout``/``stderr`` pipes to read, or
+    files it writes to)."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: Path,
+        ray_address: str | None,
+        stdout: int | IO[Any],
+        stderr: int | IO[Any],
+    ) -> None:
+        self.args = list(argv)
+        self.returncode: int | None = None
+        to_close: list[int] = []
+
+        def target(where: int | IO[Any]) -> tuple[int | None, int]:
+            """(our end to read, or None; the fork's fd)."""
+            if where == subprocess.PIPE:
+                read, write = os.pipe()
+                to_close.append(write)
+                return read, write
+            assert not isinstance(where, int), where
+            return None, where.fileno()
+
+        out_r, out_w = target(stdout)
+        if stderr == subprocess.STDOUT:
+            err_r, err_w = None, out_w
+        else:
+            err_r, err_w = target(stderr)
+        status_r, status_w = os.pipe()
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        to_close += [status_w, stdin]
+        try:
+            self.pid = zygote().fork(argv, env, cwd, ray_address, [stdin, out_w, err_w, status_w])
+        finally:
+            for fd in to_close:
+                os.close(fd)
+        # Our ends, closed by `communicate` (the pipes) and `_read_status` (the status).
+        self.stdout = os.fdopen(out_r, "rb") if out_r is not None else None
+        self.stderr = os.fdopen(err_r, "rb") if err_r is not None else None
+        self._status = os.fdopen(status_r, "rb")
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            ready = selectors.DefaultSelector()
+            ready.register(self._status, selectors.EVENT_READ)
+            if ready.select(timeout=0):
+                self._read_status()
+            ready.close()
+        return self.returncode
+
+    def _read_status(self) -> None:
+        text = self._status.read().decode().strip()
+        self._status.close()
+        # Empty only if the zygote itself died before it reaped the run.
+        self.returncode = int(text) if text else -int(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            ready = selectors.DefaultSelector()
+            ready.register(self._status, selectors.EVENT_READ)
+            found = ready.select(timeout=timeout)
+            ready.close()
+            if not found:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            self._read_status()
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def communicate(self, timeout: float | None = None) -> tuple[bytes | None, bytes | None]:
+        """Everything the run writes to its pipes until it exits (``timeout``: kill it after
+        so long and raise `subprocess.TimeoutExpired`, as `subprocess.run` does)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        streams = [stream for stream in (self.stdout, self.stderr) if stream is not None]
+        chunks: dict[Any, list[bytes]] = {stream: [] for stream in streams}
+        selector = selectors.DefaultSelector()
+        for stream in streams:
+            selector.register(stream, selectors.EVENT_READ)
+        open_streams = len(streams)
+        try:
+            while open_streams:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    self.kill()
+                    self.wait()
+                    raise subprocess.TimeoutExpired(self.args, timeout or 0)
+                for key, _ in selector.select(timeout=left):
+                    data = os.read(key.fileobj.fileno(), 65536)  # type: ignore[union-attr]
+                    if data:
+                        chunks[key.fileobj].append(data)
+                    else:
+                        selector.unregister(key.fileobj)
+                        open_streams -= 1
+        finally:
+            selector.close()
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            self.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.wait()
+            raise
+        for stream in streams:
+            stream.close()
+        out = b"".join(chunks[self.stdout]) if self.stdout is not None else None
+        err = b"".join(chunks[self.stderr]) if self.stderr is not None else None
+        return out, err
+
+
+# How the runs of this process were started, and why (printed at the end of the session).
+STATS: collections.Counter[str] = collections.Counter()
+
+
+def _cold(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: Path,
+    stdout: int | IO[Any],
+    stderr: int | IO[Any],
+    why: str,
+) -> subprocess.Popen[bytes]:
+    STATS[f"cold ({why})"] += 1
+    return subprocess.Popen(argv, cwd=cwd, env=dict(env), stdout=stdout, stderr=stderr)
+
+
+def popen(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: Path = ROOT,
+    shared_ray: bool = True,
+    stdout: int | IO[Any] = subprocess.PIPE,
+    stderr: int | IO[Any] = subprocess.PIPE,
+) -> WarmProcess | subprocess.Popen[bytes]:
+    """``argv`` (``[sys.executable, "-m", MODULE, ...]``, ``[sys.executable, "-c", CODE, ...]``
+    or ``[sys.executable, SCRIPT, ...]``) forked from the zygote, and on the shared cluster
+    where it would start a Ray of its own, wherever that cannot change the run (module
+    docstring); else an ordinary subprocess. ``stdout``/``stderr``: `subprocess.PIPE`, an
+    open file, or (stderr) `subprocess.STDOUT`."""
+    if argv[0] != sys.executable or not hasattr(os, "pidfd_open"):
+        return _cold(argv, env, cwd, stdout, stderr, "not this interpreter, or no pidfd_open")
+    keeps = warm_fork_keeps(env, zygote().env)
+    if keeps:
+        return _cold(argv, env, cwd, stdout, stderr, f"read at import: {', '.join(keeps)}")
+    address = None
+    if shared_ray:
+        shared_cluster()
+        hidden = shared_ray_hides(env, _CLUSTER_ENV)
+        if hidden:
+            STATS[f"forked, own Ray (its workers read {', '.join(hidden)})"] += 1
+        else:
+            address = shared_cluster_address()
+            STATS["forked, on the shared Ray"] += 1
+    else:
+        STATS["forked, own Ray (asked)"] += 1
+    return WarmProcess(argv, env, cwd, address, stdout, stderr)
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: Path = ROOT,
+    timeout: float | None = None,
+    shared_ray: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """`popen`, waited for: ``subprocess.run(argv, capture_output=True, text=True, ...)``."""
+    process = popen(argv, env=env, cwd=cwd, shared_ray=shared_ray)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
+    return subprocess.CompletedProcess(
+        list(argv), process.wait(), out.decode(), (err or b"").decode()
+    )
+
+
+# ------------------------------------------------------------------- the zygote's module list
+
+_RECORDER = """
+import atexit, os, sys
+
+def _record():
+    if sys.argv and sys.argv[0].endswith(("rlshell/train.py", "rlshell/evaluate.py")):
+        folder = os.environ["RLSTACK_RECORD_MODULES"]
+        with open(os.path.join(folder, f"{os.getpid()}.txt"), "w") as out:
+            for name, module in list(sys.modules.items()):
+                out.write(f"{name}\\t{getattr(module, '__file__', None) or ''}\\n")
+
+atexit.register(_record)
+"""
+
+
+def record_modules() -> list[str]:
+    """Run `RECORDED_RUNS` (and an evaluation) cold, each driver writing the modules it
+    imported; keep those of the installed packages and of rlcore/rlshell (never a test's or
+    an extension's: the zygote must not register anything) and write `MODULES_FILE`."""
+    import shutil
+    import site
+    import sysconfig
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="modules-"))
+    (folder / "sitecustomize.py").write_text(_RECORDER)
+    out = folder / "runs"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(folder),
+        "RLSTACK_RECORD_MODULES": str(folder),
+        "RAY_TMPDIR": tempfile.mkdtemp(prefix="rm", dir="/tmp"),
+        "RAY_AUTH_MODE": "disabled",
+    }
+    commands = [
+        [sys.executable, "-m", "rlshell.train", *run, f"runner.output_dir={out}"]
+        for run in RECORDED_RUNS
+    ]
+    commands.append(
+        [
+            sys.executable,
+            "-m",
+            "rlshell.evaluate",
+            str(out / "grpo" / "checkpoints" / "global_step_1"),
+        ]
+    )
+    for command in commands:
+        subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+    places = {
+        sysconfig.get_paths()["stdlib"],
+        sysconfig.get_paths()["platstdlib"],
+        *site.getsitepackages(),
+        str(ROOT / "src"),
+    }
+    names = set()
+    for record in folder.glob("*.txt"):
+        for line in record.read_text().splitlines():
+            name, _, path = line.partition("\t")
+            if name in ("__main__", "sitecustomize") or name.startswith("rlshell.train"):
+                continue
+            if not path or any(path.startswith(place) for place in places):
+                names.add(name)
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
+    ordered = sorted(names)
+    MODULES_FILE.write_text(
+        "# The modules the drivers of short runs imported: tests/zygote.py imports them once.\n"
+        "# Made by `.venv/bin/python tests/launcher.py --record-modules`.\n"
+        + "\n".join(ordered)
+        + "\n"
+    )
+    return ordered
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--record-modules"]:
+        raise SystemExit("usage: python tests/launcher.py --record-modules")
+    print(f"{len(record_modules())} modules written to {MODULES_FILE}")

@@ -1,0 +1,231 @@
+"""The warm interpreter of `tests/launcher.py`: imports the drivers' modules once, then forks.
+
+    python tests/zygote.py FD
+
+``FD`` is a SOCK_SEQPACKET socket to the pytest process. Each message is a JSON request
+(``argv``, ``env``, ``cwd``, ``ray``: the address of a Ray cluster of ``ray_cpus`` CPUs to
+join where the run would start its own, or null) with four file
+descriptors (stdin, stdout, stderr, and a pipe for the exit status). The zygote forks; the
+fork becomes the run; the zygote answers ``{"pid": ...}``, and when the run ends writes its
+exit status (`subprocess`'s convention: negative for a signal) to the status pipe.
+
+The fork leaves the zygote's loop by returning from `serve`, so the run executes at the
+top of this module's stack and the interpreter finishes it as it finishes any program:
+non-daemon threads joined, ``atexit`` handlers run, streams flushed, the exit status of a
+``SystemExit`` or 1 after an uncaught exception (its traceback on stderr).
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+Request = dict[str, Any]
+
+
+def preload() -> list[str]:
+    """Import the modules `RLSTACK_ZYGOTE_MODULES` lists (one a line, ``#`` comments);
+    those that fail to import are left to the runs, which meet the same error."""
+    listing = os.environ.pop("RLSTACK_ZYGOTE_MODULES", "")
+    names = []
+    if listing and os.path.exists(listing):
+        with open(listing) as lines:
+            names = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    loaded = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # a platform's module, a compiled helper's private name
+            continue
+        loaded.append(name)
+    return loaded
+
+
+def serve(sock: socket.socket) -> tuple[Request, list[int]]:
+    """Fork a run for each request, reap them, report their status; returns only in a fork."""
+    running: dict[int, tuple[int, int]] = {}  # pidfd -> (pid, status fd)
+    while True:
+        readable, _, _ = select.select([sock.fileno(), *running], [], [])
+        for fd in readable:
+            if fd != sock.fileno():
+                pid, status_fd = running.pop(fd)
+                _, status = os.waitpid(pid, 0)
+                os.write(status_fd, f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                os.close(status_fd)
+                os.close(fd)
+                continue
+            message, fds, _, _ = socket.recv_fds(sock, 1 << 22, 4)
+            if not message:  # the pytest process is gone or done
+                for pidfd, (pid, status_fd) in running.items():
+                    os.kill(pid, signal.SIGKILL)
+                    os.close(status_fd)
+                    os.close(pidfd)
+                raise SystemExit(0)
+            request = json.loads(message)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            try:
+                pid = os.fork()
+            except OSError as error:
+                for received in fds:
+                    os.close(received)
+                sock.send(json.dumps({"error": str(error)}).encode())
+                continue
+            if pid == 0:
+                sock.close()
+                for pidfd, (_, status_fd) in running.items():  # the other runs' ends
+                    os.close(pidfd)
+                    os.close(status_fd)
+                return request, fds
+            for received in fds[:3]:
+                os.close(received)
+            running[os.pidfd_open(pid)] = (pid, fds[3])
+            sock.send(json.dumps({"pid": pid}).encode())
+
+
+def become(request: Request, fds: list[int], base_path: list[str]) -> None:
+    """Turn this fork into ``request["argv"]`` as a fresh interpreter would run it."""
+    stdin, stdout, stderr, status = fds
+    os.close(status)
+    for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
+        os.dup2(fd, target)
+    for fd in {stdin, stdout, stderr} - {0, 1, 2}:
+        os.close(fd)
+    os.chdir(request["cwd"])
+    env: dict[str, str] = request["env"]
+    os.environ.clear()
+    os.environ.update(env)
+    argv: list[str] = request["argv"]
+    module = argv[2] if argv[1] == "-m" else None
+    code = argv[2] if argv[1] == "-c" else None
+    # sys.path[0] as the interpreter sets it: the working directory for -m, '' for -c, the
+    # script's folder for a script.
+    if module is not None:
+        first = os.getcwd()
+    elif code is not None:
+        first = ""
+    else:
+        first = os.path.dirname(os.path.abspath(argv[1]))
+    pythonpath = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    sys.path[:] = [first, *(os.path.abspath(entry) for entry in pythonpath), *base_path]
+    for name in ("SIGINT", "SIGTERM", "SIGCHLD", "SIGPIPE"):
+        number = getattr(signal, name)
+        handler = {"SIGINT": signal.default_int_handler, "SIGPIPE": signal.SIG_IGN}.get(name)
+        signal.signal(number, handler or signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    _fresh_streams(unbuffered=bool(env.get("PYTHONUNBUFFERED")))
+    from rlshell.config import TRACE_ENV_VAR, install_read_tracer
+
+    if env.get(TRACE_ENV_VAR):  # what importing rlshell.config does in a new interpreter
+        install_read_tracer(env[TRACE_ENV_VAR])
+    _fresh_random_state()
+    sys.orig_argv = list(argv)
+    try:  # what ps and psutil show: the run's command, not the zygote's
+        import setproctitle
+
+        setproctitle.setproctitle(" ".join(argv))
+    except ImportError:
+        pass
+    if request["ray"] is not None:
+        _attach_where_it_would_start_ray(request["ray"], request["ray_cpus"])
+    import runpy
+
+    if module is not None:
+        # As in a new interpreter, where `-m` runs the module before anything imports it.
+        sys.modules.pop(module, None)
+        sys.argv = [module, *argv[3:]]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    elif code is not None:
+        import types
+
+        main = types.ModuleType("__main__")
+        sys.modules["__main__"] = main
+        sys.argv = ["-c", *argv[3:]]
+        exec(compile(code, "<string>", "exec"), main.__dict__)
+    else:
+        sys.argv = list(argv[1:])
+        runpy.run_path(argv[1], run_name="__main__")
+
+
+def _attach_where_it_would_start_ray(address: str, cpus: int) -> None:
+    """Where the run would start a local Ray of its own (`Cluster`, at the point it does),
+    it joins the pytest process's cluster instead: a cluster of the same machine and
+    CPUs, already up. Ray is not touched before: a run refused by validation never meets
+    it. A run that asks for another CPU count or temp dir starts its own, as it would."""
+    import ray
+
+    import rlshell.cluster.ray_cluster as ray_cluster
+
+    start_own = ray_cluster._start_embedded_ray
+
+    def attach(num_cpus: int | None, namespace: str, temp_dir: str | None) -> None:
+        if (num_cpus or os.cpu_count()) != cpus or temp_dir is not None:
+            start_own(num_cpus, namespace, temp_dir)
+            return
+        ray.init(address=address, namespace=namespace, log_to_driver=True)
+
+    ray_cluster._start_embedded_ray = attach
+
+
+def _fresh_streams(unbuffered: bool) -> None:
+    """stdin, stdout and stderr on fds 0-2 as Python sets them up for pipes (-u: unbuffered)."""
+
+    def writer(fd: int, line_buffering: bool, errors: str) -> io.TextIOWrapper:
+        raw = io.FileIO(fd, "w", closefd=False)
+        binary = raw if unbuffered else io.BufferedWriter(raw)
+        return io.TextIOWrapper(
+            binary,  # type: ignore[arg-type]
+            encoding="utf-8",
+            errors=errors,
+            line_buffering=line_buffering,
+            write_through=unbuffered,
+        )
+
+    sys.stdout = sys.__stdout__ = writer(1, False, "strict")
+    sys.stderr = sys.__stderr__ = writer(2, True, "backslashreplace")
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(
+        io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8"
+    )
+
+
+def _fresh_random_state() -> None:
+    """The seeds a new interpreter would draw (forks would otherwise share the zygote's)."""
+    import random
+
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    started = time.process_time()
+    own_path = {os.path.dirname(os.path.abspath(__file__))}
+    own_path |= {
+        os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p
+    }
+    base_path = [entry for entry in sys.path if os.path.abspath(entry or ".") not in own_path]
+    preloaded = preload()
+    sock.send(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "preloaded": len(preloaded),
+                "cpu_s": time.process_time() - started,
+            }
+        ).encode()
+    )
+    request, fds = serve(sock)
+    become(request, fds, base_path)
+
+
+if __name__ == "__main__":
+    main()
