@@ -41,3 +41,24 @@ from tests import launcher  # noqa: E402
 def _stop_the_launcher() -> Iterator[None]:
     yield
     launcher.shutdown()
+
+
+# The environment every test starts in is the session's. Libraries write to os.environ when
+# imported or used in this process (importing vllm sets PYTORCH_NVML_BASED_CUDA_CHECK and
+# TORCHINDUCTOR_COMPILE_THREADS, building its CPU engine LD_PRELOAD, wandb WANDB_SERVICE):
+# left there, they reach every run a later test starts from os.environ, which then differs
+# from the run the test means (and cannot be forked warm, tests/launcher.py).
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What the test modules' imports wrote to the environment, undone."""
+    os.environ.clear()
+    os.environ.update(launcher.SESSION_ENV)
+
+
+@pytest.fixture(autouse=True)
+def _own_environment() -> Iterator[None]:
+    """What a test (or what it called in this process) wrote to the environment, undone."""
+    saved = dict(os.environ)
+    yield
+    if dict(os.environ) != saved:
+        os.environ.clear()
+        os.environ.update(saved)

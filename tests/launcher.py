@@ -93,11 +93,18 @@ READ_WHEN_USED = frozenset(
         "RAY_USAGE_STATS_ENABLED",
     }
 )
+# Where the session leaves it unset, the zygote runs with string hashing seeded at 0, and a
+# fork keeps its parent's seed: a run that asks for seed 0, or leaves it unset (a seed drawn
+# at random, of which 0 is one), is forked; any other value starts it cold.
+HASH_SEED = "PYTHONHASHSEED"
+HASH_SEEDS_FORKED = (None, "0")
 # What no worker reads: a run that differs from the shared cluster only in these (and in
 # what `Cluster.worker_env` forwards) runs there as it would on its own cluster.
 NOT_FOR_WORKERS = frozenset(
     {
         "PYTEST_CURRENT_TEST",
+        # A worker's interpreter is started by the cluster's raylet and draws its own seed.
+        HASH_SEED,
         "TORCHINDUCTOR_CACHE_DIR",
         "RAY_TMPDIR",
         "PYTHONUNBUFFERED",
@@ -142,11 +149,19 @@ def _worker_forwarded() -> frozenset[str]:
     return frozenset({ENV_VAR, OBJECTS_ENV_VAR, "PYTHONPATH", TRACE_ENV_VAR, *HUB_ENV_VARS})
 
 
-def warm_fork_keeps(env: Mapping[str, str], zygote_env: Mapping[str, str]) -> list[str]:
+def warm_fork_keeps(
+    env: Mapping[str, str],
+    zygote_env: Mapping[str, str],
+    zygote_env_after: Mapping[str, str] | None = None,
+) -> list[str]:
     """The variables that stop a run in ``env`` from being forked from a zygote started in
-    ``zygote_env`` (empty: it can be)."""
+    ``zygote_env`` whose imports left ``zygote_env_after`` (empty: it can be). A value the
+    imports set themselves (a library's ``os.environ.setdefault`` at import, which the
+    pytest process's own imports leave in the runs' environment too) is the value those
+    imports would meet and keep in a fresh interpreter."""
     from rlshell.config import TRACE_ENV_VAR
 
+    after = zygote_env if zygote_env_after is None else zygote_env_after
     names = set(env) | set(zygote_env)
     return sorted(
         name
@@ -154,8 +169,12 @@ def warm_fork_keeps(env: Mapping[str, str], zygote_env: Mapping[str, str]) -> li
         if name.startswith(IMPORT_TIME_PREFIXES)
         and name not in READ_WHEN_USED
         and env.get(name) != zygote_env.get(name)
+        and not (name in after and env.get(name) == after[name])
         # rlshell.config installs the tracer when imported; the fork does it (tests/zygote.py).
         and not (name == TRACE_ENV_VAR and name not in zygote_env)
+        and not (
+            name == HASH_SEED and name not in zygote_env and env.get(name) in HASH_SEEDS_FORKED
+        )
     )
 
 
@@ -261,13 +280,19 @@ class Zygote:
             [sys.executable, str(Path(__file__).with_name("zygote.py")), str(theirs.fileno())],
             pass_fds=[theirs.fileno()],
             cwd=ROOT,
-            env={**self.env, "RLSTACK_ZYGOTE_MODULES": str(MODULES_FILE)},
+            env={
+                HASH_SEED: "0",
+                **self.env,
+                "RLSTACK_ZYGOTE_MODULES": str(MODULES_FILE),
+            },
         )
         theirs.close()
-        reply = self.socket.recv(4096)
+        reply = self.socket.recv(1 << 20)
         if not reply:
             raise RuntimeError(f"the zygote exited before it was ready ({self.process.wait()})")
         self.ready = json.loads(reply)
+        # The zygote's environment once its modules are imported: some set variables there.
+        self.env_after: dict[str, str] = self.ready.pop("env")
 
     def fork(
         self,
@@ -320,6 +345,7 @@ class WarmProcess:
         ray_address: str | None,
         stdout: int | IO[Any],
         stderr: int | IO[Any],
+        stdin: int | None = None,
     ) -> None:
         self.args = list(argv)
         self.returncode: int | None = None
@@ -340,10 +366,15 @@ class WarmProcess:
         else:
             err_r, err_w = target(stderr)
         status_r, status_w = os.pipe()
-        stdin = os.open(os.devnull, os.O_RDONLY)
-        to_close += [status_w, stdin]
+        if stdin == subprocess.PIPE:
+            in_r, in_w = os.pipe()
+            self.stdin: IO[bytes] | None = os.fdopen(in_w, "wb")
+        else:
+            assert stdin is None, stdin
+            in_r, self.stdin = os.open(os.devnull, os.O_RDONLY), None
+        to_close += [status_w, in_r]
         try:
-            self.pid = zygote().fork(argv, env, cwd, ray_address, [stdin, out_w, err_w, status_w])
+            self.pid = zygote().fork(argv, env, cwd, ray_address, [in_r, out_w, err_w, status_w])
         finally:
             for fd in to_close:
                 os.close(fd)
@@ -390,9 +421,12 @@ class WarmProcess:
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
 
-    def communicate(self, timeout: float | None = None) -> tuple[bytes | None, bytes | None]:
-        """Everything the run writes to its pipes until it exits (``timeout``: kill it after
-        so long and raise `subprocess.TimeoutExpired`, as `subprocess.run` does)."""
+    def communicate(
+        self, input: bytes | None = None, timeout: float | None = None
+    ) -> tuple[bytes | None, bytes | None]:
+        """``input`` written to the run's stdin (then closed), and everything it writes to
+        its pipes until it exits (``timeout``: kill it after so long and raise
+        `subprocess.TimeoutExpired`, as `subprocess.run` does)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         streams = [stream for stream in (self.stdout, self.stderr) if stream is not None]
         chunks: dict[Any, list[bytes]] = {stream: [] for stream in streams}
@@ -400,6 +434,13 @@ class WarmProcess:
         for stream in streams:
             selector.register(stream, selectors.EVENT_READ)
         open_streams = len(streams)
+        pending = memoryview(input or b"")
+        if self.stdin is not None:
+            if pending:
+                selector.register(self.stdin, selectors.EVENT_WRITE)
+                open_streams += 1
+            else:
+                self.stdin.close()
         try:
             while open_streams:
                 left = None if deadline is None else deadline - time.monotonic()
@@ -408,6 +449,17 @@ class WarmProcess:
                     self.wait()
                     raise subprocess.TimeoutExpired(self.args, timeout or 0)
                 for key, _ in selector.select(timeout=left):
+                    if key.fileobj is self.stdin:
+                        try:
+                            written = os.write(self.stdin.fileno(), pending[:65536])
+                        except BrokenPipeError:  # the run exited without reading it all
+                            written = len(pending)
+                        pending = pending[written:]
+                        if not pending:
+                            selector.unregister(self.stdin)
+                            self.stdin.close()
+                            open_streams -= 1
+                        continue
                     data = os.read(key.fileobj.fileno(), 65536)  # type: ignore[union-attr]
                     if data:
                         chunks[key.fileobj].append(data)
@@ -416,6 +468,8 @@ class WarmProcess:
                         open_streams -= 1
         finally:
             selector.close()
+            if self.stdin is not None and not self.stdin.closed:
+                self.stdin.close()
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             self.wait(timeout=left)
@@ -440,10 +494,18 @@ def _cold(
     cwd: Path,
     stdout: int | IO[Any],
     stderr: int | IO[Any],
+    stdin: int | None,
     why: str,
 ) -> subprocess.Popen[bytes]:
     STATS[f"cold ({why})"] += 1
-    return subprocess.Popen(argv, cwd=cwd, env=dict(env), stdout=stdout, stderr=stderr)
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=dict(env),
+        stdout=stdout,
+        stderr=stderr,
+        stdin=subprocess.DEVNULL if stdin is None else stdin,
+    )
 
 
 def popen(
@@ -454,17 +516,20 @@ def popen(
     shared_ray: bool = True,
     stdout: int | IO[Any] = subprocess.PIPE,
     stderr: int | IO[Any] = subprocess.PIPE,
+    stdin: int | None = None,
 ) -> WarmProcess | subprocess.Popen[bytes]:
     """``argv`` (``[sys.executable, "-m", MODULE, ...]``, ``[sys.executable, "-c", CODE, ...]``
     or ``[sys.executable, SCRIPT, ...]``) forked from the zygote, and on the shared cluster
     where it would start a Ray of its own, wherever that cannot change the run (module
     docstring); else an ordinary subprocess. ``stdout``/``stderr``: `subprocess.PIPE`, an
-    open file, or (stderr) `subprocess.STDOUT`."""
+    open file, or (stderr) `subprocess.STDOUT`; ``stdin``: `subprocess.PIPE`, or None (the
+    null device)."""
     if argv[0] != sys.executable or not hasattr(os, "pidfd_open"):
-        return _cold(argv, env, cwd, stdout, stderr, "not this interpreter, or no pidfd_open")
-    keeps = warm_fork_keeps(env, zygote().env)
+        why = "not this interpreter, or no pidfd_open"
+        return _cold(argv, env, cwd, stdout, stderr, stdin, why)
+    keeps = warm_fork_keeps(env, zygote().env, zygote().env_after)
     if keeps:
-        return _cold(argv, env, cwd, stdout, stderr, f"read at import: {', '.join(keeps)}")
+        return _cold(argv, env, cwd, stdout, stderr, stdin, f"read at import: {', '.join(keeps)}")
     address = None
     if shared_ray:
         shared_cluster()
@@ -476,7 +541,7 @@ def popen(
             STATS["forked, on the shared Ray"] += 1
     else:
         STATS["forked, own Ray (asked)"] += 1
-    return WarmProcess(argv, env, cwd, address, stdout, stderr)
+    return WarmProcess(argv, env, cwd, address, stdout, stderr, stdin)
 
 
 def run(
@@ -486,11 +551,15 @@ def run(
     cwd: Path = ROOT,
     timeout: float | None = None,
     shared_ray: bool = True,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`popen`, waited for: ``subprocess.run(argv, capture_output=True, text=True, ...)``."""
-    process = popen(argv, env=env, cwd=cwd, shared_ray=shared_ray)
+    """`popen`, waited for: ``subprocess.run(argv, capture_output=True, text=True, ...)``
+    (``input``: written to its stdin)."""
+    stdin = None if input is None else subprocess.PIPE
+    process = popen(argv, env=env, cwd=cwd, shared_ray=shared_ray, stdin=stdin)
     try:
-        out, err = process.communicate(timeout=timeout)
+        data = None if input is None else input.encode()
+        out, err = process.communicate(input=data, timeout=timeout)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()

@@ -33,6 +33,8 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from tests import launcher
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
@@ -430,14 +432,10 @@ def test_python_snippets_run_and_print_what_the_page_shows(page: Path) -> None:
     ]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     env.pop("RLCORE_TYPECHECK", None)
-    result = subprocess.run(
-        [sys.executable, "-c", _RUNNER],
-        input=json.dumps(payload),
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    # Forked from the warm interpreter (tests/launcher.py: hash seed 0 included), and a run a
+    # page starts joins this process's Ray cluster.
+    result = launcher.run(
+        [sys.executable, "-c", _RUNNER], input=json.dumps(payload), env=env, timeout=240
     )
     assert result.returncode == 0, result.stderr
     results = json.loads(result.stdout)

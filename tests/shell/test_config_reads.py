@@ -20,10 +20,8 @@ for would read them (its trainer is None, and nothing is refused for it).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
-import time
 import types
 import typing
 from collections.abc import Iterator
@@ -175,51 +173,33 @@ class TracedRun:
     run_dir: Path
 
 
-def _start(name: str, args: list[str], out: Path) -> launcher.WarmProcess | subprocess.Popen[bytes]:
+def _run(name: str, args: list[str], out: Path) -> TracedRun:
     reads = out / "reads"
     reads.mkdir(parents=True)
     ray_tmp = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))
     env = cli_env(ray_tmp, **{TRACE_ENV_VAR: str(reads)})
     command = [sys.executable, "-m", "rlshell.train", *args, f"runner.output_dir={out / 'runs'}"]
-    with (out / "log.txt").open("w") as log:
-        # Two run at once: each on a Ray of its own, as each may ask for most of 2 CPUs.
-        return launcher.popen(command, env=env, stdout=log, stderr=log, shared_ray=False)
+    # Forked warm and on this process's Ray (tests/launcher.py): the tracer is installed in
+    # the fork and its variable reaches every worker (`Cluster.worker_env`). A guard against
+    # a hung run, not a timing.
+    completed = launcher.run(command, env=env, timeout=600)
+    log = completed.stdout + completed.stderr
+    (out / "log.txt").write_text(log)
+    assert completed.returncode == 0, f"{name} failed:\n{log[-4000:]}"
+    config = load_config(args[0], args[1:])
+    return TracedRun(
+        config,
+        frozenset(read_keys(reads)),
+        out / "runs" / config.runner.experiment_name,
+    )
 
 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TracedRun]:
-    """Every run of `RUNS`, two at a time (most of a short run is process start-up)."""
+    """Every run of `RUNS`, one after the other on the shared cluster (most of a short run
+    is process start-up, which the warm fork and the shared cluster pay once)."""
     root = tmp_path_factory.mktemp("reads")
-    pending = list(RUNS)
-    running: dict[str, launcher.WarmProcess | subprocess.Popen[bytes]] = {}
-    results: dict[str, TracedRun] = {}
-    started = time.monotonic()
-    try:
-        while pending or running:
-            while pending and len(running) < 2:
-                name = pending.pop(0)
-                running[name] = _start(name, RUNS[name], root / name)
-            for name, process in list(running.items()):
-                if process.poll() is None:
-                    continue
-                del running[name]
-                log = (root / name / "log.txt").read_text()
-                assert process.returncode == 0, f"{name} failed:\n{log[-4000:]}"
-                args = RUNS[name]
-                config = load_config(args[0], args[1:])
-                results[name] = TracedRun(
-                    config,
-                    frozenset(read_keys(root / name / "reads")),
-                    root / name / "runs" / config.runner.experiment_name,
-                )
-            # A guard against a hung run, not a timing: they take 8–10 minutes beside the rest
-            # of the suite on 2 cores (577 s measured on 2026-11-28).
-            assert time.monotonic() - started < 1200, "the traced runs took over 20 minutes"
-            time.sleep(0.2)
-    finally:
-        for process in running.values():
-            process.kill()
-    return results
+    return {name: _run(name, args, root / name) for name, args in RUNS.items()}
 
 
 # ------------------------------------------------------------------------- values to set

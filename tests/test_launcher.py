@@ -1,0 +1,145 @@
+"""`tests/launcher.py` runs what a fresh interpreter would: the exit status, the streams, the
+environment, the working directory and the arguments of a forked run are those of
+``subprocess.run`` on the same command, and a run it cannot fork faithfully starts cold.
+
+These runs start no Ray (``shared_ray=False``): only the fork is checked here; the shared
+cluster is what every run of the shell tests joins.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import launcher
+
+
+def run(code: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    env = kwargs.pop("env", None) or dict(os.environ)
+    return launcher.run(
+        [sys.executable, "-c", code, "first", "second"],
+        env=env,  # type: ignore[arg-type]
+        shared_ray=False,
+        timeout=60,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def forked_since(before: int) -> int:
+    return sum(n for why, n in launcher.STATS.items() if why.startswith("forked")) - before
+
+
+def forked_now() -> int:
+    return forked_since(0)
+
+
+def test_a_forked_run_has_the_exit_status_streams_and_arguments_of_a_fresh_one() -> None:
+    before = forked_now()
+    done = run(
+        "import sys; print('out', sys.argv[1:]); print('err', file=sys.stderr); raise SystemExit(3)"
+    )
+    assert forked_since(before) == 1
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out ['first', 'second']\n", "err\n")
+
+
+def test_an_uncaught_exception_exits_1_with_its_traceback_and_a_signal_is_negative() -> None:
+    failed = run("raise ValueError('the message')")
+    assert failed.returncode == 1
+    assert "Traceback" in failed.stderr and "ValueError: the message" in failed.stderr
+    killed = run("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert killed.returncode == -9
+
+
+def test_stdin_environment_and_working_directory_are_the_runs(tmp_path: Path) -> None:
+    env = {**os.environ, "RLSTACK_LAUNCHER_TEST": "set for this run"}
+    done = launcher.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; print(sys.stdin.read().upper(), os.getcwd(), "
+            "os.environ['RLSTACK_LAUNCHER_TEST'], sep='|')",
+        ],
+        env=env,
+        cwd=tmp_path,
+        input="read from stdin " * 10_000,  # more than a pipe holds
+        shared_ray=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    text, cwd, value = done.stdout.rstrip("\n").split("|")
+    assert text == "READ FROM STDIN " * 10_000
+    assert (cwd, value) == (str(tmp_path), "set for this run")
+    # Without input, stdin is the null device, as a run started by `subprocess.run` with
+    # ``stdin=DEVNULL`` sees it.
+    assert run("import sys; print(repr(sys.stdin.read()))").stdout == "''\n"
+
+
+def test_the_hash_seed_of_a_fork_is_the_one_a_fresh_interpreter_with_seed_0_has() -> None:
+    code = "print(hash('rlstack'))"
+    fresh = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    before = forked_now()
+    forked = run(code, env={**os.environ, "PYTHONHASHSEED": "0"})
+    assert forked_since(before) == 1
+    assert forked.stdout == fresh.stdout
+    # Any other seed cannot be had by a fork: that run starts cold, with its own seed.
+    other = run(code, env={**os.environ, "PYTHONHASHSEED": "1"})
+    assert forked_since(before) == 1
+    assert other.stdout != fresh.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "forked"),
+    [
+        ("OMP_NUM_THREADS", False),  # read by torch at import
+        ("HF_HOME", False),  # read by huggingface_hub at import
+        ("RLSTACK_LAUNCHER_TEST", True),  # read by nobody at import
+    ],
+)
+def test_a_variable_read_at_import_that_differs_starts_the_run_cold(
+    name: str, forked: bool
+) -> None:
+    before = forked_now()
+    done = run(f"import os; print(os.environ[{name!r}])", env={**os.environ, name: "7"})
+    assert done.stdout == "7\n"
+    assert forked_since(before) == int(forked)
+
+
+def test_a_variable_the_workers_would_miss_keeps_the_run_off_the_shared_cluster() -> None:
+    cluster = {"PATH": "/bin", "RAY_TMPDIR": "/tmp/a"}
+    # What the cluster's workers get anyway (PYTHONPATH is forwarded by Cluster.worker_env),
+    # or what no worker reads, does not matter; anything else would be hidden from them.
+    assert launcher.shared_ray_hides({**cluster, "PYTHONPATH": "/x"}, cluster) == []
+    assert launcher.shared_ray_hides({**cluster, "RAY_TMPDIR": "/tmp/b"}, cluster) == []
+    assert launcher.shared_ray_hides({**cluster, "RLSHELL_TEST_FAULT": "kill"}, cluster) == [
+        "RLSHELL_TEST_FAULT"
+    ]
+
+
+def test_a_run_ends_as_the_interpreter_ends_a_program() -> None:
+    """Non-daemon threads joined, then ``atexit`` handlers, then the streams flushed; a
+    message of ``SystemExit`` on stderr with status 1; an uncaught KeyboardInterrupt dies of
+    SIGINT. (The fork then skips the interpreter's teardown of the zygote's modules.)"""
+    ends = run(
+        "import atexit, sys, threading, time\n"
+        "atexit.register(lambda: print('atexit after the thread'))\n"
+        "threading.Thread(target=lambda: (time.sleep(0.3), print('thread'))).start()\n"
+        "sys.stdout.write('unflushed ')\n"
+        "raise SystemExit('the message')\n"
+    )
+    assert (ends.returncode, ends.stderr) == (1, "the message\n")
+    assert ends.stdout == "unflushed thread\natexit after the thread\n"
+    interrupted = run("raise KeyboardInterrupt")
+    assert interrupted.returncode == -2
+    assert "KeyboardInterrupt" in interrupted.stderr
+    # A status over 255 is taken modulo 256, as the kernel does.
+    assert run("raise SystemExit(257)").returncode == 1
