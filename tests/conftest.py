@@ -43,22 +43,7 @@ def _stop_the_launcher() -> Iterator[None]:
     launcher.shutdown()
 
 
-# The environment every test starts in is the session's. Libraries write to os.environ when
-# imported or used in this process (importing vllm sets PYTORCH_NVML_BASED_CUDA_CHECK and
-# TORCHINDUCTOR_COMPILE_THREADS, building its CPU engine LD_PRELOAD, wandb WANDB_SERVICE):
-# left there, they reach every run a later test starts from os.environ, which then differs
-# from the run the test means (and cannot be forked warm, tests/launcher.py).
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """What the test modules' imports wrote to the environment, undone."""
-    os.environ.clear()
-    os.environ.update(launcher.SESSION_ENV)
-
-
+# What earlier tests and imports left in the environment (tests/launcher.py: not the test's).
 @pytest.fixture(autouse=True)
-def _own_environment() -> Iterator[None]:
-    """What a test (or what it called in this process) wrote to the environment, undone."""
-    saved = dict(os.environ)
-    yield
-    if dict(os.environ) != saved:
-        os.environ.clear()
-        os.environ.update(saved)
+def _note_the_environment_a_test_starts_in() -> None:
+    launcher.note_test_start()

@@ -149,6 +149,30 @@ def _worker_forwarded() -> frozenset[str]:
     return frozenset({ENV_VAR, OBJECTS_ENV_VAR, "PYTHONPATH", TRACE_ENV_VAR, *HUB_ENV_VARS})
 
 
+# The environment the current test started in (`note_test_start`, an autouse fixture).
+_TEST_START_ENV: dict[str, str] = {}
+
+
+def note_test_start() -> None:
+    _TEST_START_ENV.clear()
+    _TEST_START_ENV.update(os.environ)
+
+
+def left_over(env: Mapping[str, str]) -> frozenset[str]:
+    """The variables ``env`` has from this process's environment as earlier tests and
+    imports left it, not from the test that starts the run: a library writes to
+    os.environ when imported or used here (importing vllm sets
+    PYTORCH_NVML_BASED_CUDA_CHECK, its CPU engine LD_PRELOAD, sapien its Vulkan paths,
+    wandb WANDB_SERVICE), and a test's run inherits them with the rest. A value the current
+    test set (``monkeypatch.setenv``, the env it passes) is the test's, and counts."""
+    return frozenset(
+        name
+        for name in set(_TEST_START_ENV) | set(SESSION_ENV)
+        if _TEST_START_ENV.get(name) != SESSION_ENV.get(name)
+        and env.get(name) == _TEST_START_ENV.get(name) == os.environ.get(name)
+    )
+
+
 def warm_fork_keeps(
     env: Mapping[str, str],
     zygote_env: Mapping[str, str],
@@ -163,10 +187,12 @@ def warm_fork_keeps(
 
     after = zygote_env if zygote_env_after is None else zygote_env_after
     names = set(env) | set(zygote_env)
+    ignored = left_over(env)
     return sorted(
         name
         for name in names
         if name.startswith(IMPORT_TIME_PREFIXES)
+        and name not in ignored
         and name not in READ_WHEN_USED
         and env.get(name) != zygote_env.get(name)
         and not (name in after and env.get(name) == after[name])
@@ -182,10 +208,12 @@ def shared_ray_hides(env: Mapping[str, str], cluster_env: Mapping[str, str]) -> 
     """The variables that a run in ``env`` would hide from its workers on a cluster started
     in ``cluster_env`` (empty: it can run there)."""
     forwarded = _worker_forwarded()
+    ignored = left_over(env)
     return sorted(
         name
         for name in set(env) | set(cluster_env)
-        if env.get(name) != cluster_env.get(name)
+        if name not in ignored
+        and env.get(name) != cluster_env.get(name)
         and name not in NOT_FOR_WORKERS
         and not (name in forwarded and name in env)
     )

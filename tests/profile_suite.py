@@ -126,9 +126,26 @@ def install_probe(folder: Path) -> list[Path]:
     site = Path(sysconfig.get_paths()["purelib"])
     module = site / f"{PROBE_MODULE}.py"
     pth = site / f"{PROBE_MODULE}.pth"
-    shutil.copyfile(PROBE, module)
-    pth.write_text(f"import {PROBE_MODULE}\n")
+    # Each appears whole (renamed into place), the module before the line that imports it:
+    # a process of another test run starting meanwhile loads the probe, which does nothing
+    # without RLSTACK_SUITE_PROBE, or nothing at all.
+    for path, write in (
+        (module, lambda p: shutil.copyfile(PROBE, p)),
+        (pth, lambda p: p.write_text(f"import {PROBE_MODULE}\n")),
+    ):
+        partial = path.with_name(f".{path.name}.partial")
+        write(partial)
+        partial.rename(path)
     return [pth, module]
+
+
+def remove_probe(installed: list[Path]) -> None:
+    """The ``.pth`` line first, then (once a process that read it has had time to import it)
+    the module."""
+    for index, path in enumerate(installed):
+        if index:
+            time.sleep(1.0)
+        path.unlink(missing_ok=True)
 
 
 def read_probes(folder: Path) -> dict[int, dict[str, Any]]:
@@ -222,8 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler.stopped.set()
         sampler.join()
     finally:
-        for path in installed:
-            path.unlink(missing_ok=True)
+        remove_probe(installed)
     result = report(sampler, read_probes(folder), time.monotonic() - start)
     result["pytest_args"] = pytest_args
     result["pytest_exit_status"] = status

@@ -49,7 +49,8 @@ def test_a_forked_run_has_the_exit_status_streams_and_arguments_of_a_fresh_one()
 def test_an_uncaught_exception_exits_1_with_its_traceback_and_a_signal_is_negative() -> None:
     failed = run("raise ValueError('the message')")
     assert failed.returncode == 1
-    assert "Traceback" in failed.stderr and "ValueError: the message" in failed.stderr
+    assert "Traceback" in failed.stderr
+    assert "ValueError: the message" in failed.stderr
     killed = run("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     assert killed.returncode == -9
 
@@ -143,3 +144,24 @@ def test_a_run_ends_as_the_interpreter_ends_a_program() -> None:
     assert "KeyboardInterrupt" in interrupted.stderr
     # A status over 255 is taken modulo 256, as the kernel does.
     assert run("raise SystemExit(257)").returncode == 1
+
+
+def test_what_earlier_tests_left_in_the_environment_is_not_the_tests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A variable a library wrote to os.environ before this test (vllm's import, an engine
+    built in this process) is inherited by the run's env, but the test did not choose it: it
+    decides nothing. One the test sets itself decides as any other."""
+    assert "TORCHINDUCTOR_COMPILE_THREADS" not in launcher.SESSION_ENV
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")  # as `import vllm` does
+    launcher.note_test_start()  # ... before this test started
+    inherited = dict(os.environ)
+    assert "TORCHINDUCTOR_COMPILE_THREADS" in launcher.left_over(inherited)
+    assert launcher.warm_fork_keeps(inherited, launcher.SESSION_ENV) == []
+    # The test's own choice of the same variable counts.
+    chosen = {**inherited, "TORCHINDUCTOR_COMPILE_THREADS": "2"}
+    assert launcher.warm_fork_keeps(chosen, launcher.SESSION_ENV) == [
+        "TORCHINDUCTOR_COMPILE_THREADS"
+    ]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # set by the test, after it started
+    assert launcher.warm_fork_keeps(dict(os.environ), launcher.SESSION_ENV) == ["HF_HUB_OFFLINE"]

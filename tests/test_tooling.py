@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -42,6 +43,7 @@ def test_a_run_that_collects_no_tests_fails_instead_of_passing() -> None:
 
 
 GROUPED = """
+import json
 import os
 from pathlib import Path
 
@@ -99,3 +101,43 @@ def test_xdist_groups_hold_under_the_makefiles_pytest_args(tmp_path: Path) -> No
     workers = {path.read_text() for path in tmp_path.glob("grouped-*")}
     assert len(list(tmp_path.glob("grouped-*"))) == 6
     assert len(workers) == 1, f"one xdist_group ran on {sorted(workers)}"
+
+
+def test_the_suite_profile_splits_a_real_run_by_process_kind_and_activity(tmp_path: Path) -> None:
+    """``tests/profile_suite.py`` on a test of `tests/test_launcher.py`: the pytest process
+    and the zygote import the stack (the probe counts it), the split adds up to the CPU the
+    sampling saw, and the probe is gone afterwards."""
+    out = tmp_path / "profile.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "profile_suite.py"),
+            "--out",
+            str(out),
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "tests/test_launcher.py::test_a_forked_run_has_the_exit_status_streams_and_arguments_of_a_fresh_one",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["pytest_exit_status"] == 0
+    by_kind = report["by_kind"]
+    pytest_row = by_kind["pytest (tests in their own process)"]
+    assert pytest_row["processes"] == 1
+    assert pytest_row["imports_s"] > 0.5
+    # The zygote, which imports the drivers' modules once (its forked run lives ~0.1 s: the
+    # sampling may not see it).
+    assert by_kind["other python (snippets, tools)"]["imports_s"] > 0.5
+    split = sum(part["cpu_s"] for part in report["where"].values())
+    assert split == pytest.approx(report["cpu_s"]["sampled"], abs=0.3)
+    # The probe left the interpreter's site-packages as it found it.
+    import sysconfig
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    assert not list(site.glob("_rlstack_suite_probe*"))
