@@ -230,6 +230,9 @@ SESSION_ENV = dict(os.environ)
 SHARED_CPUS = 2
 _CLUSTER: Any = None
 _CLUSTER_ENV: dict[str, str] = {}
+# Ray's workers run in the working directory of the process that started the cluster, and a
+# run sends them paths relative to its own (runner.output_dir='runs').
+_CLUSTER_CWD: list[Path] = []
 _CLUSTER_TEMP_DIR: list[str] = []
 
 
@@ -263,6 +266,7 @@ def shared_cluster() -> Any:
             # ray.init sets a few variables in the environment it starts in: the cluster's.
             _CLUSTER_ENV.clear()
             _CLUSTER_ENV.update(os.environ)
+        _CLUSTER_CWD[:] = [Path.cwd().resolve()]
         _CLUSTER_TEMP_DIR[:] = [temp_dir]
     return _CLUSTER
 
@@ -564,6 +568,8 @@ def popen(
         hidden = shared_ray_hides(env, _CLUSTER_ENV)
         if hidden:
             STATS[f"forked, own Ray (its workers read {', '.join(hidden)})"] += 1
+        elif Path(cwd).resolve() != _CLUSTER_CWD[0]:
+            STATS["forked, own Ray (its workers would run in another directory)"] += 1
         else:
             address = shared_cluster_address()
             STATS["forked, on the shared Ray"] += 1

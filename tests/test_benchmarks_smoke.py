@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests import launcher
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -28,14 +29,18 @@ def quick_run(script: str, ray: bool = False) -> dict[str, Any]:
     if ray_tmpdir is not None:
         env.update(RAY_TMPDIR=ray_tmpdir, RAY_AUTH_MODE="disabled")
     try:
-        completed = subprocess.run(
+        # Forked from the warm interpreter (tests/launcher.py); a benchmark that starts Ray
+        # starts its own, as it measures it.
+        completed = launcher.run(
             [sys.executable, str(BENCHMARKS / script), "--quick"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=300,
             env=env,
+            timeout=300,
+            shared_ray=False,
         )
+        if completed.returncode != 0:
+            raise AssertionError(
+                f"{script} --quick exited {completed.returncode}:\n{completed.stderr[-4000:]}"
+            )
     finally:
         if ray_tmpdir is not None:
             shutil.rmtree(ray_tmpdir, ignore_errors=True)

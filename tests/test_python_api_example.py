@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlshell.metrics import read_metrics
+from tests import launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "python_api.py"
@@ -28,14 +28,8 @@ def test_the_example_trains_evaluates_exports_and_loads_back_with_its_own_reward
     env.update(RAY_TMPDIR=str(ray_tmp), RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1")
     try:
         # Run from an empty directory: the example needs no file of the repository.
-        result = subprocess.run(
-            [sys.executable, str(EXAMPLE)],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=400,
-        )
+        # Forked from the warm interpreter, on the shared cluster (tests/launcher.py).
+        result = launcher.run([sys.executable, str(EXAMPLE)], cwd=tmp_path, env=env, timeout=400)
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

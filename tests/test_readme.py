@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from tests import launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -19,9 +22,8 @@ def test_readme_python_examples_run() -> None:
     snippets = blocks("python")
     assert snippets, "the README shows no python example"
     for snippet in snippets:
-        result = subprocess.run(
-            [sys.executable, "-c", snippet], capture_output=True, text=True, cwd=ROOT, timeout=120
-        )
+        # Forked from the warm interpreter, on the shared cluster (tests/launcher.py).
+        result = launcher.run([sys.executable, "-c", snippet], env=dict(os.environ), timeout=120)
         assert result.returncode == 0, f"README example failed:\n{snippet}\n{result.stderr}"
 
 
@@ -36,7 +38,6 @@ def test_readme_opens_with_the_two_setup_commands_and_they_are_make_targets() ->
 
 def test_readme_shell_commands_after_the_setup_run(tmp_path: Path) -> None:
     """Every command in the README's later bash blocks runs (the probe one starts real Ray)."""
-    import os
     import tempfile
 
     commands = [
@@ -51,8 +52,6 @@ def test_readme_shell_commands_after_the_setup_run(tmp_path: Path) -> None:
     for command in commands:
         assert command.startswith(".venv/bin/"), command
         argv = command.replace(".venv/bin/python", sys.executable, 1).split()
-        result = subprocess.run(
-            argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
-        )
+        result = launcher.run(argv, env=env, timeout=240)
         assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
     subprocess.run(["rm", "-rf", ray_tmpdir], check=False)
