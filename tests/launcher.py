@@ -33,6 +33,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import dataclasses
 import json
 import os
 import selectors
@@ -228,12 +229,23 @@ SESSION_ENV = dict(os.environ)
 
 # Workers ask for fractional CPU bundles (0.25 by default), so tests never wait on each other.
 SHARED_CPUS = 2
-_CLUSTER: Any = None
-_CLUSTER_ENV: dict[str, str] = {}
-# Ray's workers run in the working directory of the process that started the cluster, and a
-# run sends them paths relative to its own (runner.output_dir='runs').
-_CLUSTER_CWD: list[Path] = []
-_CLUSTER_TEMP_DIR: list[str] = []
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedCluster:
+    """The pytest process's Ray cluster and what a run must share with it to join it."""
+
+    cluster: Any  # rlshell.cluster.ray_cluster.Cluster
+    address: str
+    # The environment it started in (ray.init adds a few variables): its workers' environment.
+    env: dict[str, str]
+    # Its workers' working directory, from which they resolve a run's relative paths
+    # (runner.output_dir='runs').
+    cwd: Path
+    temp_dir: str
+
+
+_SHARED: SharedCluster | None = None
 
 
 @contextlib.contextmanager
@@ -248,49 +260,45 @@ def _session_environment() -> Iterator[None]:
         os.environ.update(saved)
 
 
+def _shared() -> SharedCluster:
+    global _SHARED
+    if _SHARED is None or _SHARED.cluster.closed:
+        import tempfile
+
+        import ray
+
+        from rlshell.cluster.ray_cluster import Cluster
+
+        temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # socket paths stay short
+        with _session_environment():
+            cluster = Cluster(num_cpus=SHARED_CPUS, temp_dir=temp_dir)
+            env = dict(os.environ)
+        address = str(ray.get_runtime_context().gcs_address)
+        _SHARED = SharedCluster(cluster, address, env, Path.cwd().resolve(), temp_dir)
+    return _SHARED
+
+
 def shared_cluster() -> Any:
     """This pytest process's Ray cluster (an embedded 2-CPU one), started on first use and
     shut down at the end of the session (`shutdown`). Tests launch worker groups on it
     directly (the ``ray_cluster`` fixture) and runs attach to it. Nothing is left on it
     between tests: a run's job ends with its driver, and Ray then removes its actors and
     placement groups."""
-    global _CLUSTER
-    if _CLUSTER is None or _CLUSTER.closed:
-        import tempfile
-
-        from rlshell.cluster.ray_cluster import Cluster
-
-        temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # socket paths stay short
-        with _session_environment():
-            _CLUSTER = Cluster(num_cpus=SHARED_CPUS, temp_dir=temp_dir)
-            # ray.init sets a few variables in the environment it starts in: the cluster's.
-            _CLUSTER_ENV.clear()
-            _CLUSTER_ENV.update(os.environ)
-        _CLUSTER_CWD[:] = [Path.cwd().resolve()]
-        _CLUSTER_TEMP_DIR[:] = [temp_dir]
-    return _CLUSTER
-
-
-def shared_cluster_address() -> str:
-    import ray
-
-    shared_cluster()
-    return str(ray.get_runtime_context().gcs_address)
+    return _shared().cluster
 
 
 def shutdown() -> None:
     """Stop the zygote and the shared cluster, if they were started (the session's end)."""
-    global _CLUSTER, _ZYGOTE
+    global _SHARED, _ZYGOTE
     if _ZYGOTE is not None:
         _ZYGOTE.close()
         _ZYGOTE = None
-    if _CLUSTER is not None:
+    if _SHARED is not None:
         import shutil
 
-        _CLUSTER.shutdown()
-        for temp_dir in _CLUSTER_TEMP_DIR:
-            shutil.rmtree(temp_dir, ignore_errors=True)
-        _CLUSTER = None
+        _SHARED.cluster.shutdown()
+        shutil.rmtree(_SHARED.temp_dir, ignore_errors=True)
+        _SHARED = None
 
 
 atexit.register(shutdown)
@@ -559,19 +567,20 @@ def popen(
     if argv[0] != sys.executable or not hasattr(os, "pidfd_open"):
         why = "not this interpreter, or no pidfd_open"
         return _cold(argv, env, cwd, stdout, stderr, stdin, why)
-    keeps = warm_fork_keeps(env, zygote().env, zygote().env_after)
+    warm = zygote()
+    keeps = warm_fork_keeps(env, warm.env, warm.env_after)
     if keeps:
         return _cold(argv, env, cwd, stdout, stderr, stdin, f"read at import: {', '.join(keeps)}")
     address = None
     if shared_ray:
-        shared_cluster()
-        hidden = shared_ray_hides(env, _CLUSTER_ENV)
+        shared = _shared()
+        hidden = shared_ray_hides(env, shared.env)
         if hidden:
             STATS[f"forked, own Ray (its workers read {', '.join(hidden)})"] += 1
-        elif Path(cwd).resolve() != _CLUSTER_CWD[0]:
+        elif Path(cwd).resolve() != shared.cwd:
             STATS["forked, own Ray (its workers would run in another directory)"] += 1
         else:
-            address = shared_cluster_address()
+            address = shared.address
             STATS["forked, on the shared Ray"] += 1
     else:
         STATS["forked, own Ray (asked)"] += 1

@@ -20,6 +20,7 @@ for would read them (its trainer is None, and nothing is refused for it).
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 import types
@@ -182,7 +183,10 @@ def _run(name: str, args: list[str], out: Path) -> TracedRun:
     # Forked warm and on this process's Ray (tests/launcher.py): the tracer is installed in
     # the fork and its variable reaches every worker (`Cluster.worker_env`). A guard against
     # a hung run, not a timing.
-    completed = launcher.run(command, env=env, timeout=600)
+    try:
+        completed = launcher.run(command, env=env, timeout=600)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     log = completed.stdout + completed.stderr
     (out / "log.txt").write_text(log)
     assert completed.returncode == 0, f"{name} failed:\n{log[-4000:]}"
