@@ -94,6 +94,22 @@ READ_WHEN_USED = frozenset(
         "RAY_USAGE_STATS_ENABLED",
     }
 )
+# Set in a worker's environment, read when used, not at import: what the raylet sets
+# (ray._private: process_watcher, ray_logging, services; the job config a nested driver
+# would read), and the devices the plan gives the worker (torch, jax and vllm read
+# CUDA_VISIBLE_DEVICES when they first touch a device).
+WORKER_READ_WHEN_USED = frozenset(
+    {
+        "RAY_JOB_ID",
+        "RAY_RAYLET_PID",
+        "RAY_LD_PRELOAD_ON_WORKERS",
+        "RAY_JOB_CONFIG_JSON_ENV_VAR",
+        "CUDA_VISIBLE_DEVICES",
+    }
+)
+# Ray's own way to give a driver a job config (`ray.init` reads it): how runs on the shared
+# cluster get their workers forked (`Zygote.job_config`).
+RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 # Where the session leaves it unset, the zygote runs with string hashing seeded at 0, and a
 # fork keeps its parent's seed: a run that asks for seed 0, or leaves it unset (a seed drawn
 # at random, of which 0 is one), is forked; any other value starts it cold.
@@ -270,8 +286,12 @@ def _shared() -> SharedCluster:
         from rlshell.cluster.ray_cluster import Cluster
 
         temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # socket paths stay short
+        job_config = worker_job_config()  # this process's workers are forked too
         with _session_environment():
+            if job_config is not None:
+                os.environ[RAY_JOB_CONFIG] = job_config
             cluster = Cluster(num_cpus=SHARED_CPUS, temp_dir=temp_dir)
+            os.environ.pop(RAY_JOB_CONFIG, None)
             env = dict(os.environ)
         address = str(ray.get_runtime_context().gcs_address)
         _SHARED = SharedCluster(cluster, address, env, Path.cwd().resolve(), temp_dir)
@@ -289,10 +309,11 @@ def shared_cluster() -> Any:
 
 def shutdown() -> None:
     """Stop the zygote and the shared cluster, if they were started (the session's end)."""
-    global _SHARED, _ZYGOTE
-    if _ZYGOTE is not None:
-        _ZYGOTE.close()
-        _ZYGOTE = None
+    global _SHARED, _ZYGOTE, _WORKER_ZYGOTE
+    for warm in (_ZYGOTE, _WORKER_ZYGOTE):
+        if warm is not None:
+            warm.close()
+    _ZYGOTE = _WORKER_ZYGOTE = None
     if _SHARED is not None:
         import shutil
 
@@ -307,24 +328,50 @@ atexit.register(shutdown)
 # ------------------------------------------------------------------------------ the zygote
 
 _ZYGOTE: Zygote | None = None
+_WORKER_ZYGOTE: Zygote | None = None
+# What the Ray workers' zygote does not preload (tests/zygote.py `preload`): ray reads its
+# C++ settings, the worker's job id among them, once, from the environment it is loaded in;
+# rlshell's modules import ray.
+WITHHELD_FROM_WORKERS = "ray,rlshell"
+# Set to 1, the shared cluster's workers start as Ray starts them (to tell whether a failure
+# has to do with forking them).
+COLD_WORKERS = "RLSTACK_TEST_COLD_WORKERS"
 
 
 class Zygote:
-    """A warm interpreter that forks a process for each run (`tests/zygote.py`)."""
+    """A warm interpreter that forks a process for each run (`tests/zygote.py`); with
+    ``workers``, one that forks the Ray workers of the runs on the shared cluster, on their
+    request (`tests/worker_client.py`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, workers: bool = False) -> None:
+        import tempfile
+
+        from tests.zygote import WORKER_APPLIED
+
         self.env = dict(SESSION_ENV)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.socket = ours
+        # Where Ray workers ask to be forked, and the zygote notes how each started.
+        self.folder = tempfile.mkdtemp(prefix="rz", dir="/tmp")  # socket paths stay short
+        self.worker_socket = os.path.join(self.folder, "workers")
+        self.worker_log = os.path.join(self.folder, "starts")
+        env = {HASH_SEED: "0", **self.env, "RLSTACK_ZYGOTE_MODULES": str(MODULES_FILE)}
+        if workers:
+            rules = {
+                "socket": self.worker_socket,
+                "log": self.worker_log,
+                "prefixes": IMPORT_TIME_PREFIXES,
+                "exempt": sorted(READ_WHEN_USED | WORKER_READ_WHEN_USED | set(WORKER_APPLIED)),
+            }
+            env.update(
+                RLSTACK_ZYGOTE_WORKERS=json.dumps(rules),
+                RLSTACK_ZYGOTE_WITHOUT=WITHHELD_FROM_WORKERS,
+            )
         self.process = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("zygote.py")), str(theirs.fileno())],
             pass_fds=[theirs.fileno()],
             cwd=ROOT,
-            env={
-                HASH_SEED: "0",
-                **self.env,
-                "RLSTACK_ZYGOTE_MODULES": str(MODULES_FILE),
-            },
+            env=env,
         )
         theirs.close()
         reply = self.socket.recv(1 << 20)
@@ -333,6 +380,22 @@ class Zygote:
         self.ready = json.loads(reply)
         # The zygote's environment once its modules are imported: some set variables there.
         self.env_after: dict[str, str] = self.ready.pop("env")
+
+    def job_config(self) -> str:
+        """The Ray job config (`RAY_JOB_CONFIG_JSON_ENV_VAR`) under which a driver's workers are
+        forked from this (workers') zygote: Ray starts each with `tests/worker_client.py` as
+        its Python (``runtime_env["py_executable"]``, which the actors' own ``env_vars``
+        leave as it is)."""
+        client = f"{sys.executable} -I {Path(__file__).with_name('worker_client.py')}"
+        return json.dumps({"runtime_env": {"py_executable": f"{client} {self.worker_socket}"}})
+
+    def worker_starts(self) -> collections.Counter[str]:
+        """How the Ray workers that asked this zygote started (forked, or cold and why)."""
+        try:
+            with open(self.worker_log) as log:
+                return collections.Counter(f"Ray worker {line.strip()}" for line in log)
+        except FileNotFoundError:
+            return collections.Counter()
 
     def fork(
         self,
@@ -348,6 +411,7 @@ class Zygote:
             "cwd": str(cwd),
             "ray": ray_address,
             "ray_cpus": SHARED_CPUS,
+            "ray_job_config": worker_job_config() if ray_address else None,
         }
         socket.send_fds(self.socket, [json.dumps(request).encode()], list(fds))
         reply = json.loads(self.socket.recv(4096))
@@ -361,13 +425,35 @@ class Zygote:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.process.kill()
+        import shutil
+
+        PAST_WORKER_STARTS.update(self.worker_starts())
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def zygote() -> Zygote:
+    """The runs' zygote, started on first use."""
     global _ZYGOTE
     if _ZYGOTE is None or _ZYGOTE.process.poll() is not None:
         _ZYGOTE = Zygote()
     return _ZYGOTE
+
+
+def worker_job_config() -> str | None:
+    """The job config that has a driver's workers on the shared cluster forked
+    (`Zygote.job_config`); None where ``RLSTACK_TEST_COLD_WORKERS=1`` asks for them cold."""
+    if os.environ.get(COLD_WORKERS) == "1":
+        return None
+    return worker_zygote().job_config()
+
+
+def worker_zygote() -> Zygote:
+    """The Ray workers' zygote, started on first use (a dead one is replaced: the workers that
+    asked the old one's socket start cold)."""
+    global _WORKER_ZYGOTE
+    if _WORKER_ZYGOTE is None or _WORKER_ZYGOTE.process.poll() is not None:
+        _WORKER_ZYGOTE = Zygote(workers=True)
+    return _WORKER_ZYGOTE
 
 
 # ---------------------------------------------------------------------------- the processes
@@ -526,6 +612,16 @@ class WarmProcess:
 
 # How the runs of this process were started, and why (printed at the end of the session).
 STATS: collections.Counter[str] = collections.Counter()
+# How the Ray workers of closed zygotes started (`Zygote.worker_starts`).
+PAST_WORKER_STARTS: collections.Counter[str] = collections.Counter()
+
+
+def launches() -> collections.Counter[str]:
+    """How this process's runs started (`STATS`), and the Ray workers forked for them."""
+    counts = STATS + PAST_WORKER_STARTS
+    if _WORKER_ZYGOTE is not None:
+        counts.update(_WORKER_ZYGOTE.worker_starts())
+    return counts
 
 
 def _cold(

@@ -83,7 +83,7 @@ class SuiteTimes:
         if not self.launches:  # no xdist workers: this process started the runs
             from tests import launcher
 
-            self.launches.update(launcher.STATS)
+            self.launches.update(launcher.launches())
         if self.launches:
             terminalreporter.section("runs of the command-line tools (tests/launcher.py)")
             for how, count in self.launches.most_common():
@@ -123,4 +123,4 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if hasattr(session.config, "workeroutput"):  # an xdist worker: tell the controller
         from tests import launcher
 
-        session.config.workeroutput[LAUNCHES_KEY] = dict(launcher.STATS)
+        session.config.workeroutput[LAUNCHES_KEY] = dict(launcher.launches())

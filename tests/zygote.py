@@ -22,6 +22,7 @@ exit), and it cost 2.5 s of every run: each object it touches copies the zygote'
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import io
 import json
 import os
@@ -35,30 +36,71 @@ from typing import Any
 Request = dict[str, Any]
 
 
+class _Withheld(BaseException):
+    """Raised by `_Withhold` (a BaseException: a library's ``except ImportError`` fallback
+    must not catch it and preload a module that believes the package absent)."""
+
+
+class _Withhold(importlib.abc.MetaPathFinder):
+    """While the zygote preloads, imports of ``packages`` fail, and so every module that
+    imports them: they are left to the forks."""
+
+    def __init__(self, packages: set[str]) -> None:
+        self.packages = packages
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname.partition(".")[0] in self.packages:
+            raise _Withheld(fullname)
+        return None
+
+
 def preload() -> list[str]:
     """Import the modules `RLSTACK_ZYGOTE_MODULES` lists (one a line, ``#`` comments);
-    those that fail to import are left to the runs, which meet the same error."""
+    those that fail to import are left to the runs, which meet the same error.
+
+    ``RLSTACK_ZYGOTE_WITHOUT`` (comma-separated top-level packages) withholds packages and
+    whatever imports them: the Ray workers' zygote has no ``ray``, whose C++ settings
+    (RayConfig: the worker's job id) are read once, from the environment of the process
+    that loads it, and would be the zygote's in every worker."""
     listing = os.environ.pop("RLSTACK_ZYGOTE_MODULES", "")
+    without = {name for name in os.environ.pop("RLSTACK_ZYGOTE_WITHOUT", "").split(",") if name}
     names = []
     if listing and os.path.exists(listing):
         with open(listing) as lines:
             names = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    withhold = _Withhold(without)
+    sys.meta_path.insert(0, withhold)
     loaded = []
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except Exception:  # a platform's module, a compiled helper's private name
-            continue
-        loaded.append(name)
+    try:
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except (Exception, _Withheld):  # a platform's module, a helper's private name
+                continue
+            loaded.append(name)
+    finally:
+        sys.meta_path.remove(withhold)
     return loaded
 
 
-def serve(sock: socket.socket) -> tuple[Request, list[int]]:
-    """Fork a run for each request, reap them, report their status; returns only in a fork."""
+def serve(
+    sock: socket.socket, workers: socket.socket | None, policy: WorkerPolicy | None
+) -> tuple[Request, list[int]]:
+    """Fork a run for each request (from the pytest process on ``sock``, from a Ray worker's
+    `tests/worker_client.py` on ``workers``), reap them, report their status; returns only
+    in a fork."""
     running: dict[int, tuple[int, int]] = {}  # pidfd -> (pid, status fd)
+    listening = [] if workers is None else [workers.fileno()]
     while True:
-        readable, _, _ = select.select([sock.fileno(), *running], [], [])
+        readable, _, _ = select.select([sock.fileno(), *listening, *running], [], [])
         for fd in readable:
+            if workers is not None and fd == workers.fileno():
+                assert policy is not None
+                forked = _fork_worker(workers, policy, running)
+                if forked is not None:
+                    sock.close()
+                    return forked
+                continue
             if fd != sock.fileno():
                 pid, status_fd = running.pop(fd)
                 _, status = os.waitpid(pid, 0)
@@ -85,6 +127,8 @@ def serve(sock: socket.socket) -> tuple[Request, list[int]]:
                 continue
             if pid == 0:
                 sock.close()
+                if workers is not None:
+                    workers.close()
                 for pidfd, (_, status_fd) in running.items():  # the other runs' ends
                     os.close(pidfd)
                     os.close(status_fd)
@@ -93,6 +137,103 @@ def serve(sock: socket.socket) -> tuple[Request, list[int]]:
                 os.close(received)
             running[os.pidfd_open(pid)] = (pid, fds[3])
             sock.send(json.dumps({"pid": pid}).encode())
+
+
+class WorkerPolicy:
+    """Which Ray workers are forked: those whose environment differs from the one the zygote
+    imported its modules in by no variable read at import (`tests/launcher.py` sends the
+    rules: prefixes, and the names exempt: read when used, or applied by the fork,
+    `_apply_worker_settings`). Each start is logged, one line, to ``log``."""
+
+    def __init__(self, rules: dict[str, Any], env: dict[str, str]) -> None:
+        self.prefixes = tuple(rules["prefixes"])
+        self.exempt = frozenset(rules["exempt"])
+        self.log: str = rules["log"]
+        self.env = env
+
+    def cold_because(self, env: dict[str, str]) -> list[str]:
+        return sorted(
+            name
+            for name in set(env) | set(self.env)
+            if name.startswith(self.prefixes)
+            and name not in self.exempt
+            and env.get(name) != self.env.get(name)
+            # No seed: a fresh worker draws one at random, of which the zygote's 0 is one.
+            and not (name == "PYTHONHASHSEED" and name not in env)
+        )
+
+    def note(self, line: str) -> None:
+        with open(self.log, "a") as log:
+            log.write(line + "\n")
+
+
+def _fork_worker(
+    workers: socket.socket, policy: WorkerPolicy, running: dict[int, tuple[int, int]]
+) -> tuple[Request, list[int]] | None:
+    """Accept one worker's request; fork it (returns in the fork) or answer why not."""
+    conn, _ = workers.accept()
+    with conn:
+        try:
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 22, 4)
+            request = json.loads(message)
+        except (OSError, ValueError):
+            return None
+        differ = policy.cold_because(request["env"])
+        if differ:
+            policy.note(f"cold (read at import: {', '.join(differ)})")
+            for received in fds:
+                os.close(received)
+            conn.send(json.dumps({"cold": differ}).encode())
+            return None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as error:
+            policy.note(f"cold (fork failed: {error})")
+            for received in fds:
+                os.close(received)
+            conn.send(json.dumps({"cold": str(error)}).encode())
+            return None
+        if pid == 0:
+            workers.close()
+            for pidfd, (_, status_fd) in running.items():
+                os.close(pidfd)
+                os.close(status_fd)
+            return request, fds
+        policy.note("forked")
+        for received in fds[:3]:
+            os.close(received)
+        running[os.pidfd_open(pid)] = (pid, fds[3])
+        conn.send(json.dumps({"pid": pid}).encode())
+    return None
+
+
+# Settings a fresh worker's libraries take from the environment as they load, which the fork
+# applies itself: torch's thread pool, glibc's allocator thresholds (mallopt's parameters).
+_MALLOPT = {"MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_TRIM_THRESHOLD_": -1}
+WORKER_APPLIED = ("OMP_NUM_THREADS", *_MALLOPT)
+
+
+def _apply_worker_settings(env: dict[str, str], client: int) -> None:
+    """What a Ray worker started cold in ``env`` would have set up at start; and the fork ends
+    when ``client`` (the process Ray started, `tests/worker_client.py`) does."""
+    import ctypes
+    import threading
+
+    if "OMP_NUM_THREADS" in env and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(env["OMP_NUM_THREADS"]))
+    libc = ctypes.CDLL(None)
+    for name, parameter in _MALLOPT.items():
+        if name in env:
+            libc.mallopt(parameter, int(env[name]))
+    pidfd = os.pidfd_open(client)
+
+    def end_with_client() -> None:
+        select.select([pidfd], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=end_with_client, name="end-with-ray's-process", daemon=True).start()
 
 
 def become(request: Request, fds: list[int], base_path: list[str]) -> None:
@@ -126,6 +267,8 @@ def become(request: Request, fds: list[int], base_path: list[str]) -> None:
         signal.signal(number, handler or signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     _fresh_streams(unbuffered=bool(env.get("PYTHONUNBUFFERED")))
+    if request.get("worker"):
+        _apply_worker_settings(env, int(request["worker"]))
     from rlshell.config import TRACE_ENV_VAR, install_read_tracer
 
     if env.get(TRACE_ENV_VAR):  # what importing rlshell.config does in a new interpreter
@@ -139,7 +282,9 @@ def become(request: Request, fds: list[int], base_path: list[str]) -> None:
     except ImportError:
         pass
     if request["ray"] is not None:
-        _attach_where_it_would_start_ray(request["ray"], request["ray_cpus"])
+        _attach_where_it_would_start_ray(
+            request["ray"], request["ray_cpus"], request["ray_job_config"]
+        )
     import runpy
 
     if module is not None:
@@ -203,11 +348,13 @@ def finish(request: Request, fds: list[int], base_path: list[str]) -> None:
     os._exit(status)
 
 
-def _attach_where_it_would_start_ray(address: str, cpus: int) -> None:
+def _attach_where_it_would_start_ray(address: str, cpus: int, job_config: str | None) -> None:
     """Where the run would start a local Ray of its own (`Cluster`, at the point it does),
     it joins the pytest process's cluster instead: a cluster of the same machine and
-    CPUs, already up. Ray is not touched before: a run refused by validation never meets
-    it. A run that asks for another CPU count or temp dir starts its own, as it would."""
+    CPUs, already up, with ``job_config`` (its workers forked from the workers' zygote,
+    `tests/worker_client.py`; None: started cold). Ray is not touched before: a run refused
+    by validation never meets it. A run that asks for another CPU count or temp dir starts
+    its own, as it would."""
     import ray
 
     import rlshell.cluster.ray_cluster as ray_cluster
@@ -218,7 +365,12 @@ def _attach_where_it_would_start_ray(address: str, cpus: int) -> None:
         if (num_cpus or os.cpu_count()) != cpus or temp_dir is not None:
             start_own(num_cpus, namespace, temp_dir)
             return
-        ray.init(address=address, namespace=namespace, log_to_driver=True)
+        if job_config is not None:
+            os.environ["RAY_JOB_CONFIG_JSON_ENV_VAR"] = job_config
+        try:
+            ray.init(address=address, namespace=namespace, log_to_driver=True)
+        finally:
+            os.environ.pop("RAY_JOB_CONFIG_JSON_ENV_VAR", None)
 
     ray_cluster._start_embedded_ray = attach
 
@@ -261,7 +413,16 @@ def main() -> None:
         os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p
     }
     base_path = [entry for entry in sys.path if os.path.abspath(entry or ".") not in own_path]
+    rules = os.environ.pop("RLSTACK_ZYGOTE_WORKERS", "")
+    before_imports = {k: v for k, v in os.environ.items() if k != "RLSTACK_ZYGOTE_MODULES"}
     preloaded = preload()
+    workers, policy = None, None
+    if rules:  # a socket on which Ray workers ask to be forked (tests/worker_client.py)
+        parsed = json.loads(rules)
+        policy = WorkerPolicy(parsed, before_imports)
+        workers = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        workers.bind(parsed["socket"])
+        workers.listen(64)
     sock.send(
         json.dumps(
             {
@@ -273,7 +434,7 @@ def main() -> None:
             }
         ).encode()
     )
-    request, fds = serve(sock)
+    request, fds = serve(sock, workers, policy)
     finish(request, fds, base_path)
 
 
