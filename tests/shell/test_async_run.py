@@ -201,11 +201,6 @@ def test_a_rollout_worker_killed_mid_run_loses_no_step_and_a_resume_repeats_none
         PYTHONPATH=os.pathsep.join(
             [str(ROOT / "tests" / "shell"), os.environ.get("PYTHONPATH", "")]
         ),
-        RLSHELL_TEST_FAULT="kill_rollout",
-        # The 4th generation is step 4's rollout (no evaluation): queued at the start of step 3,
-        # it dies while step 3 trains, and step 4 finds it dead.
-        RLSHELL_TEST_FAULT_AT="4",
-        RLSHELL_TEST_FAULT_MARKER=str(marker),
     )
     args = [
         "configs/grpo_async.py",
@@ -213,6 +208,12 @@ def test_a_rollout_worker_killed_mid_run_loses_no_step_and_a_resume_repeats_none
         *TINY,
         "runner.eval_interval=0",
         "checkpoint.interval=2",
+        # The fault (tests/shell/fault_ext.py), for the workers that read it. The 4th
+        # generation is step 4's rollout (no evaluation): queued at the start of step 3, it
+        # dies while step 3 trains, and step 4 finds it dead.
+        "cluster.worker_env_vars.RLSHELL_TEST_FAULT=kill_rollout",
+        "cluster.worker_env_vars.RLSHELL_TEST_FAULT_AT=4",
+        f"cluster.worker_env_vars.RLSHELL_TEST_FAULT_MARKER={marker}",
     ]
     run_dir = tmp_path / "crash" / "grpo_async"
     crashed = train(

@@ -158,29 +158,37 @@ def test_ctrl_c_then_resume_auto_reproduces_the_uninterrupted_run_exactly(
     assert got == expected
 
 
-def _fault_env(ray_tmp: Path, fault: str, at: int, marker: Path) -> dict[str, str]:
+def _fault_env(ray_tmp: Path) -> dict[str, str]:
     return cli_env(
         ray_tmp,
         RLSHELL_EXT_MODULE="fault_ext",
         PYTHONPATH=os.pathsep.join(
             [str(ROOT / "tests" / "shell"), os.environ.get("PYTHONPATH", "")]
         ),
-        RLSHELL_TEST_FAULT=fault,
-        RLSHELL_TEST_FAULT_AT=str(at),
-        RLSHELL_TEST_FAULT_MARKER=str(marker),
     )
 
 
-FAULTY = [*SHORT[:1], "actor.model.model_type=faulty_lm", *SHORT[1:], "checkpoint.interval=1"]
+def _faulty(fault: str, at: int, marker: Path) -> list[str]:
+    """The run's arguments with its fault (tests/shell/fault_ext.py), given to the workers
+    that read it through ``cluster.worker_env_vars``, as a user adds a worker variable."""
+    return [
+        *SHORT[:1],
+        "actor.model.model_type=faulty_lm",
+        *SHORT[1:],
+        "checkpoint.interval=1",
+        f"cluster.worker_env_vars.RLSHELL_TEST_FAULT={fault}",
+        f"cluster.worker_env_vars.RLSHELL_TEST_FAULT_AT={at}",
+        f"cluster.worker_env_vars.RLSHELL_TEST_FAULT_MARKER={marker}",
+    ]
 
 
 def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_checkpoint(
     tmp_path: Path, ray_tmp: Path
 ) -> None:
     result = train(
-        *FAULTY,
+        *_faulty("nan", at=3, marker=tmp_path / "marker"),
         f"runner.output_dir={tmp_path}",
-        env=_fault_env(ray_tmp, "nan", at=3, marker=tmp_path / "marker"),
+        env=_fault_env(ray_tmp),
         timeout=400,
     )
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
@@ -203,14 +211,14 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_checkpoint(
 def test_a_worker_killed_mid_step_is_named_and_resume_auto_continues(
     tmp_path: Path, ray_tmp: Path
 ) -> None:
-    env = _fault_env(ray_tmp, "kill", at=3, marker=tmp_path / "killed")
-    result = train(*FAULTY, f"runner.output_dir={tmp_path}", env=env, timeout=400)
+    env, faulty = _fault_env(ray_tmp), _faulty("kill", at=3, marker=tmp_path / "killed")
+    result = train(*faulty, f"runner.output_dir={tmp_path}", env=env, timeout=400)
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     assert (tmp_path / "killed").is_file()
     assert "component 'actor' rank 1" in result.stderr
     assert "died while running run_training()" in result.stderr
     resumed = train(
-        *FAULTY, f"runner.output_dir={tmp_path}", "checkpoint.resume=auto", env=env, timeout=400
+        *faulty, f"runner.output_dir={tmp_path}", "checkpoint.resume=auto", env=env, timeout=400
     )
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout
