@@ -128,6 +128,9 @@ NOT_FOR_WORKERS = frozenset(
         "PYTHONBREAKPOINT",
         "RAY_CLIENT_MODE",
         "RAY_USAGE_STATS_ENABLED",
+        # Set to "hide" by importing gymnasium, which every worker that could read it does
+        # first (a test whose fixture imports gymnasium here would otherwise count it as its).
+        "PYGAME_HIDE_SUPPORT_PROMPT",
     }
 )
 # The modules the drivers of short runs imported (`record_modules` writes the list): the
@@ -346,6 +349,7 @@ class Zygote:
     def __init__(self, workers: bool = False) -> None:
         import tempfile
 
+        from rlshell.config import TRACE_ENV_VAR
         from tests.zygote import WORKER_APPLIED
 
         self.env = dict(SESSION_ENV)
@@ -361,7 +365,11 @@ class Zygote:
                 "socket": self.worker_socket,
                 "log": self.worker_log,
                 "prefixes": IMPORT_TIME_PREFIXES,
-                "exempt": sorted(READ_WHEN_USED | WORKER_READ_WHEN_USED | set(WORKER_APPLIED)),
+                # ... and the config-read tracer's directory: the fork imports rlshell.config
+                # (withheld from this zygote), which installs the tracer the variable names.
+                "exempt": sorted(
+                    READ_WHEN_USED | WORKER_READ_WHEN_USED | {*WORKER_APPLIED, TRACE_ENV_VAR}
+                ),
             }
             env.update(
                 RLSTACK_ZYGOTE_WORKERS=json.dumps(rules),

@@ -3,7 +3,8 @@ environment, the working directory and the arguments of a forked run are those o
 ``subprocess.run`` on the same command, and a run it cannot fork faithfully starts cold.
 
 These runs start no Ray (``shared_ray=False``): only the fork is checked here; the shared
-cluster is what every run of the shell tests joins.
+cluster is what every run of the shell tests joins. The last tests check the shared
+cluster's workers, forked from the workers' zygote (`tests/worker_client.py`) or cold.
 """
 
 from __future__ import annotations
@@ -165,3 +166,75 @@ def test_what_earlier_tests_left_in_the_environment_is_not_the_tests(
     ]
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # set by the test, after it started
     assert launcher.warm_fork_keeps(dict(os.environ), launcher.SESSION_ENV) == ["HF_HUB_OFFLINE"]
+
+
+# ------------------------------------------------------------------ the shared cluster's workers
+
+
+def _worker_facts(env_vars: dict[str, str]) -> tuple[dict[str, object], int]:
+    """What a worker of the shared cluster started with ``env_vars`` reports of itself, and
+    its pid once Ray has killed it (gone or not)."""
+    import ray
+
+    @ray.remote(num_cpus=0.25, runtime_env={"env_vars": env_vars})
+    class Probe:
+        def facts(self) -> dict[str, object]:
+            import torch
+
+            return {
+                "pid": os.getpid(),
+                "parent": os.getppid(),
+                "threads": torch.get_num_threads(),
+                "env": {name: os.environ.get(name) for name in env_vars},
+                "cpus": sorted(os.sched_getaffinity(0)),
+            }
+
+    probe = Probe.remote()  # type: ignore[attr-defined]
+    facts: dict[str, object] = ray.get(probe.facts.remote(), timeout=120)
+    ray.kill(probe)
+    return facts, int(facts["pid"])  # type: ignore[call-overload]
+
+
+def _gone(pid: int, within: float = 30.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + within
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not Path(f"/proc/{pid}").exists()
+
+
+def test_a_worker_forked_warm_is_the_process_ray_knows_set_up_as_a_cold_one() -> None:
+    launcher.shared_cluster()
+    if launcher.worker_job_config() is None:
+        pytest.skip(f"{launcher.COLD_WORKERS}=1: the shared cluster's workers start cold")
+    starts = launcher.launches()["Ray worker forked"]
+    facts, pid = _worker_facts(
+        {"OMP_NUM_THREADS": "1", "MALLOC_TRIM_THRESHOLD_": str(2**30), "RLSTACK_PROBE": "yes"}
+    )
+    assert launcher.launches()["Ray worker forked"] == starts + 1
+    assert facts["parent"] == launcher.worker_zygote().process.pid
+    # Set up as Ray would have started it: its env_vars, one thread as OMP_NUM_THREADS says
+    # (the zygote's torch sized its pool for every core), the cores its launcher had.
+    assert facts["env"] == {
+        "OMP_NUM_THREADS": "1",
+        "MALLOC_TRIM_THRESHOLD_": str(2**30),
+        "RLSTACK_PROBE": "yes",
+    }
+    assert facts["threads"] == 1
+    assert facts["cpus"] == sorted(os.sched_getaffinity(0))
+    # ray.kill reaches the fork itself.
+    assert _gone(pid)
+
+
+def test_a_worker_whose_import_time_variables_differ_starts_cold() -> None:
+    launcher.shared_cluster()
+    if launcher.worker_job_config() is None:
+        pytest.skip(f"{launcher.COLD_WORKERS}=1: the shared cluster's workers start cold")
+    reason = "Ray worker cold (read at import: HF_HUB_OFFLINE)"
+    before = launcher.launches()[reason]
+    facts, pid = _worker_facts({"HF_HUB_OFFLINE": "1"})
+    assert launcher.launches()[reason] == before + 1
+    assert facts["parent"] != launcher.worker_zygote().process.pid
+    assert facts["env"] == {"HF_HUB_OFFLINE": "1"}
+    assert _gone(pid)

@@ -1,15 +1,16 @@
-"""A Ray worker of the shared test cluster, forked from the zygote instead of started cold.
+"""A Ray worker of the shared test cluster, forked from a warm zygote instead of started cold.
 
     python -I tests/worker_client.py SOCKET default_worker.py ARGS...
 
 Ray runs this as the workers' Python (the job's ``runtime_env`` ``py_executable``, which
-`tests/launcher.py` gives the runs it puts on the shared cluster). It asks the zygote
-listening on ``SOCKET`` (`tests/zygote.py`) to fork ``python default_worker.py ARGS...``
-with this process's environment, working directory and standard streams, and waits for it:
-the worker then starts with torch, transformers and rlshell imported (~4.5 s of imports a
-worker, measured) and the raylet sees the worker's own pid when it registers. Where the
-zygote would not start it as a fresh interpreter would (a variable read at import differs),
-it answers why and this process becomes the worker itself, cold (``execv``).
+`tests/launcher.py` gives the runs it puts on the shared cluster). It asks the workers'
+zygote listening on ``SOCKET`` (`tests/zygote.py`) to fork ``python default_worker.py
+ARGS...`` with this process's environment, working directory, standard streams and CPU
+affinity, and waits for it: the worker then starts with torch, transformers and the rest
+imported (not Ray or rlshell, `tests/launcher.py` says why), and the raylet sees the
+worker's own pid when it registers. Where the zygote would not start it as a fresh
+interpreter would (a variable read at import differs), it answers why and this process
+becomes the worker itself, cold (``execv``).
 
 Standard library only: this runs before every worker.
 """
@@ -33,6 +34,7 @@ def main() -> None:
         "cwd": os.getcwd(),
         "ray": None,
         "worker": os.getpid(),  # the fork ends when this process does
+        "cpus": sorted(os.sched_getaffinity(0)),  # and runs on the cores this one may use
     }
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:

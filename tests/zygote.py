@@ -215,11 +215,13 @@ _MALLOPT = {"MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_TRIM_THRESHOLD_": -1}
 WORKER_APPLIED = ("OMP_NUM_THREADS", *_MALLOPT)
 
 
-def _apply_worker_settings(env: dict[str, str], client: int) -> None:
-    """What a Ray worker started cold in ``env`` would have set up at start; and the fork ends
-    when ``client`` (the process Ray started, `tests/worker_client.py`) does."""
+def _apply_worker_settings(env: dict[str, str], client: int, cpus: list[int]) -> None:
+    """What a Ray worker started cold in ``env`` on ``cpus`` would have set up at start; and
+    the fork ends when ``client`` (the process Ray started, `tests/worker_client.py`) does."""
     import ctypes
     import threading
+
+    os.sched_setaffinity(0, cpus)
 
     if "OMP_NUM_THREADS" in env and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(int(env["OMP_NUM_THREADS"]))
@@ -268,7 +270,7 @@ def become(request: Request, fds: list[int], base_path: list[str]) -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     _fresh_streams(unbuffered=bool(env.get("PYTHONUNBUFFERED")))
     if request.get("worker"):
-        _apply_worker_settings(env, int(request["worker"]))
+        _apply_worker_settings(env, int(request["worker"]), request["cpus"])
     from rlshell.config import TRACE_ENV_VAR, install_read_tracer
 
     if env.get(TRACE_ENV_VAR):  # what importing rlshell.config does in a new interpreter

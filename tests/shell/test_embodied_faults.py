@@ -492,12 +492,18 @@ def _fault_vars(fault: str, marker: Path) -> dict[str, str]:
 def test_an_env_that_raises_is_named_with_its_traceback_and_resume_auto_finishes(
     tmp_path: Path, ray_tmp: Path
 ) -> None:
+    # The extension for the driver and workers; the fault for the workers, which read it,
+    # through cluster.worker_env_vars (as a user gives them a variable).
+    fault = _fault_vars("raise", tmp_path / "raised")
     env = cli_env(
-        ray_tmp,
-        **_fault_vars("raise", tmp_path / "raised"),
+        ray_tmp, **{name: fault.pop(name) for name in ("RLSHELL_EXT_MODULE", "PYTHONPATH")}
     )
+    faulty = [
+        *FAULTY,
+        *(f"cluster.worker_env_vars.{name}={value}" for name, value in fault.items()),
+    ]
     out = tmp_path / "runs"
-    failed = train(*FAULTY, f"runner.output_dir={out}", env=env, timeout=300)
+    failed = train(*faulty, f"runner.output_dir={out}", env=env, timeout=300)
     assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr[-3000:]
     error = failed.stderr
     assert "component 'actor' rank 0" in error
@@ -514,7 +520,7 @@ def test_an_env_that_raises_is_named_with_its_traceback_and_resume_auto_finishes
     ]
 
     resumed = train(
-        *FAULTY, f"runner.output_dir={out}", "checkpoint.resume=auto", env=env, timeout=300
+        *faulty, f"runner.output_dir={out}", "checkpoint.resume=auto", env=env, timeout=300
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "global_step_2 (step 2)" in resumed.stdout
