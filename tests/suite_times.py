@@ -7,7 +7,7 @@ controlling process receives every worker's reports, so the figures cover the wh
 run. At the end it prints the time per file and the slowest tests, and writes both
 as JSON (``build/test-times.json``, or where ``RLSTACK_TEST_TIMES`` says), with how
 `tests/launcher.py` started the runs of the command-line tools (forked or cold, on the
-shared Ray or not, and why).
+shared Ray or not, and why) and the shared cluster's Ray workers (forked or cold, and why).
 
 This is a report, not a check: no figure here fails a test.
 """
@@ -85,7 +85,7 @@ class SuiteTimes:
 
             self.launches.update(launcher.launches())
         if self.launches:
-            terminalreporter.section("runs of the command-line tools (tests/launcher.py)")
+            terminalreporter.section("how runs and Ray workers started (tests/launcher.py)")
             for how, count in self.launches.most_common():
                 write(f"{count:8d}  {how}")
         target = Path(os.environ.get(ENV_VAR) or self.rootdir / "build" / "test-times.json")
