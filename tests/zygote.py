@@ -2,6 +2,10 @@
 
     python tests/zygote.py FD
 
+(With ``RLSTACK_ZYGOTE_WORKERS`` set, it also listens on a Unix socket for the shared
+cluster's Ray workers, `tests/worker_client.py`, and forks ``default_worker.py`` for each:
+`WorkerPolicy`, `_fork_worker`, `_apply_worker_settings`.)
+
 ``FD`` is a SOCK_SEQPACKET socket to the pytest process. Each message is a JSON request
 (``argv``, ``env``, ``cwd``, ``ray``: the address of a Ray cluster of ``ray_cpus`` CPUs to
 join where the run would start its own, or null) with four file
@@ -173,10 +177,13 @@ def _fork_worker(
     """Accept one worker's request; fork it (returns in the fork) or answer why not."""
     conn, _ = workers.accept()
     with conn:
+        fds: list[int] = []
         try:
             message, fds, _, _ = socket.recv_fds(conn, 1 << 22, 4)
             request = json.loads(message)
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # the client died before it asked: nothing to start
+            for received in fds:
+                os.close(received)
             return None
         differ = policy.cold_because(request["env"])
         if differ:
