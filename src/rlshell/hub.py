@@ -14,7 +14,8 @@ environment when each process resolves them: on a cluster every node
 resolves against its own cache. With ``HF_HUB_OFFLINE=1`` nothing is
 downloaded and an id missing from the cache is an error; otherwise what is
 missing is downloaded. Models and tokenizers go to transformers'
-``from_pretrained`` as the id (`pretrained_source`); a dataset resolves to
+``from_pretrained`` as the id, or as its snapshot's directory when the cache holds one
+(`pretrained_source`); a dataset resolves to
 its snapshot directory, in which `split_files` picks the split's files.
 """
 
@@ -30,6 +31,7 @@ __all__ = [
     "DATA_SUFFIXES",
     "SPLIT_NAMES",
     "HubUnavailableError",
+    "cached_snapshot",
     "data_files",
     "dataset_dir",
     "hub_cache_dir",
@@ -91,12 +93,29 @@ def hub_id(value: str, repo_type: RepoType = "model") -> tuple[str, str] | None:
 
 
 def pretrained_source(value: str) -> tuple[str, dict[str, Any]]:
-    """What ``from_pretrained`` gets for ``value``: the local directory with
-    ``local_files_only`` (nothing is downloaded for a local path), or the Hub id with the
-    cache directory and ``local_files_only`` as ``HF_HUB_OFFLINE`` says."""
-    if hub_id(value) is None:
+    """What ``from_pretrained`` gets for ``value``: a local directory with
+    ``local_files_only`` (nothing is downloaded), or the Hub id with the cache directory and
+    ``local_files_only`` as ``HF_HUB_OFFLINE`` says. A Hub id whose snapshot the cache
+    holds resolves to that snapshot's directory, used as it is (as datasets' are) without
+    asking the Hub for a newer one: where the Hub cannot be reached, transformers would
+    otherwise spend minutes retrying the files a snapshot lacks (``adapter_config.json``)."""
+    repo = hub_id(value)
+    if repo is None:
         return value, {"local_files_only": True}
-    return value, {"cache_dir": str(hub_cache_dir()), "local_files_only": hub_offline()}
+    cache = hub_cache_dir()
+    snapshot = cached_snapshot(repo[0], cache)
+    if snapshot is not None:
+        return str(snapshot), {"local_files_only": True}
+    return value, {"cache_dir": str(cache), "local_files_only": hub_offline()}
+
+
+def cached_snapshot(repo_id: str, cache: Path | None = None) -> Path | None:
+    """The snapshot directory of the model ``repo_id`` in the Hub cache that holds its
+    ``config.json``, or None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, "config.json", cache_dir=cache or hub_cache_dir())
+    return Path(found).parent if isinstance(found, str) else None
 
 
 def hub_problem(key: str, value: str, needs: str = "config.json") -> str | None:
@@ -109,11 +128,22 @@ def hub_problem(key: str, value: str, needs: str = "config.json") -> str | None:
         return None if Path(value).exists() else f"{key}: {value} does not exist"
     from huggingface_hub import try_to_load_from_cache
 
+    from rlshell import gguf
+
     cache = hub_cache_dir()
+    hint = gguf.install_hint(repo[0])
     if isinstance(try_to_load_from_cache(repo[0], needs, cache_dir=cache), str):
+        snapshot = gguf.snapshot_dir(repo[0], cache)
+        if snapshot is not None and (snapshot / gguf.CONVERSION_RECORD).is_file():
+            try:  # a conversion made here records its files: sizes are checked, not hashes
+                gguf.verify(repo[0], cache, hashes=False)
+            except (OSError, ValueError) as problem:
+                return f"{key}: {problem}" + (f"; {hint}" if hint else "")
         return None
     reason = _why_not_downloadable(repo[0], "model")
-    return None if reason is None else _not_cached(key, value, "model", cache) + reason
+    if reason is None:
+        return None
+    return _not_cached(key, value, "model", cache) + reason + (f". {hint}" if hint else "")
 
 
 def dataset_dir(key: str, value: str) -> Path:
