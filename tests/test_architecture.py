@@ -112,6 +112,7 @@ SHELL_LAYERS: list[tuple[str, frozenset[str]]] = [
                 "data",
                 "tokenizer",
                 "hub",
+                "gguf",
                 "metrics",
                 "checkpoint",
                 "export",

@@ -27,7 +27,7 @@ import math
 import os
 import random
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
@@ -48,8 +48,10 @@ __all__ = [
     "gsm8k_answer",
     "load_conversations",
     "load_dataset",
+    "load_prompts",
     "read_examples",
     "read_split",
+    "render_chat",
     "write_jsonl",
 ]
 
@@ -216,6 +218,7 @@ class ArithmeticTask:
     num_train: int | None = None
     seed: int = 0
     operator: Literal["+", "*"] = "+"
+    phrasing: Literal["equation", "question", "word_problem"] = "equation"
 
     @classmethod
     def of(cls, data: DataConfig) -> ArithmeticTask:
@@ -228,6 +231,7 @@ class ArithmeticTask:
             num_train=data.num_train,
             seed=data.seed,
             operator=data.operator,
+            phrasing=data.phrasing,
         )
 
     @property
@@ -247,6 +251,12 @@ def arithmetic_task(split: Split, task: ArithmeticTask | None = None) -> list[Pr
         raise ValueError(
             f"arithmetic task: expected num_terms ≥ 1 and max_operand ≥ 0, "
             f"got num_terms={task.num_terms}, max_operand={task.max_operand}"
+        )
+    if task.phrasing == "word_problem" and (task.num_terms != 3 or task.operator != "+"):
+        raise ValueError(
+            "arithmetic task: word problems are a·b + c, three numbers (boxes of things and "
+            f"some more): set num_terms=3 and leave operator '+', got num_terms="
+            f"{task.num_terms}, operator={task.operator!r}"
         )
     size = task.num_prompts
     if not 0 <= task.num_val < size:
@@ -291,8 +301,67 @@ def _arithmetic_example(index: int, task: ArithmeticTask) -> PromptExample:
     for _ in range(task.num_terms):
         index, operand = divmod(index, base)
         operands.append(operand)
+    if task.phrasing == "word_problem":
+        return _word_problem(*operands)
     value = sum(operands) if task.operator == "+" else math.prod(operands)
+    if task.phrasing == "question":
+        prompt = f"What is {f' {task.operator} '.join(map(str, operands))}?"
+        return PromptExample(prompt=prompt, answer=str(value))
     return PromptExample(prompt=task.operator.join(map(str, operands)) + "=", answer=str(value))
+
+
+# Who and what a word problem is about, chosen by its numbers (a prompt is a function of
+# its operands alone, so the split of the prompt space is the same as for the other phrasings).
+_NAMES = ("Tom", "Anna", "Ravi", "Mei", "Lucas", "Sara", "Omar", "Ines", "Kofi", "Yuki")
+_THINGS = (
+    ("box", "pencils"),
+    ("bag", "apples"),
+    ("jar", "marbles"),
+    ("crate", "books"),
+    ("basket", "eggs"),
+    ("pack", "cards"),
+)
+
+
+def _word_problem(boxes: int, each: int, more: int) -> PromptExample:
+    """``boxes`` containers of ``each`` things, and ``more`` beside them: a·b + c."""
+    name = _NAMES[(boxes * 7 + each * 3 + more) % len(_NAMES)]
+    container, things = _THINGS[(boxes + each * 5 + more * 2) % len(_THINGS)]
+    containers = container + ("es" if container.endswith("x") else "s")
+    prompt = (
+        f"{name} has {boxes} {containers if boxes != 1 else container} with {each} {things} "
+        f"in each {container}, and {more} more {things} on the table. How many {things} does "
+        f"{name} have in all?"
+    )
+    return PromptExample(prompt=prompt, answer=str(boxes * each + more))
+
+
+def render_chat(
+    examples: Sequence[PromptExample], tokenizer: Any, system_prompt: str | None = None
+) -> list[PromptExample]:
+    """``examples`` with each prompt made the user's turn of a conversation, rendered by the
+    tokenizer's own chat template up to the assistant's turn (``add_generation_prompt``):
+    after a system turn of ``system_prompt`` when given. Answers are unchanged. Raises
+    ValueError when the tokenizer has no chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "data.chat_template: the model's tokenizer has no chat template (the character "
+            "tokenizer of models built here has none); leave data.chat_template false"
+        )
+    system = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
+    return [
+        PromptExample(
+            prompt=str(
+                tokenizer.apply_chat_template(
+                    [*system, {"role": "user", "content": example.prompt}],
+                    tokenize=False,
+                    add_generation_prompt=True,
+                )
+            ),
+            answer=example.answer,
+        )
+        for example in examples
+    ]
 
 
 # ---------------------------------------------------------------------------
@@ -383,7 +452,17 @@ def load_dataset(
     ``val_path`` must then be unset.
     ``cfg.task == "file"``: `read_split` on ``train_path`` (required) or
     ``val_path`` (optional: without it the val split is empty).
+    ``cfg.instruction``, when set, follows each prompt after a space.
     """
+    examples = _examples(cfg, split, arithmetic)
+    if cfg.instruction is None:
+        return examples
+    return [PromptExample(f"{e.prompt} {cfg.instruction}", e.answer) for e in examples]
+
+
+def _examples(
+    cfg: DataConfig, split: Split, arithmetic: ArithmeticTask | None
+) -> list[PromptExample]:
     if cfg.task == "arithmetic":
         for key, value in (("train_path", cfg.train_path), ("val_path", cfg.val_path)):
             if value is not None:
@@ -407,6 +486,18 @@ def load_dataset(
             "(load_conversations), not prompts with answers"
         )
     raise ValueError(f"data.task: unknown task {cfg.task!r}; expected one of {list(PROMPT_TASKS)}")
+
+
+def load_prompts(
+    cfg: DataConfig, split: Split, tokenizer: Callable[[], Any]
+) -> list[PromptExample]:
+    """`load_dataset`'s ``split`` as the model reads it: with ``data.chat_template``, each
+    prompt rendered by the model's chat template (`render_chat`, after
+    ``data.system_prompt``); ``tokenizer`` is called for the tokenizer only then."""
+    examples = load_dataset(cfg, split)
+    if not cfg.chat_template or not examples:
+        return examples
+    return render_chat(examples, tokenizer(), cfg.system_prompt)
 
 
 def load_conversations(cfg: DataConfig, split: Split) -> list[list[Message]]:

@@ -3,6 +3,8 @@
     python -m rlshell.evaluate runs/grpo/checkpoints/global_step_200
     python -m rlshell.evaluate runs/grpo/hf_model --config runs/grpo/config.json
     python -m rlshell.evaluate runs/ppo_cartpole/checkpoints/global_step_390 --episodes 50
+    python -m rlshell.evaluate HuggingFaceTB/SmolLM2-135M-Instruct --config configs/grpo_smollm2.py \\
+        --samples 8
 
 PATH is a checkpoint directory (or, for a reasoning run, an exported Hugging
 Face directory or a Hub id such as ``Qwen/Qwen2.5-0.5B-Instruct``, read
@@ -16,7 +18,9 @@ runner made it, and `EVALUATORS` maps the runner type to its evaluation:
   correctness reward, ``reward.reward_type`` (alone, also when
   ``reward.weights`` trains on several), so the accuracy is the
   ``eval/accuracy`` the training run logs
-  (``--limit N`` takes the first N examples); the first reward failure of
+  (``--limit N`` takes the first N examples), with its 95% Wilson interval;
+  ``--samples K`` adds K samples a prompt at ``rollout.temperature``: pass@K
+  and the per-sample accuracy, with their intervals; the first reward failure of
   each kind is printed to stderr with its traceback, and the share of failed
   calls is ``reward/failed_frac``;
 - ``embodied``: the policy's deterministic (``mode="eval"``) actions for
@@ -44,6 +48,7 @@ from attrs import evolve, frozen
 from rlshell.checkpoint import RUN_CONFIG, TRAINER_STATE, CheckpointError, run_config_path
 from rlshell.config import AgentConfig, Config, ConfigError
 from rlshell.evaluation.embodied import EvaluationError, missing_checkpoint_message
+from rlshell.evaluation.intervals import student_t_interval, wilson_interval
 from rlshell.extensions import ExtensionError, load_extensions
 from rlshell.hub import hub_id, pretrained_source
 from rlshell.runners.validation import load_config
@@ -86,32 +91,96 @@ def _config_beside(path: Path) -> Path:
 
 
 def evaluate(
-    path: Path, config: Config, *, limit: int | None = None, batch_size: int = 64
+    path: Path,
+    config: Config,
+    *,
+    limit: int | None = None,
+    batch_size: int = 64,
+    samples: int = 0,
+    seed: int = 0,
 ) -> dict[str, float]:
-    """Greedy accuracy of the policy at ``path`` on ``config``'s held-out split."""
-    from rlshell.data import load_dataset
+    """Greedy accuracy of the policy at ``path`` on ``config``'s held-out split, with its 95%
+    Wilson interval; with ``samples`` k > 0, also k samples per prompt at
+    ``rollout.temperature`` (and top-p/top-k): the mean per-sample accuracy (95% t interval
+    over the prompts' means) and pass@k, the share of prompts with a right sample among
+    the k (Wilson interval)."""
+    from rlshell.data import load_prompts
     from rlshell.engines.rollout.hf import HFRolloutEngine
-    from rlshell.engines.rollout.multi_turn import agent_metrics, make_agent_loop, sample
-    from rlshell.rewards.failures import FailureWatch
-    from rlshell.rewards.pool import RewardPool
-    from rlshell.rollout import RolloutBatch, SamplingParams
+    from rlshell.rollout import SamplingParams
 
     model, tokenizer = _load(path, config)
-    examples = load_dataset(config.data, "val")
+    examples = load_prompts(config.data, "val", lambda: tokenizer)
     if limit is not None:
         examples = examples[:limit]
     if not examples:
         raise ConfigError(["data: the held-out split is empty (set data.val_path or data.num_val)"])
     engine = HFRolloutEngine(model, tokenizer, torch.device("cpu"))
-    params = SamplingParams(n=1, max_new_tokens=config.rollout.max_new_tokens, greedy=True)
     started = time.perf_counter()
+    greedy = SamplingParams(n=1, max_new_tokens=config.rollout.max_new_tokens, greedy=True)
+    scores, report = _score(engine, tokenizer, config, examples, greedy, batch_size, None)
+    report["time/eval"] = time.perf_counter() - started
+    report.update(_interval("eval/accuracy", sum(scores), len(scores)))
+    if samples:
+        rollout = config.rollout
+        params = SamplingParams(
+            n=samples,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            max_new_tokens=rollout.max_new_tokens,
+        )
+        started = time.perf_counter()
+        sampled, sampled_report = _score(
+            engine, tokenizer, config, examples, params, max(1, batch_size // samples), seed
+        )
+        per_prompt = [sampled[i * samples : (i + 1) * samples] for i in range(len(examples))]
+        means = [sum(group) / samples for group in per_prompt]
+        solved = sum(1 for group in per_prompt if max(group) > 0)
+        report[f"eval/pass@{samples}"] = solved / len(examples)
+        report.update(_interval(f"eval/pass@{samples}", solved, len(examples)))
+        report["eval/sample_accuracy"] = sum(means) / len(means)
+        interval = student_t_interval(means)
+        if interval is not None:
+            report["eval/sample_accuracy_low"] = max(0.0, interval[0])
+            report["eval/sample_accuracy_high"] = min(1.0, interval[1])
+        report["eval/samples_per_prompt"] = float(samples)
+        report["eval/temperature"] = config.rollout.temperature
+        for key in ("reward/timeouts", "reward/errors"):
+            report[key] += sampled_report[key]
+        report["time/eval_samples"] = time.perf_counter() - started
+    return report
+
+
+def _interval(key: str, successes: float, trials: int) -> dict[str, float]:
+    """``key``'s 95% Wilson interval, as ``key_low`` and ``key_high``."""
+    low, high = wilson_interval(round(successes), trials)
+    return {f"{key}_low": low, f"{key}_high": high}
+
+
+def _score(
+    engine: Any,
+    tokenizer: Any,
+    config: Config,
+    examples: Sequence[Any],
+    params: Any,
+    batch_size: int,
+    seed: int | None,
+) -> tuple[list[float], dict[str, float]]:
+    """Each example's responses (``params.n`` each, in example order) scored by the run's
+    correctness reward, and the figures of that pass."""
+    from rlshell.engines.rollout.multi_turn import agent_metrics, make_agent_loop, sample
+    from rlshell.rewards.failures import FailureWatch
+    from rlshell.rewards.pool import RewardPool
+    from rlshell.rollout import RolloutBatch
+
     texts: list[str] = []
     batches: list[RolloutBatch] = []
     agent = make_agent_loop(config, tokenizer)  # agent.tools: whole multi-turn trajectories
     try:
-        for start in range(0, len(examples), batch_size):
+        for number, start in enumerate(range(0, len(examples), batch_size)):
             chunk = examples[start : start + batch_size]
-            batch = sample(engine, agent, [e.prompt for e in chunk], params, None)
+            chunk_seed = None if seed is None else seed + number
+            batch = sample(engine, agent, [e.prompt for e in chunk], params, chunk_seed)
             texts.extend(batch.response_texts)
             batches.append(batch)
     finally:
@@ -126,21 +195,22 @@ def evaluate(
             if key.startswith("agent/") or key in ("tools/calls", "tools/failed_frac")
         }
     reward = config.reward
+    answers = [e.answer for e in examples for _ in range(params.n)]
     with RewardPool(
         reward.reward_type, timeout_s=reward.timeout_s, num_processes=reward.num_processes
     ) as pool:
-        result = pool.score(texts, [e.answer for e in examples])
+        result = pool.score(texts, answers)
         # Shown, never stopped on: an evaluation is one batch, and its figures say what failed.
         watch = FailureWatch(reward.reward_type, pool.function, max_failed_steps=0)
     for line in watch.notices(result, "the evaluation"):
         print(line, file=sys.stderr, flush=True)
-    return {
-        "eval/accuracy": sum(result.scores) / len(result.scores),
+    scores = list(result.scores)
+    return scores, {
+        "eval/accuracy": sum(scores) / len(scores),
         "eval/examples": float(len(examples)),
         "reward/timeouts": float(result.timeouts),
         "reward/errors": float(result.errors),
         "reward/failed_frac": result.failed_frac,
-        "time/eval": time.perf_counter() - started,
         **tools,
     }
 
@@ -161,7 +231,8 @@ class Evaluator:
 def _evaluate_reasoning(path: Path, config: Config, args: argparse.Namespace) -> dict[str, Any]:
     if args.no_tools:
         config = without_tools(config)
-    return {"path": str(path), **evaluate(path, config, limit=args.limit)}
+    report = evaluate(path, config, limit=args.limit, samples=args.samples or 0)
+    return {"path": str(path), **report}
 
 
 def without_tools(config: Config) -> Config:
@@ -194,12 +265,13 @@ def _evaluate_embodied(path: Path, config: Config, args: argparse.Namespace) -> 
 # runner.runner_type -> its evaluation. SAC runs are embodied runs (algorithm.loss_type='sac'):
 # their checkpoint layout is an entry of rlshell.evaluation.embodied.POLICY_LAYOUTS.
 EVALUATORS: dict[str, Evaluator] = {
-    "reasoning": Evaluator(_evaluate_reasoning, frozenset({"limit", "no_tools"})),
+    "reasoning": Evaluator(_evaluate_reasoning, frozenset({"limit", "no_tools", "samples"})),
     "embodied": Evaluator(_evaluate_embodied, frozenset({"episodes", "num_envs", "seed", "gif"})),
 }
 _OPTION_FLAGS = {
     "limit": "--limit",
     "no_tools": "--no-tools",
+    "samples": "--samples",
     "episodes": "--episodes",
     "num_envs": "--num-envs",
     "seed": "--seed",
@@ -258,6 +330,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, help="the run's config.json or a config file")
     reasoning = parser.add_argument_group("reasoning runs")
     reasoning.add_argument("--limit", type=int, help="evaluate the first N held-out examples")
+    reasoning.add_argument(
+        "--samples",
+        type=_int_at_least(1, "a positive int"),
+        metavar="K",
+        help="also K samples per prompt at rollout.temperature: pass@K and per-sample accuracy",
+    )
     reasoning.add_argument(
         "--no-tools",
         action="store_const",

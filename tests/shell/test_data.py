@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,7 +21,9 @@ from rlshell.data import (
     arithmetic_task,
     gsm8k_answer,
     load_dataset,
+    load_prompts,
     read_examples,
+    render_chat,
     write_jsonl,
 )
 
@@ -184,9 +187,116 @@ def test_default_task_has_a_large_prompt_space() -> None:
     assert len(arithmetic_task("val", task)) == task.num_val
 
 
+@given(
+    phrasing=st.sampled_from(["equation", "question", "word_problem"]),
+    max_operand=st.integers(2, 12),
+    seed=st.integers(0, 2**32),
+)
+def test_every_phrasing_splits_the_same_prompt_space_and_states_its_answer(
+    phrasing: str, max_operand: int, seed: int
+) -> None:
+    """A phrasing changes the words, never which operands are held out: the split is by the
+    prompt's index, and each prompt's answer is what its numbers give."""
+    task = ArithmeticTask(num_terms=3, max_operand=max_operand, num_val=20, seed=seed)
+    phrased = ArithmeticTask(
+        num_terms=3, max_operand=max_operand, num_val=20, seed=seed, phrasing=phrasing
+    )  # type: ignore[arg-type]
+    for split in ("train", "val"):
+        plain, worded = arithmetic_task(split, task), arithmetic_task(split, phrased)
+        assert len(plain) == len(worded)
+        for equation, example in zip(plain, worded, strict=True):
+            numbers = [int(n) for n in re.findall(r"\d+", example.prompt)]
+            a, b, c = (int(t) for t in equation.prompt.rstrip("=").split("+"))
+            if phrasing == "word_problem":
+                assert numbers == [a, b, c]
+                assert example.answer == str(a * b + c)
+                assert example.prompt.endswith("have in all?")
+            else:
+                assert numbers == [a, b, c]
+                assert example.answer == equation.answer == str(a + b + c)
+    train = {e.prompt for e in arithmetic_task("train", phrased)}
+    assert not train & {e.prompt for e in arithmetic_task("val", phrased)}
+
+
+def test_questions_and_word_problems_read_as_written() -> None:
+    question = ArithmeticTask(num_terms=2, max_operand=30, num_val=1, phrasing="question")
+    assert re.fullmatch(r"What is \d+ \+ \d+\?", arithmetic_task("val", question)[0].prompt)
+    product = ArithmeticTask(num_terms=2, num_val=1, phrasing="question", operator="*")
+    example = arithmetic_task("val", product)[0]
+    a, b = (int(n) for n in re.findall(r"\d+", example.prompt))
+    assert re.fullmatch(r"What is \d+ \* \d+\?", example.prompt)
+    assert example.answer == str(a * b)
+    word = ArithmeticTask(num_terms=3, max_operand=9, num_val=1, phrasing="word_problem")
+    assert re.fullmatch(
+        r"\w+ has \d+ \w+ with \d+ (\w+) in each \w+, and \d+ more \1 on the table\. "
+        r"How many \1 does \w+ have in all\?",
+        arithmetic_task("val", word)[0].prompt,
+    )
+
+
+def test_an_instruction_follows_every_prompt(tmp_path: Path) -> None:
+    generated = DataConfig(num_val=3, phrasing="question", instruction="Number only.")
+    for example, plain in zip(
+        load_dataset(generated, "val"),
+        arithmetic_task("val", ArithmeticTask(num_val=3, phrasing="question")),
+        strict=True,
+    ):
+        assert example == PromptExample(f"{plain.prompt} Number only.", plain.answer)
+    write_jsonl(tmp_path / "d.jsonl", [PromptExample("2+2?", "4")])
+    read = DataConfig(task="file", train_path=str(tmp_path / "d.jsonl"), instruction="Be brief.")
+    assert load_dataset(read, "train") == [PromptExample("2+2? Be brief.", "4")]
+
+
+class ChatTokenizer:
+    """A tokenizer's chat-template interface, rendering ChatML as SmolLM2's template does."""
+
+    chat_template = "chatml"
+
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], tokenize: bool, add_generation_prompt: bool
+    ) -> str:
+        assert tokenize is False
+        assert add_generation_prompt is True
+        turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        return turns + "<|im_start|>assistant\n"
+
+
+def test_prompts_are_rendered_by_the_chat_template_with_the_system_prompt() -> None:
+    examples = [PromptExample("What is 2 + 3?", "5")]
+    assert render_chat(examples, ChatTokenizer()) == [
+        PromptExample("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n", "5")
+    ]
+    (rendered,) = render_chat(examples, ChatTokenizer(), "Be brief.")
+    assert rendered.prompt.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user")
+    calls: list[int] = []
+
+    def tokenizer() -> ChatTokenizer:
+        calls.append(1)
+        return ChatTokenizer()
+
+    plain = DataConfig(num_val=2, phrasing="question")
+    assert load_prompts(plain, "val", tokenizer) == load_dataset(plain, "val")
+    assert not calls  # the tokenizer is loaded only to render
+    chat = DataConfig(num_val=2, phrasing="question", chat_template=True, system_prompt="Hi.")
+    assert load_prompts(chat, "val", tokenizer) == render_chat(
+        load_dataset(plain, "val"), ChatTokenizer(), "Hi."
+    )
+
+
+def test_a_tokenizer_without_a_chat_template_is_refused() -> None:
+    from rlshell.tokenizer import build_char_tokenizer
+
+    with pytest.raises(ValueError, match=r"data\.chat_template: the model.s tokenizer has no chat"):
+        render_chat([PromptExample("1+1=", "2")], build_char_tokenizer())
+
+
 @pytest.mark.parametrize(
     ("task", "message"),
     [
+        (
+            ArithmeticTask(num_terms=2, max_operand=9, num_val=10, phrasing="word_problem"),
+            r"word problems are a·b \+ c, three numbers .*num_terms=2",
+        ),
         (
             ArithmeticTask(num_terms=2, max_operand=9, num_val=100),
             r"num_val=100 must lie in \[0, 100\)",

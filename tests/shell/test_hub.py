@@ -351,8 +351,16 @@ def test_evaluate_scores_a_hub_model_on_a_hub_dataset(
             str(GRPO),
             "--limit",
             "4",
+            "--samples",
+            "3",
         ]
     )
     assert status == 0, capsys.readouterr().err
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["eval/examples"] == 4
+    # Greedy, and 3 samples a prompt: pass@3 and the per-sample accuracy, each with its 95%
+    # interval around it (a tiny random model mostly scores 0: the bounds are still there).
+    for key in ("eval/accuracy", "eval/pass@3", "eval/sample_accuracy"):
+        assert 0.0 <= report.get(f"{key}_low", 0.0) <= report[key] <= report[f"{key}_high"] <= 1
+    assert report["eval/samples_per_prompt"] == 3
+    assert report["eval/pass@3"] >= report["eval/sample_accuracy"]

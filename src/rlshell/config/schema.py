@@ -561,6 +561,17 @@ class DataConfig:
     ``"conversations"`` (the sft runner's) reads demonstrations from
     ``train_path`` and ``val_path``, JSONL files of ``{"messages": [{"role":
     ..., "content": ...}, ...]}`` (`rlshell.conversation`).
+
+    ``phrasing`` (the arithmetic task): ``"equation"`` writes ``3+14=`` (for
+    the character tokenizer of models built here); ``"question"`` asks
+    ``What is 3 + 14?``; ``"word_problem"`` (three terms a, b, c: a·b + c)
+    tells of boxes of things and some more beside them. ``chat_template``:
+    each prompt is the user's turn of a conversation rendered by the model's
+    own tokenizer's chat template, after ``system_prompt`` (a system turn;
+    null: the template's default) and before the assistant's turn, which the
+    model then writes and ends with its end-of-turn token. ``instruction``
+    follows every prompt after a space (``"Answer with the number only."``),
+    as verl's data preparation appends one to GSM8K's questions.
     """
 
     task: Literal["arithmetic", "file", "conversations"] = "arithmetic"
@@ -574,6 +585,10 @@ class DataConfig:
     num_train: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     seed: int = 0
     operator: Literal["+", "*"] = "+"
+    phrasing: Literal["equation", "question", "word_problem"] = "equation"
+    chat_template: bool = False
+    system_prompt: str | None = None
+    instruction: str | None = None
 
 
 @frozen

@@ -34,7 +34,7 @@ from rlshell.cluster.group import GroupCall, WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import Config
-from rlshell.data import PromptExample, PromptSampler, SamplerState, load_dataset
+from rlshell.data import PromptExample, PromptSampler, SamplerState, load_prompts
 from rlshell.engines.rollout.multi_turn import agent_metrics, single_token_id
 from rlshell.metrics import tokens_per_second
 from rlshell.rewards.failures import FailureWatches
@@ -147,8 +147,14 @@ class ReasoningTrainer(ReasoningRules):
 
     def _launch(self, cluster: Cluster, plan: PlacementPlan) -> None:
         config = self.config
-        self.train_set = load_dataset(config.data, "train")
-        self.val_set = load_dataset(config.data, "val") if config.runner.eval_interval else []
+
+        def tokenizer() -> Any:
+            return load_tokenizer(self.tokenizer_dir)
+
+        self.train_set = load_prompts(config.data, "train", tokenizer)
+        self.val_set = (
+            load_prompts(config.data, "val", tokenizer) if config.runner.eval_interval else []
+        )
         self.sampler = PromptSampler(
             self.train_set, config.runner.prompts_per_step, seed=config.runner.seed
         )

@@ -80,6 +80,13 @@ class ReasoningRules:
         if config.runner.mode == "async":
             problems += _async_problems(config, plan)
         problems += _agent_problems(config)
+        model = config.actor.model
+        if config.data.chat_template and model.path is None and model.tokenizer_path is None:
+            problems.append(
+                "data.chat_template: the model is built here (actor.model.path is unset) with "
+                "the character tokenizer, which has no chat template; leave "
+                "data.chat_template false, or train a pretrained model whose tokenizer has one"
+            )
         return problems
 
     @classmethod
@@ -163,8 +170,21 @@ class ReasoningRules:
                 unread[f"data.{key}"] = generated
         else:
             files = f"describes the generated arithmetic task; data.task is '{data.task}'"
-            for key in ("num_terms", "max_operand", "num_val", "num_train", "seed", "operator"):
+            for key in (
+                "num_terms",
+                "max_operand",
+                "num_val",
+                "num_train",
+                "seed",
+                "operator",
+                "phrasing",
+            ):
                 unread[f"data.{key}"] = files
+        if not data.chat_template:
+            unread["data.system_prompt"] = (
+                "is the system turn of the conversation data.chat_template renders each prompt "
+                "in; data.chat_template is false, so prompts are given to the model as they are"
+            )
         if config.rollout.weight_sync == "shared":
             unread["rollout.bucket_size_mb"] = (
                 "rollout.weight_sync 'shared' sends no weights: the engine generates with the "
