@@ -3,8 +3,8 @@
     python -m rlshell.evaluate runs/grpo/checkpoints/global_step_200
     python -m rlshell.evaluate runs/grpo/hf_model --config runs/grpo/config.json
     python -m rlshell.evaluate runs/ppo_cartpole/checkpoints/global_step_390 --episodes 50
-    python -m rlshell.evaluate HuggingFaceTB/SmolLM2-135M-Instruct --config configs/grpo_smollm2.py \\
-        --samples 8
+    python -m rlshell.evaluate HuggingFaceTB/SmolLM2-135M-Instruct \\
+        --config configs/grpo_smollm2.py --samples 8
 
 PATH is a checkpoint directory (or, for a reasoning run, an exported Hugging
 Face directory or a Hub id such as ``Qwen/Qwen2.5-0.5B-Instruct``, read
