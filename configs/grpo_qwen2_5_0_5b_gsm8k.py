@@ -1,9 +1,11 @@
-"""GRPO on GSM8K with Qwen2.5-0.5B-Instruct: FSDP2 actor, vLLM rollout on one GPU (plans only, now).
+"""GRPO on GSM8K with Qwen2.5-0.5B-Instruct: FSDP2 actor, vLLM rollout on one GPU.
 
-This version plans and validates it; it cannot run it yet: the vLLM rollout
-engine is not built (a real run is refused before start, naming
-``rollout.backend``). ``rollout.backend=hf`` runs it today with HF
-``generate`` on the same GPU, more slowly.
+vLLM's GPU build runs it on a GPU machine (install the ``gpu`` extra into an
+environment of its own: docs/rollout.md); on these CPU machines vLLM's CPU
+build serves the same engine (``rollout.backend=vllm``), and
+``rollout.backend=hf`` samples with HF ``generate`` instead, more slowly. It has
+not been trained end to end here: the real model post-trained end to end on a
+CPU is SmolLM2-135M-Instruct, configs/grpo_smollm2.py (docs/real_model.md).
 
 The model and the data are Hub ids, read through the Hugging Face cache
 (docs/config.md, "Models and data from the Hugging Face Hub"): fetch them

@@ -112,8 +112,22 @@ RUN_HERE = {
     "runner.experiment_name=typed_ext",
     ".venv/bin/mypy --config-file examples/typed_extension/pyproject.toml "
     "examples/typed_extension/rlstack_typed_ext",
+    # docs/real_model.md (make install made the snapshot: this verifies it and keeps it)
+    ".venv/bin/python -m rlshell.gguf install-smollm2",
 }
 COVERED_ELSEWHERE = {
+    ".venv/bin/python -m rlshell.gguf convert path/to/model.gguf --repo-id me/my-model": (
+        "tests/shell/test_gguf.py::test_any_gguf_file_converts_with_the_documented_command "
+        "converts a real GGUF file (SmolLM2's, cut to one layer) this way, then verifies it"
+    ),
+    ".venv/bin/python -m rlshell.gguf verify me/my-model": (
+        "tests/shell/test_gguf.py::test_any_gguf_file_converts_with_the_documented_command"
+    ),
+    ".venv/bin/python -m rlshell.evaluate HuggingFaceTB/SmolLM2-135M-Instruct --config "
+    "configs/grpo_smollm2.py --samples 8": (
+        "tests/shell/test_gguf.py::test_the_base_model_evaluation_runs_on_the_real_model runs "
+        "it on 4 held-out prompts with 2 samples each (the full one takes ~10 min)"
+    ),
     ".venv/bin/python -m rlshell.train configs/sft_tool_calls.py": (
         "tests/shell/test_agent_run.py runs it (4 steps) and starts the RL run from its checkpoint"
     ),

@@ -154,7 +154,26 @@ def test_any_gguf_file_converts_with_the_documented_command(
 
     again = gguf.convert(small_gguf, "me/small", cache)
     assert again.revision == first.name
-    gguf.verify("me/small", cache)
+    assert convert_command(cache, "verify", "me/small").strip() == str(first)
+
+
+def test_the_base_model_evaluation_runs_on_the_real_model(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/real_model.md's base-model evaluation, on 4 held-out prompts with 2 samples each:
+    the chat-rendered task, greedy and sampled, scored by math-verify, with intervals."""
+    from rlshell.evaluate import main
+
+    status = main(
+        [SMOLLM2, "--config", "configs/grpo_smollm2.py", "--limit", "4", "--samples", "2"]
+    )
+    assert status == 0, capsys.readouterr().err
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["eval/examples"] == 4
+    assert report["eval/samples_per_prompt"] == 2
+    for key in ("eval/accuracy", "eval/pass@2"):
+        assert report[f"{key}_low"] <= report[key] <= report[f"{key}_high"]
+    assert report["reward/failed_frac"] == 0
 
 
 def test_a_damaged_or_missing_model_is_named_with_the_command_that_fixes_it(
