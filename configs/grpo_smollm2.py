@@ -42,7 +42,9 @@ config = Config(
         optim=OptimConfig(lr=2e-6, weight_decay=0.0, clip_grad=1.0),
         cpus_per_worker=1.0,
     ),
-    rollout=RolloutConfig(backend="vllm", temperature=1.0, max_new_tokens=24, cpu_kv_cache_mb=256),
+    # vLLM sizes its engine for the model's whole context (8,192 tokens, 46 KiB each in
+    # fp32): 512 MiB holds one such sequence, and a step's 64 samples of ~90 tokens.
+    rollout=RolloutConfig(backend="vllm", temperature=1.0, max_new_tokens=24, cpu_kv_cache_mb=512),
     reward=RewardConfig(reward_type="math", timeout_s=5.0, num_processes=1),
     algorithm=AlgorithmConfig(adv_type="grpo", loss_type="ppo", group_size=8),
     data=DataConfig(

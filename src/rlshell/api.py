@@ -430,6 +430,7 @@ def evaluate(
     seed: int | None = None,
     gif: bool | None = None,
     no_tools: bool | None = None,
+    samples: int | None = None,
     rewards: RewardFn | Mapping[str, RewardFn] | None = None,
     envs: Mapping[str, EnvBuilder] | None = None,
     models: Mapping[str, ModelBuilder | ModelEntry] | None = None,
@@ -441,7 +442,9 @@ def evaluate(
     directory. ``config`` defaults to the run's resolved ``config.json``.
     A reasoning run is scored greedily on its held-out split by its reward
     (``limit``: the first N examples; ``eval/accuracy``; ``no_tools``: a run with
-    ``agent.tools`` scored without them, as ``--no-tools``); an embodied run
+    ``agent.tools`` scored without them, as ``--no-tools``; ``samples``: also that many
+    samples a prompt, ``eval/pass@K`` and ``eval/sample_accuracy``, as ``--samples``); an
+    embodied run
     plays ``episodes`` episodes on ``num_envs`` envs (``seed``, ``gif``;
     ``eval/episode_return``, ``eval/success``). The other family's options
     are refused. ``rewards``, ``envs`` and ``models`` as in `train`.
@@ -453,6 +456,7 @@ def evaluate(
     options = {
         "limit": limit,
         "no_tools": no_tools,
+        "samples": samples,
         "episodes": episodes,
         "num_envs": num_envs,
         "seed": seed,

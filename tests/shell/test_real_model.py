@@ -39,8 +39,9 @@ TWO_STEPS = [
     # A rate at which two steps of 4 samples move the weights measurably.
     "actor.optim.lr=1e-4",
 ]
-# vLLM's CPU kernels against the actor's eager fp32 forward, 30 layers deep.
-LOGPROB_GAP = 1e-2
+# vLLM's CPU kernels against the actor's eager fp32 forward, 30 layers deep: 5.7e-5 at most
+# over 120 sampled tokens, measured 2026-12-02 (docs/real_model.md).
+LOGPROB_GAP = 1e-3
 
 
 def test_two_grpo_steps_on_the_real_model_sample_train_evaluate_and_export(
