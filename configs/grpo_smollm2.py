@@ -39,7 +39,7 @@ config = Config(
             category="reasoning",
             path="HuggingFaceTB/SmolLM2-135M-Instruct",
         ),
-        optim=OptimConfig(lr=2e-6, weight_decay=0.0, clip_grad=1.0),
+        optim=OptimConfig(lr=5e-6, weight_decay=0.0, clip_grad=1.0),
         cpus_per_worker=1.0,
     ),
     # vLLM sizes its engine for the model's whole context (8,192 tokens, 46 KiB each in
