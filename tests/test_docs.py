@@ -116,6 +116,11 @@ RUN_HERE = {
     ".venv/bin/python -m rlshell.gguf install-smollm2",
 }
 COVERED_ELSEWHERE = {
+    ".venv/bin/python -m rlshell.train configs/grpo_smollm2.py": (
+        "tests/shell/test_real_model.py runs it for 2 steps of 4 samples (vLLM sampling, the "
+        "update, an evaluation, a checkpoint and the export); the hour's run is "
+        "docs/real_model.md's"
+    ),
     ".venv/bin/python -m rlshell.gguf convert path/to/model.gguf --repo-id me/my-model": (
         "tests/shell/test_gguf.py::test_any_gguf_file_converts_with_the_documented_command "
         "converts a real GGUF file (SmolLM2's, cut to one layer) this way, then verifies it"
