@@ -42,7 +42,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -79,6 +79,16 @@ IMPORT_TIME_PREFIXES = (
     "LC_",
     "RLSHELL_TRACE_CONFIG_READS",
 )
+# The packages that read the variables of a prefix at import and that the zygote may not
+# have imported (`tests/zygote_modules.txt` leaves them to the runs that use them): where
+# the zygote has not, a fork imports the package itself and reads the run's own values.
+PACKAGE_OF_PREFIX = {
+    "WANDB": "wandb",
+    "VLLM": "vllm",
+    "MUJOCO": "mujoco",
+    "JAX": "jax",
+    "XLA": "jax",
+}
 # ... except these, which are read when used (or applied to the fork here). The last three
 # are what ``ray.init`` sets in the environment of the process that calls it (this one,
 # once the shared cluster is up), which runs then inherit.
@@ -133,6 +143,9 @@ NOT_FOR_WORKERS = frozenset(
         "PYGAME_HIDE_SUPPORT_PROMPT",
     }
 )
+# Read by the driver alone: W&B's variables by the metrics logger (`rlshell.metrics`), which
+# no worker builds.
+DRIVER_ONLY_PREFIXES = ("WANDB_",)
 # The modules the drivers of short runs imported (`record_modules` writes the list): the
 # zygote imports them once. Many are imported lazily, inside the functions that use them
 # (transformers' model classes, matplotlib, tensorboard), so naming the entry points would
@@ -193,25 +206,38 @@ def left_over(env: Mapping[str, str]) -> frozenset[str]:
     )
 
 
+def not_imported(loaded: Collection[str] | None) -> tuple[str, ...]:
+    """The prefixes of `PACKAGE_OF_PREFIX` whose package is not among ``loaded`` (a zygote's
+    imported top-level packages; None: unknown, so none)."""
+    if loaded is None:
+        return ()
+    return tuple(prefix for prefix, package in PACKAGE_OF_PREFIX.items() if package not in loaded)
+
+
 def warm_fork_keeps(
     env: Mapping[str, str],
     zygote_env: Mapping[str, str],
     zygote_env_after: Mapping[str, str] | None = None,
+    zygote_loaded: Collection[str] | None = None,
 ) -> list[str]:
     """The variables that stop a run in ``env`` from being forked from a zygote started in
     ``zygote_env`` whose imports left ``zygote_env_after`` (empty: it can be). A value the
     imports set themselves (a library's ``os.environ.setdefault`` at import, which the
     pytest process's own imports leave in the runs' environment too) is the value those
-    imports would meet and keep in a fresh interpreter."""
+    imports would meet and keep in a fresh interpreter. A variable read at import by a
+    package the zygote has not imported (``zygote_loaded``: its top-level packages) is read
+    by the fork's own import of it."""
     from rlshell.config import TRACE_ENV_VAR
 
     after = zygote_env if zygote_env_after is None else zygote_env_after
     names = set(env) | set(zygote_env)
     ignored = left_over(env)
+    imported_by_the_fork = not_imported(zygote_loaded)
     return sorted(
         name
         for name in names
         if name.startswith(IMPORT_TIME_PREFIXES)
+        and not (imported_by_the_fork and name.startswith(imported_by_the_fork))
         and name not in ignored
         and name not in READ_WHEN_USED
         and env.get(name) != zygote_env.get(name)
@@ -235,6 +261,7 @@ def shared_ray_hides(env: Mapping[str, str], cluster_env: Mapping[str, str]) -> 
         if name not in ignored
         and env.get(name) != cluster_env.get(name)
         and name not in NOT_FOR_WORKERS
+        and not name.startswith(DRIVER_ONLY_PREFIXES)
         and not (name in forwarded and name in env)
     )
 
@@ -365,6 +392,7 @@ class Zygote:
                 "socket": self.worker_socket,
                 "log": self.worker_log,
                 "prefixes": IMPORT_TIME_PREFIXES,
+                "packages": PACKAGE_OF_PREFIX,
                 # ... and the config-read tracer's directory: the fork imports rlshell.config
                 # (withheld from this zygote), which installs the tracer the variable names.
                 "exempt": sorted(
@@ -388,6 +416,8 @@ class Zygote:
         self.ready = json.loads(reply)
         # The zygote's environment once its modules are imported: some set variables there.
         self.env_after: dict[str, str] = self.ready.pop("env")
+        # Its imported top-level packages among those that read variables at import.
+        self.loaded: list[str] = self.ready.pop("loaded")
 
     def job_config(self) -> str:
         """The Ray job config (`RAY_JOB_CONFIG_JSON_ENV_VAR`) under which a driver's workers are
@@ -672,7 +702,7 @@ def popen(
         why = "not this interpreter, or no pidfd_open"
         return _cold(argv, env, cwd, stdout, stderr, stdin, why)
     warm = zygote()
-    keeps = warm_fork_keeps(env, warm.env, warm.env_after)
+    keeps = warm_fork_keeps(env, warm.env, warm.env_after, warm.loaded)
     if keeps:
         return _cold(argv, env, cwd, stdout, stderr, stdin, f"read at import: {', '.join(keeps)}")
     address = None

@@ -116,12 +116,29 @@ def test_a_variable_read_at_import_that_differs_starts_the_run_cold(
     assert forked_since(before) == int(forked)
 
 
+def test_a_variable_read_by_a_package_the_zygote_left_to_the_runs_does_not_stop_the_fork() -> None:
+    """wandb reads ``WANDB_*`` when imported; the zygote does not import it (a run that logs
+    to W&B does), so the fork meets the run's own values: it is forked."""
+    assert "wandb" not in launcher.zygote().loaded
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    assert launcher.warm_fork_keeps(env, launcher.SESSION_ENV, None, ["torch"]) == []
+    # A zygote that had imported it could not fork that run faithfully.
+    assert launcher.warm_fork_keeps(env, launcher.SESSION_ENV, None, ["wandb"]) == ["WANDB_MODE"]
+    before = forked_now()
+    code = "import os, sys; print('wandb' in sys.modules, os.environ['WANDB_MODE'])"
+    done = run(code, env=env)
+    assert done.stdout == "False offline\n"
+    assert forked_since(before) == 1
+
+
 def test_a_variable_the_workers_would_miss_keeps_the_run_off_the_shared_cluster() -> None:
     cluster = {"PATH": "/bin", "RAY_TMPDIR": "/tmp/a"}
     # What the cluster's workers get anyway (PYTHONPATH is forwarded by Cluster.worker_env),
     # or what no worker reads, does not matter; anything else would be hidden from them.
     assert launcher.shared_ray_hides({**cluster, "PYTHONPATH": "/x"}, cluster) == []
     assert launcher.shared_ray_hides({**cluster, "RAY_TMPDIR": "/tmp/b"}, cluster) == []
+    # W&B's settings are the driver's (its metrics logger): the workers need none of them.
+    assert launcher.shared_ray_hides({**cluster, "WANDB_MODE": "offline"}, cluster) == []
     assert launcher.shared_ray_hides({**cluster, "RLSHELL_TEST_FAULT": "kill"}, cluster) == [
         "RLSHELL_TEST_FAULT"
     ]
@@ -224,6 +241,19 @@ def test_a_worker_forked_warm_is_the_process_ray_knows_set_up_as_a_cold_one() ->
     assert facts["threads"] == 1
     assert facts["cpus"] == sorted(os.sched_getaffinity(0))
     # ray.kill reaches the fork itself.
+    assert _gone(pid)
+
+
+def test_a_worker_with_variables_of_a_package_the_zygote_left_alone_is_forked() -> None:
+    """vLLM reads ``VLLM_*`` at import; the workers' zygote has not imported it, so a worker
+    that sets one is forked and its own import of vLLM reads it."""
+    launcher.shared_cluster()
+    if launcher.worker_job_config() is None:
+        pytest.skip(f"{launcher.COLD_WORKERS}=1: the shared cluster's workers start cold")
+    starts = launcher.launches()["Ray worker forked"]
+    facts, pid = _worker_facts({"VLLM_LOGGING_LEVEL": "ERROR"})
+    assert launcher.launches()["Ray worker forked"] == starts + 1
+    assert facts["env"] == {"VLLM_LOGGING_LEVEL": "ERROR"}
     assert _gone(pid)
 
 

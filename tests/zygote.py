@@ -143,6 +143,11 @@ def serve(
             sock.send(json.dumps({"pid": pid}).encode())
 
 
+def _unimported(packages: Any) -> set[str]:
+    """Those of ``packages`` (top-level names) that this process has not imported."""
+    return {package for package in packages if package not in sys.modules}
+
+
 class WorkerPolicy:
     """Which Ray workers are forked: those whose environment differs from the one the zygote
     imported its modules in by no variable read at import (`tests/launcher.py` sends the
@@ -150,7 +155,12 @@ class WorkerPolicy:
     `_apply_worker_settings`). Each start is logged, one line, to ``log``."""
 
     def __init__(self, rules: dict[str, Any], env: dict[str, str]) -> None:
-        self.prefixes = tuple(rules["prefixes"])
+        # A prefix whose package this zygote has not imported is read by the fork's import.
+        self.prefixes = tuple(
+            prefix
+            for prefix in rules["prefixes"]
+            if rules["packages"].get(prefix, "") not in _unimported(rules["packages"].values())
+        )
         self.exempt = frozenset(rules["exempt"])
         self.log: str = rules["log"]
         self.env = env
@@ -440,6 +450,8 @@ def main() -> None:
                 "cpu_s": time.process_time() - started,
                 # What the preloaded modules left in the environment (some set variables).
                 "env": dict(os.environ),
+                # The top-level packages it imported (`launcher.PACKAGE_OF_PREFIX`'s check).
+                "loaded": sorted({name.partition(".")[0] for name in sys.modules}),
             }
         ).encode()
     )
