@@ -15,9 +15,19 @@ rollout's concatenated turns and a rendered demonstration the same tokens):
 - ``tool``: ``result_start + content + result_end``, not trained.
 
 The template is plain text (no role headers): the format the project's
-character-level models are trained from scratch in. A model that comes with a
-chat template uses the same roles; its headers would be untrained context
-between the messages.
+character-level models are trained from scratch in.
+
+A pretrained chat model is rendered in its own chat template instead
+(`ChatTurns`, ``data.chat_template``): the messages before the first
+assistant turn and that turn's header are one untrained piece (the prompt, as
+`rlshell.data.render_chat` renders a prompt); each assistant message is its
+text and the EOS token, trained; the template's text between an assistant's
+EOS and the next assistant's first token (the end of the turn, the tool's or
+user's turns, the next header) is one untrained piece. A tool's output is the
+template's ``tool`` turn, without the result markers. Messages after the last
+assistant message train nothing and are left out. The multi-turn rollout
+appends the same pieces after a turn that ends with a call
+(`rlshell.engines.rollout.multi_turn`).
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from attrs import frozen
@@ -34,6 +44,7 @@ from torch import Tensor
 
 __all__ = [
     "ROLES",
+    "ChatTurns",
     "Message",
     "RenderedConversation",
     "conversation_from_json",
@@ -74,16 +85,81 @@ def tool_message_text(content: str, result_start: str, result_end: str) -> str:
     return f"{result_start}{content}{result_end}"
 
 
+# Stand-ins for a user's and an assistant's text while the template's pieces are cut out.
+_PROBE_USER = "\u00a4user\u00a4"
+_PROBE_ASSISTANT = "\u00a4assistant\u00a4"
+
+
+class ChatTurns:
+    """A tokenizer's chat template cut into the pieces a conversation is rendered from turn
+    by turn (the module's rules): `opening` before the first assistant turn, `between`
+    after each. Raises ValueError for a tokenizer without a template or EOS token, and for
+    a template that cannot be cut so: one that renders an earlier turn differently once a
+    later one follows, or that does not end an assistant turn with the EOS token."""
+
+    def __init__(self, tokenizer: object) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "data.chat_template: the model's tokenizer has no chat template (the "
+                "character tokenizer of models built here has none); leave it false"
+            )
+        eos = getattr(tokenizer, "eos_token", None)
+        if not eos:
+            raise ValueError("data.chat_template: the tokenizer has no EOS token to end a turn")
+        self.tokenizer = tokenizer
+        self.eos = str(eos)
+        probe = [Message("user", _PROBE_USER), Message("assistant", _PROBE_ASSISTANT)]
+        rendered = self._render(probe, generation_prompt=False)
+        after = rendered[rendered.rindex(_PROBE_ASSISTANT) + len(_PROBE_ASSISTANT) :]
+        if not after.startswith(self.eos):
+            raise ValueError(
+                f"data.chat_template: this template ends an assistant turn with {after[:20]!r}, "
+                f"not the EOS token {self.eos!r} the model stops on; its turns cannot be "
+                "rendered as the rollout samples them"
+            )
+        self._probe, self._probe_text = probe, rendered
+        # What the template writes after an assistant's EOS, before whatever comes next.
+        self.turn_end = after[len(self.eos) :]
+        self.between([Message("tool", "0")])  # a template that cannot be cut fails here
+
+    def _render(self, messages: Sequence[Message], generation_prompt: bool) -> str:
+        return str(
+            self.tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+                [{"role": m.role, "content": m.content} for m in messages],
+                tokenize=False,
+                add_generation_prompt=generation_prompt,
+            )
+        )
+
+    def opening(self, messages: Sequence[Message]) -> str:
+        """``messages`` (those before the first assistant turn) and the assistant's header."""
+        return self._render(messages, generation_prompt=True)
+
+    def between(self, messages: Sequence[Message]) -> str:
+        """The text after an assistant turn's EOS up to the next assistant turn's first
+        token: the end of the turn, ``messages`` (tool or user turns), the next header."""
+        following = self._render([*self._probe, *messages], generation_prompt=True)
+        if not following.startswith(self._probe_text):
+            raise ValueError(
+                "data.chat_template: this template renders an earlier turn differently once a "
+                f"later one follows ({[m.role for m in messages]} after an assistant turn); a "
+                "conversation cannot be rendered turn by turn in it"
+            )
+        return self.turn_end + following[len(self._probe_text) :]
+
+
 def render_conversation(
     messages: Sequence[Message],
     tokenizer: object,
     result_start: str,
     result_end: str,
+    chat: ChatTurns | None = None,
 ) -> RenderedConversation:
     """Token ids and trained mask of ``messages`` (see the module's rules).
 
     ``tokenizer``: a transformers tokenizer with an EOS token; each message
-    is encoded without special tokens.
+    is encoded without special tokens. ``chat``: the tokenizer's chat template,
+    which then renders the turns (the result markers are unused).
     """
     from transformers import PreTrainedTokenizerBase
 
@@ -96,6 +172,8 @@ def render_conversation(
     last_assistant = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=None)
     if last_assistant is None:
         raise ValueError("render_conversation: the conversation has no assistant message")
+    if chat is not None:
+        return _render_chat(messages[: last_assistant + 1], tokenizer, chat)
     ids: list[int] = []
     trained: list[bool] = []
     for index, message in enumerate(messages):
@@ -107,6 +185,29 @@ def render_conversation(
             piece.append(int(tokenizer.eos_token_id))
         ids += piece
         trained += [message.role in TRAINED_ROLES] * len(piece)
+    return RenderedConversation(
+        ids=torch.tensor(ids, dtype=torch.long), trained=torch.tensor(trained, dtype=torch.bool)
+    )
+
+
+def _render_chat(
+    messages: Sequence[Message], tokenizer: Any, chat: ChatTurns
+) -> RenderedConversation:
+    """`render_conversation` in ``chat``'s template; ``messages`` end with an assistant's."""
+    pieces: list[tuple[list[int], bool]] = []
+    context: list[Message] = []
+    opened = False
+    for message in messages:
+        if message.role != "assistant":
+            context.append(message)
+            continue
+        text = chat.between(context) if opened else chat.opening(context)
+        pieces.append((list(tokenizer.encode(text, add_special_tokens=False)), False))
+        turn = list(tokenizer.encode(message.content, add_special_tokens=False))
+        pieces.append(([*turn, int(tokenizer.eos_token_id)], True))
+        context, opened = [], True
+    ids = [token for piece, _ in pieces for token in piece]
+    trained = [flag for piece, flag in pieces for _ in piece]
     return RenderedConversation(
         ids=torch.tensor(ids, dtype=torch.long), trained=torch.tensor(trained, dtype=torch.bool)
     )

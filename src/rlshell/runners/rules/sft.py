@@ -14,14 +14,20 @@ import attrs
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.config import AgentConfig, AlgorithmConfig, Config, DataConfig
 from rlshell.runners.spec import ProcessLayout
-from rlshell.runners.unread import compile_unread, sac_unread, stages_unread
+from rlshell.runners.unread import (
+    chat_markers_unread,
+    chat_template_problems,
+    compile_unread,
+    sac_unread,
+    stages_unread,
+)
 
 __all__ = ["SFTRules", "data_parallel_shares"]
 
 # What the sft run reads of the agent's settings: the markers of the conversations' text.
 AGENT_KEYS_READ = ("call_start", "call_end", "result_start", "result_end")
 # ...and of the data's: where the conversations are.
-DATA_KEYS_READ = ("task", "train_path", "val_path")
+DATA_KEYS_READ = ("task", "train_path", "val_path", "chat_template")
 ALGORITHM_KEYS_READ = ("loss_agg_mode",)
 
 
@@ -58,6 +64,7 @@ class SFTRules:
                 f"cluster.component_placement: the sft run starts the actor alone; it places "
                 f"{', '.join(others)} too (e.g. {{'actor': '0:0-1'}})"
             )
+        problems += chat_template_problems(config)
         pipeline = config.actor.megatron.pipeline_model_parallel_size
         if config.actor.backend == "megatron" and pipeline > 1:
             problems.append(
@@ -116,6 +123,7 @@ class SFTRules:
                 f"describes prompts (the arithmetic task or prompt files); {demonstrations}, "
                 "read from data.train_path and data.val_path"
             )
+        unread.update(chat_markers_unread(config))
         return unread
 
 
