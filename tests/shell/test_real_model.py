@@ -26,9 +26,11 @@ from rlshell.gguf import SMOLLM2, verify
 from rlshell.hub import pretrained_source
 from rlshell.metrics import read_metrics
 from tests import launcher
+from tests.shell.conftest import ROOT
 from tests.shell.test_run import cli_env, train
 
-pytestmark = [pytest.mark.slow]
+# One at a time: each holds the 135M model two or three times over (actor, engine, export).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("real_model")]
 
 TWO_STEPS = [
     "configs/grpo_smollm2.py",
@@ -116,17 +118,19 @@ print(json.dumps([list(out.outputs[0].token_ids) for out in outputs]))
 """
 
 
-def test_lora_adapters_patch_synced_into_vllm_one_step_ahead_on_the_real_model(
+def test_lora_patch_sync_async_and_the_agent_loop_in_the_chat_template_on_the_real_model(
     tmp_path: Path,
 ) -> None:
-    """LoRA (rank 8 on every linear layer), the rollout in a process of its own one step
-    ahead (``runner.mode='async'``), the merged weights sent as a patch of what changed."""
+    """configs/grpo_tool_smollm2.py (the calculator, whole turns of the chat template) with
+    LoRA (rank 8 on every linear layer), vLLM in a process of its own one step ahead
+    (``runner.mode='async'``), the merged weights sent as a patch of what changed."""
     from safetensors.torch import load_file
 
     verify(SMOLLM2.repo_id, hashes=False)
     ray_tmp = Path(tempfile.mkdtemp(prefix="rl", dir="/tmp"))
     done = train(
-        *TWO_STEPS,
+        "configs/grpo_tool_smollm2.py",
+        *TWO_STEPS[1:],
         "actor.model.is_lora=true",
         "actor.model.lora_rank=8",
         "actor.model.lora_alpha=16",
@@ -139,18 +143,22 @@ def test_lora_adapters_patch_synced_into_vllm_one_step_ahead_on_the_real_model(
         timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    records = read_metrics(tmp_path / "grpo_smollm2" / "metrics.jsonl")
+    run_dir = tmp_path / "grpo_tool_smollm2"
+    records = read_metrics(run_dir / "metrics.jsonl")
     steps = [r for r in records if "time/step" in r]
     assert [int(r["step"]) for r in steps] == [1, 2]
     assert [r["async/staleness_max"] for r in steps] == [0.0, 1.0]
+    # Step 1's batch was sampled before any update; step 2's after the patch of step 1's.
+    assert steps[1]["rollout/sync_bytes"] > 0
     for record in steps:
-        assert record["rollout/sync_bytes"] > 0
+        assert record["agent/turns_mean"] >= 1.0
         assert torch.isfinite(torch.tensor(record["train/loss"]))
-    # Step 1 was sampled by the weights it trains: the engine's log-probs are the actor's.
-    assert steps[0]["rollout/mismatch_abs_diff_max"] < LOGPROB_GAP, steps[0]
+        # The engine's log-probs are the actor's under the weights that sampled the batch
+        # (3.1e-5 at most, measured 2026-12-02).
+        assert record["rollout/mismatch_abs_diff_max"] < LOGPROB_GAP, record
+    assert "eval/accuracy" in records[-1]
     # The export merges the adapters: a plain model whose weights moved.
-    exported = tmp_path / "grpo_smollm2" / "hf_model"
-    weights = load_file(str(exported / "model.safetensors"))
+    weights = load_file(str(run_dir / "hf_model" / "model.safetensors"))
     assert not any("lora" in name for name in weights)
     source, _ = pretrained_source(SMOLLM2.repo_id)
     base = load_file(str(Path(source) / "model.safetensors"))
@@ -158,15 +166,30 @@ def test_lora_adapters_patch_synced_into_vllm_one_step_ahead_on_the_real_model(
 
 
 def test_the_sft_stage_on_the_real_model_lowers_the_held_out_loss(tmp_path: Path) -> None:
-    """configs/sft_tool_calls.py's calculator-call demonstrations, on SmolLM2 instead of the
-    tiny model built here: two steps of 8 conversations, evaluated before and after."""
+    """configs/sft_tool_calls.py's calculator-call demonstrations on SmolLM2 instead of the
+    tiny model built here, rendered in its chat template: two steps of 8 conversations,
+    evaluated before and after."""
+    from rlshell.config import read_config
+
     verify(SMOLLM2.repo_id, hashes=False)
+    # 16 of the config's training conversations and 8 held-out ones: two steps, two evaluations.
+    data = read_config(ROOT / "configs" / "sft_tool_calls.py").data
+    files = {}
+    for split, path, count in (("train", data.train_path, 16), ("val", data.val_path, 8)):
+        files[split] = tmp_path / f"{split}.jsonl"
+        lines = Path(ROOT / str(path)).read_text().splitlines()[:count]
+        files[split].write_text("\n".join(lines) + "\n")
     ray_tmp = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))
     done = train(
         "configs/sft_tool_calls.py",
+        f"data.train_path={files['train']}",
+        f"data.val_path={files['val']}",
         f"actor.model.path={SMOLLM2.repo_id}",
         "actor.model.model_kwargs={}",
+        "data.chat_template=true",
         'cluster.component_placement={"actor": "0:0"}',
+        # One rank in the model's precision: nothing for FSDP to shard or cast.
+        "actor.fsdp_config.wrap_policy.min_num_params=0",
         "runner.max_steps=2",
         "runner.prompts_per_step=8",
         "runner.eval_interval=2",

@@ -35,7 +35,7 @@ from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import Config
 from rlshell.data import PromptExample, PromptSampler, SamplerState, load_prompts
-from rlshell.engines.rollout.multi_turn import agent_metrics, single_token_id
+from rlshell.engines.rollout.multi_turn import agent_metrics, check_turns
 from rlshell.metrics import tokens_per_second
 from rlshell.rewards.failures import FailureWatches
 from rlshell.rewards.pool import RewardResult
@@ -130,8 +130,8 @@ class ReasoningTrainer(ReasoningRules):
     def launch(cls, spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> Self:
         config = spec.config
         tokenizer_dir = prepare_tokenizer(config, run_dir)
-        if config.agent.tools:  # a turn stops on the call's closing marker: one token
-            single_token_id(load_tokenizer(tokenizer_dir), config.agent.call_end, "agent.call_end")
+        if config.agent.tools:  # how turns end, checked before any worker starts
+            check_turns(config, load_tokenizer(tokenizer_dir))
         trainer = cls(
             with_tokenizer_ids(config, tokenizer_dir),
             tokenizer_dir,

@@ -58,6 +58,7 @@ __all__ = [
     "TokenEngine",
     "agent_metrics",
     "call_format",
+    "check_turns",
     "make_agent_loop",
     "sample",
     "single_token_id",
@@ -330,6 +331,16 @@ class AgentLoop:
                 name: torch.tensor([t.stats[name] for t in trajectories]) for name in ROW_STATS
             },
         )
+
+
+def check_turns(config: Config, tokenizer: object) -> None:
+    """What `make_agent_loop` needs of ``tokenizer``, without starting the sandbox: a chat
+    template that can be cut into turns (``data.chat_template``), else a closing marker of
+    one token (a turn stops on it). Raises ValueError saying which."""
+    if config.data.chat_template:
+        ChatTurns(tokenizer)
+    else:
+        single_token_id(tokenizer, config.agent.call_end, "agent.call_end")
 
 
 def make_agent_loop(config: Config, tokenizer: object) -> AgentLoop | None:
