@@ -19,7 +19,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-import torch
 from attrs import evolve
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,8 +28,9 @@ from rlshell.conversation import ChatTurns, Message, render_conversation
 from rlshell.engines.rollout.multi_turn import AgentLoop, agent_metrics
 from rlshell.gguf import SMOLLM2, verify
 from rlshell.hub import pretrained_source
-from rlshell.rollout import RolloutBatch, SamplingParams
+from rlshell.rollout import SamplingParams
 from rlshell.runners.validation import load_config, validate
+from tests.shell.test_multi_turn import ScriptedEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,51 +126,15 @@ def test_templates_that_cannot_be_cut_turn_by_turn_are_refused() -> None:
 # ----------------------------------------------------------------------------- the agent loop
 
 
-class ChatScriptedEngine:
-    """Plays each prompt's script of turns (text, and whether the turn ends with EOS): its
-    k-th turn once k − 1 turns of the model have ended in the context (each ended turn and
-    its tool turn end with the EOS token in ChatML). Each token's log-prob is
-    −(position + 1) / 100."""
+def turns_ended(trajectory: list[int]) -> int:
+    """How many of the model's turns a trajectory (the context after the prompt) holds: in
+    ChatML each ended turn and the tool's turn after it end with the EOS token."""
+    return trajectory.count(EOS) // 2
 
-    def __init__(self, scripts: dict[str, list[tuple[str, bool]]]) -> None:
-        self.scripts = {tuple(encode(prompt)): script for prompt, script in scripts.items()}
-        self.requests: list[SamplingParams] = []
 
-    def _turn(self, context: list[int]) -> list[int]:
-        for prompt, script in self.scripts.items():
-            if tuple(context[: len(prompt)]) == prompt:
-                text, ends = script[context[len(prompt) :].count(EOS) // 2]
-                return encode(text) + ([EOS] if ends else [])
-        raise AssertionError(f"no script for {context}")
-
-    def _batch(self, contexts: list[list[int]], params: SamplingParams) -> RolloutBatch:
-        self.requests.append(params)
-        rows = [self._turn(context)[: params.max_new_tokens] for context in contexts]
-        width, prompt_width = max(map(len, rows)), max(map(len, contexts))
-        ids = torch.zeros((len(rows), width), dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.bool)
-        logprobs = torch.zeros((len(rows), width))
-        prompt_ids = torch.zeros((len(rows), prompt_width), dtype=torch.long)
-        prompt_mask = torch.zeros((len(rows), prompt_width), dtype=torch.bool)
-        for i, (tokens, context) in enumerate(zip(rows, contexts, strict=True)):
-            ids[i, : len(tokens)] = torch.tensor(tokens)
-            mask[i, : len(tokens)] = True
-            logprobs[i, : len(tokens)] = -(torch.arange(len(tokens)) + 1) / 100
-            prompt_ids[i, prompt_width - len(context) :] = torch.tensor(context)
-            prompt_mask[i, prompt_width - len(context) :] = True
-        return RolloutBatch(
-            prompt_ids, prompt_mask, ids, mask, logprobs, ("",) * len(rows), group_size=params.n
-        )
-
-    def generate(
-        self, prompts: Sequence[str], params: SamplingParams, seed: int | None = None
-    ) -> RolloutBatch:
-        return self._batch([encode(p) for p in prompts for _ in range(params.n)], params)
-
-    def generate_from_ids(
-        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None
-    ) -> RolloutBatch:
-        return self._batch([list(p) for p in prompt_ids], params)
+def chat_engine(scripts: dict[str, list[tuple[str, bool]]]) -> ScriptedEngine:
+    """tests/shell/test_multi_turn.py's scripted engine, in SmolLM2's tokenizer and turns."""
+    return ScriptedEngine(scripts, TOKENIZER, turns_ended)
 
 
 # A closing marker of several tokens in this tokenizer: a chat turn ends at its EOS.
@@ -194,7 +158,7 @@ def test_a_chat_trajectory_is_its_conversation_rendered_in_the_template(loop: Ag
         ("Let me compute. <call>347*829</call>", True),  # a call: the turn ended on it
         ("It is 287663.", True),
     ]
-    engine = ChatScriptedEngine({prompt: script})
+    engine = chat_engine({prompt: script})
     batch = loop.generate(engine, [prompt], SamplingParams(n=2, max_new_tokens=40), seed=0)
 
     conversation = [
@@ -213,14 +177,14 @@ def test_a_chat_trajectory_is_its_conversation_rendered_in_the_template(loop: Ag
     metrics = agent_metrics(batch)
     assert (metrics["tools/ok"], metrics["agent/turns_mean"]) == (2.0, 2.0)
     # No stop token added for the marker: the turn is the model's until its EOS.
-    assert all(params.stop_token_ids == () for params in engine.requests)
+    assert all(params.stop_token_ids == () for _, params in engine.requests)
 
 
 def test_a_marker_not_at_the_end_of_the_turn_or_a_turn_cut_short_is_no_call(
     loop: AgentLoop,
 ) -> None:
     prompts = [CHAT.opening([Message("user", f"q{i}")]) for i in range(2)]
-    engine = ChatScriptedEngine(
+    engine = chat_engine(
         {
             prompts[0]: [("<call>1+1</call> is what I would ask.", True)],
             prompts[1]: [("<call>1+1</call>", False)],  # cut by the token budget, no EOS

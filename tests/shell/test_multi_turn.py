@@ -13,8 +13,9 @@ recompute of the trajectory gives the engine's log-probs on the trained tokens.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -55,31 +56,48 @@ def encode(text: str) -> list[int]:
 Turn = tuple[str, bool]
 
 
+def observations_seen(trajectory: list[int]) -> int:
+    """How many observations a trajectory (the context after the prompt) holds."""
+    return trajectory.count(encode("</result>")[0])
+
+
 class ScriptedEngine:
-    """Plays row r's script: its k-th turn once the context holds k − 1 observations.
+    """Plays row r's script: its k-th turn once the context holds k − 1 observations
+    (``turn_of``: the turn a context is at, from its tokens after the prompt), in
+    ``tokenizer`` (the character one here).
 
     Rows are told apart by their prompt; each token's log-prob is a distinct
     value (−(position + 1) / 100 − turn), so the test can find where it went.
     """
 
-    def __init__(self, scripts: dict[str, list[Turn]]) -> None:
+    def __init__(
+        self,
+        scripts: dict[str, list[Turn]],
+        tokenizer: Any = TOKENIZER,
+        turn_of: Callable[[list[int]], int] = observations_seen,
+    ) -> None:
         self.scripts = scripts
+        self.tokenizer, self.turn_of = tokenizer, turn_of
+        self.eos, self.pad = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
         self.requests: list[tuple[int, SamplingParams]] = []
 
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
     def _turn(self, context: list[int]) -> tuple[list[int], list[float]]:
-        end = encode("</result>")[0]
         for prompt, script in self.scripts.items():
-            if context[: len(encode(prompt))] == encode(prompt):
-                turn = context.count(end)
+            start = self._encode(prompt)
+            if context[: len(start)] == start:
+                turn = self.turn_of(context[len(start) :])
                 text, answer = script[turn]
-                tokens = encode(text) + ([EOS] if answer else [])
+                tokens = self._encode(text) + ([self.eos] if answer else [])
                 return tokens, [-(i + 1) / 100 - turn for i in range(len(tokens))]
         raise AssertionError(f"no script for context {context}")
 
     def _batch(self, contexts: list[list[int]], params: SamplingParams) -> RolloutBatch:
         self.requests.append((len(contexts), params))
         turns = [self._turn(context) for context in contexts]
-        stops = set(params.end_ids(EOS))
+        stops = set(params.end_ids(self.eos))
         rows = []
         for tokens, logprobs in turns:  # an engine stops at the first end token, or the budget
             cut = next((i + 1 for i, t in enumerate(tokens) if t in stops), len(tokens))
@@ -87,10 +105,10 @@ class ScriptedEngine:
             rows.append((tokens[:cut], logprobs[:cut]))
         width = max(len(t) for t, _ in rows)
         prompt_width = max(len(c) for c in contexts)
-        ids = torch.full((len(rows), width), PAD)
+        ids = torch.full((len(rows), width), self.pad)
         mask = torch.zeros((len(rows), width), dtype=torch.bool)
         lps = torch.zeros((len(rows), width))
-        prompt_ids = torch.full((len(rows), prompt_width), PAD)
+        prompt_ids = torch.full((len(rows), prompt_width), self.pad)
         prompt_mask = torch.zeros((len(rows), prompt_width), dtype=torch.bool)
         for i, ((tokens, logprobs), context) in enumerate(zip(rows, contexts, strict=True)):
             ids[i, : len(tokens)] = torch.tensor(tokens)
@@ -105,7 +123,7 @@ class ScriptedEngine:
     def generate(
         self, prompts: Sequence[str], params: SamplingParams, seed: int | None = None
     ) -> RolloutBatch:
-        return self._batch([encode(p) for p in prompts for _ in range(params.n)], params)
+        return self._batch([self._encode(p) for p in prompts for _ in range(params.n)], params)
 
     def generate_from_ids(
         self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None
