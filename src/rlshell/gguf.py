@@ -27,6 +27,7 @@ Commands (``python -m rlshell.gguf ...``)::
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -44,6 +45,7 @@ from attrs import frozen
 from rlshell.hub import (
     CONVERSION_RECORD,
     PACKAGED_MODELS,
+    cached_snapshot,
     hub_cache_dir,
     hub_id,
     sha256_file,
@@ -58,7 +60,6 @@ __all__ = [
     "install",
     "main",
     "packaged_file",
-    "snapshot_dir",
     "verify",
 ]
 
@@ -127,8 +128,6 @@ def _recorded_sha256(package: PackagedGGUF, path: Path) -> str:
     for file in files:
         if file.name == package.filename and file.hash is not None and file.hash.mode == "sha256":
             # RECORD holds urlsafe base64 without padding.
-            import base64
-
             value = file.hash.value + "=" * (-len(file.hash.value) % 4)
             return base64.urlsafe_b64decode(value).hex()
     raise ValueError(
@@ -139,16 +138,6 @@ def _recorded_sha256(package: PackagedGGUF, path: Path) -> str:
 
 def _repo_folder(repo_id: str, cache: Path) -> Path:
     return cache / ("models--" + repo_id.replace("/", "--"))
-
-
-def snapshot_dir(repo_id: str, cache: Path | None = None) -> Path | None:
-    """The directory ``refs/main`` of ``repo_id`` points at in the Hub cache, or None."""
-    folder = _repo_folder(repo_id, cache or hub_cache_dir())
-    ref = folder / "refs" / "main"
-    if not ref.is_file():
-        return None
-    directory = folder / "snapshots" / ref.read_text().strip()
-    return directory if directory.is_dir() else None
 
 
 def _revision(source_sha256: str, dtype: str) -> str:
@@ -264,7 +253,7 @@ def verify(repo_id: str, cache: Path | None = None, *, hashes: bool = True) -> P
     """The snapshot of ``repo_id``, checked against its conversion record: every file
     present, of its recorded size and (``hashes``) SHA-256. Raises FileNotFoundError or
     ValueError saying what is missing or damaged."""
-    directory = snapshot_dir(repo_id, cache)
+    directory = cached_snapshot(repo_id, cache)
     if directory is None:
         raise FileNotFoundError(f"{repo_id} is not in the Hub cache {cache or hub_cache_dir()}")
     return verify_snapshot(repo_id, directory, hashes=hashes)
@@ -276,7 +265,7 @@ def install(package: PackagedGGUF = SMOLLM2, cache: Path | None = None) -> Conve
     path, digest = packaged_file(package)
     cache = cache or hub_cache_dir()
     revision = _revision(digest, "float32")
-    existing = snapshot_dir(package.repo_id, cache)
+    existing = cached_snapshot(package.repo_id, cache)
     if existing is not None and existing.name == revision:
         try:
             verify(package.repo_id, cache)

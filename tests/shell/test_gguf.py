@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from rlshell import gguf
-from rlshell.hub import CONVERSION_RECORD, hub_problem, pretrained_source
+from rlshell.hub import CONVERSION_RECORD, cached_snapshot, hub_problem, pretrained_source
 from tests import launcher
 
 SMOLLM2 = gguf.SMOLLM2.repo_id
@@ -132,7 +132,7 @@ def test_any_gguf_file_converts_with_the_documented_command(
     out = convert_command(cache, "convert", str(small_gguf), "--repo-id", "me/small")
     assert "me/small: " in out
     assert "de-quantised" in out
-    first = gguf.snapshot_dir("me/small", cache)
+    first = cached_snapshot("me/small", cache)
     assert first is not None
     assert (cache / "models--me--small" / "refs" / "main").read_text() == first.name
     assert all(path.is_symlink() for path in first.iterdir())  # into blobs/, as the Hub does
