@@ -102,6 +102,8 @@ READ_WHEN_USED = frozenset(
         "PYTHONBREAKPOINT",
         "RAY_CLIENT_MODE",
         "RAY_USAGE_STATS_ENABLED",
+        # Read by `ray.init` (the job config a driver's workers start under), not at import.
+        "RAY_JOB_CONFIG_JSON_ENV_VAR",
     }
 )
 # Set in a worker's environment, read when used, not at import: what the raylet sets

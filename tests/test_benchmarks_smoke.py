@@ -28,6 +28,13 @@ def quick_run(script: str, ray: bool = False) -> dict[str, Any]:
     ray_tmpdir = tempfile.mkdtemp(prefix="rb", dir="/tmp") if ray else None
     if ray_tmpdir is not None:
         env.update(RAY_TMPDIR=ray_tmpdir, RAY_AUTH_MODE="disabled")
+        # Its Ray workers (and those of the runs it starts) are forked from the workers'
+        # zygote, as the shared cluster's are; `tests/worker_client.py` starts one cold where
+        # its environment would make a fork differ. A smoke run's start-up figures mean
+        # nothing; the code that measures them runs all the same.
+        job_config = launcher.worker_job_config()
+        if job_config is not None:
+            env[launcher.RAY_JOB_CONFIG] = job_config
     try:
         # Forked from the warm interpreter (tests/launcher.py); a benchmark that starts Ray
         # starts its own, as it measures it.
