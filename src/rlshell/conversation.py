@@ -120,16 +120,23 @@ class ChatTurns:
         self._probe, self._probe_text = probe, rendered
         # What the template writes after an assistant's EOS, before whatever comes next.
         self.turn_end = after[len(self.eos) :]
-        self.between([Message("tool", "0")])  # a template that cannot be cut fails here
+        self.between([Message("user", "0")])  # a template that cannot be cut fails here
 
     def _render(self, messages: Sequence[Message], generation_prompt: bool) -> str:
-        return str(
-            self.tokenizer.apply_chat_template(  # type: ignore[attr-defined]
-                [{"role": m.role, "content": m.content} for m in messages],
-                tokenize=False,
-                add_generation_prompt=generation_prompt,
+        try:
+            return str(
+                self.tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+                    [{"role": m.role, "content": m.content} for m in messages],
+                    tokenize=False,
+                    add_generation_prompt=generation_prompt,
+                )
             )
-        )
+        except Exception as error:  # Jinja's TemplateError, or what a template raises itself
+            roles = [m.role for m in messages]
+            raise ValueError(
+                f"data.chat_template: the model's chat template cannot render the turns "
+                f"{roles}: {error}"
+            ) from error
 
     def opening(self, messages: Sequence[Message]) -> str:
         """``messages`` (those before the first assistant turn) and the assistant's header."""

@@ -121,6 +121,16 @@ def test_templates_that_cannot_be_cut_turn_by_turn_are_refused() -> None:
     )
     with pytest.raises(ValueError, match="renders an earlier turn differently"):
         ChatTurns(tokenizer)
+    # A template without a tool role (Llama 2's kind): plain conversations still render, a
+    # tool turn is refused naming the turns.
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools') }}"
+        "{% endif %}<{{ m.role }}>{{ m.content }}<|im_end|>{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    chat = ChatTurns(tokenizer)
+    with pytest.raises(ValueError, match=r"cannot render the turns .*'tool'.*no tools"):
+        chat.between([Message("tool", "42")])
 
 
 # ----------------------------------------------------------------------------- the agent loop
