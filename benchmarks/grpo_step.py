@@ -45,7 +45,8 @@
     that of TRL's fastest setup in the same run, at both sizes.
 
 (2) Weight sync (`rlshell.sync.transfer.WeightSender`, in memory) on the
-    ~5M model after one AdamW step (lr 1e-6, a random gradient): the bytes of
+    real pretrained SmolLM2-135M-Instruct (the targets' row) and the ~5M toy
+    model, each after one AdamW step (lr 1e-6, a random gradient): the bytes of
     a ``bucket`` sync against a ``patch`` sync, with the engine in bf16 (what
     ``rollout.precision="bf16"`` does) and in fp32. Target: patch ≤ 0.1× the
     bucket bytes (bf16). And the time of an fp32 bucket sync against a plain
@@ -55,9 +56,10 @@
     Target: bucket time ≤ 1.25× the plain copy (≥ 0.8× its speed).
 
 Prints one JSON object. ``--quick`` is a smoke run (the small model, a small
-batch, one timed step each; its figures mean nothing).
+batch, one timed step each; its figures mean nothing). ``--sync-only`` runs part (2)
+alone (about a minute).
 
-    RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/grpo_step.py [--quick]
+    RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/grpo_step.py [--quick] [--sync-only]
 """
 
 from __future__ import annotations
@@ -117,6 +119,8 @@ SIZES: dict[str, dict[str, int]] = {
         "max_position_embeddings": 64,
     },
 }
+# The real pretrained model (make install converts it into the Hub cache, `rlshell.gguf`).
+REAL = "135M"
 FULL = {
     "sizes": ["0.5M", "5M"],
     "prompts": 16,
@@ -124,7 +128,8 @@ FULL = {
     "max_new_tokens": 32,
     "warmup": 1,
     "steps": 10,
-    "sync_size": "5M",
+    # The toy row, then the real pretrained model (the target's row).
+    "sync_sizes": ["5M", REAL],
     "sync_repeats": 20,
 }
 QUICK = {
@@ -134,7 +139,7 @@ QUICK = {
     "max_new_tokens": 8,
     "warmup": 1,
     "steps": 1,
-    "sync_size": "0.5M",
+    "sync_sizes": ["0.5M"],
     "sync_repeats": 3,
 }
 
@@ -647,8 +652,16 @@ def run_sync(spec: dict[str, Any]) -> dict[str, Any]:
     from rlshell.sync.transfer import WeightSender
     from rlshell.tokenizer import build_char_tokenizer
 
-    tokenizer = build_char_tokenizer()
-    source = build_model(SIZES[spec["size"]], tokenizer)
+    if spec["size"] == REAL:
+        from transformers import AutoModelForCausalLM
+
+        from rlshell.gguf import SMOLLM2
+        from rlshell.hub import pretrained_source
+
+        path, options = pretrained_source(SMOLLM2.repo_id)
+        source = AutoModelForCausalLM.from_pretrained(path, **options)
+    else:
+        source = build_model(SIZES[spec["size"]], build_char_tokenizer())
     state = source.state_dict()
     engines = {"bf16": torch.bfloat16, "fp32": torch.float32}
     targets = {
@@ -769,10 +782,38 @@ def summarise(side: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def weight_sync_summary(size: str, sync: dict[str, Any]) -> dict[str, Any]:
+    """`run_sync`'s figures with their ratios and targets."""
+    after = sync["after_one_step"]
+    patch_ratio = after["patch"]["bf16"]["bytes"] / after["bucket"]["bf16"]["bytes"]
+    copy_ratio = sync["time_ms"]["bucket"] / sync["time_ms"]["plain_copy"]
+    return {
+        "model": size,
+        **sync,
+        "bucket_size_mb": BUCKET_SIZE_MB,
+        "optimizer": f"AdamW(lr={LEARNING_RATE}), one step, random gradient",
+        "patch_over_bucket_bytes_bf16": patch_ratio,
+        "patch_over_bucket_bytes_fp32": after["patch"]["fp32"]["bytes"]
+        / after["bucket"]["fp32"]["bytes"],
+        "bucket_over_plain_copy_time": copy_ratio,
+        "target": {
+            "patch_over_bucket_bytes_at_most": PATCH_BYTES_TARGET,
+            "bucket_over_plain_copy_time_at_most": COPY_TIME_TARGET,
+        },
+        "bytes_met": patch_ratio <= PATCH_BYTES_TARGET,
+        "time_met": copy_ratio <= COPY_TIME_TARGET,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small and short, for smoke tests")
     parser.add_argument("--steps", type=int, help="timed steps per side (after the warm-up)")
+    parser.add_argument(
+        "--sync-only",
+        action="store_true",
+        help="part (2) alone: the weight sync, without the GRPO race (its 'sizes' empty)",
+    )
     parser.add_argument("--child", nargs=3, metavar=("KIND", "SPEC", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--trl", nargs=3, metavar=("SPEC", "SETUP", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -790,6 +831,8 @@ def main() -> None:
     plan = dict(QUICK if args.quick else FULL)
     if args.steps:
         plan["steps"] = args.steps
+    if args.sync_only:
+        plan["sizes"] = []
     started, load_before = time.perf_counter(), os.getloadavg()[0]
     batches = prompt_batches(plan["prompts"], plan["warmup"] + plan["steps"])
     step_spec = {key: plan[key] for key in ("prompts", "group_size", "max_new_tokens")}
@@ -824,10 +867,10 @@ def main() -> None:
             / ours["seconds_per_step"],
             "met": ratios[fastest] >= THROUGHPUT_TARGET,
         }
-    sync = run_sync({"size": plan["sync_size"], "repeats": plan["sync_repeats"]})
-    after = sync["after_one_step"]
-    patch_ratio = after["patch"]["bf16"]["bytes"] / after["bucket"]["bf16"]["bytes"]
-    copy_ratio = sync["time_ms"]["bucket"] / sync["time_ms"]["plain_copy"]
+    syncs = {
+        size: weight_sync_summary(size, run_sync({"size": size, "repeats": plan["sync_repeats"]}))
+        for size in plan["sync_sizes"]
+    }
     report = {
         "benchmark": "grpo_step",
         "quick": args.quick,
@@ -865,22 +908,9 @@ def main() -> None:
         ),
         "sizes": sizes,
         "throughput_target": {"rlstack_over_trl_at_least": THROUGHPUT_TARGET},
-        "weight_sync": {
-            "model": plan["sync_size"],
-            **sync,
-            "bucket_size_mb": BUCKET_SIZE_MB,
-            "optimizer": f"AdamW(lr={LEARNING_RATE}), one step, random gradient",
-            "patch_over_bucket_bytes_bf16": patch_ratio,
-            "patch_over_bucket_bytes_fp32": after["patch"]["fp32"]["bytes"]
-            / after["bucket"]["fp32"]["bytes"],
-            "bucket_over_plain_copy_time": copy_ratio,
-            "target": {
-                "patch_over_bucket_bytes_at_most": PATCH_BYTES_TARGET,
-                "bucket_over_plain_copy_time_at_most": COPY_TIME_TARGET,
-            },
-            "bytes_met": patch_ratio <= PATCH_BYTES_TARGET,
-            "time_met": copy_ratio <= COPY_TIME_TARGET,
-        },
+        # The last size's (the real model's in the full run) holds the targets.
+        "weight_sync": syncs[plan["sync_sizes"][-1]],
+        "weight_sync_by_size": syncs,
         "wall_s": time.perf_counter() - started,
         # Other processes' load (1-minute average) when the run began and ended: the
         # machine is shared, and two busy ranks gain little when its 2 cores are taken.

@@ -104,6 +104,8 @@ READ_WHEN_USED = frozenset(
         "RAY_USAGE_STATS_ENABLED",
         # Read by `ray.init` (the job config a driver's workers start under), not at import.
         "RAY_JOB_CONFIG_JSON_ENV_VAR",
+        # Read by the tokenizers library when it first encodes in parallel, not at import.
+        "TOKENIZERS_PARALLELISM",
     }
 )
 # Set in a worker's environment, read when used, not at import: what the raylet sets

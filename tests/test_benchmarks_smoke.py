@@ -19,6 +19,9 @@ import pytest
 
 from tests import launcher
 
+# Each starts a script in a process of its own (15-80 s): long tests start first (conftest).
+pytestmark = pytest.mark.slow
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 

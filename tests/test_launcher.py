@@ -188,6 +188,10 @@ def test_what_earlier_tests_left_in_the_environment_is_not_the_tests(
 # ------------------------------------------------------------------ the shared cluster's workers
 
 
+# Ray's default priority for the workers a raylet starts (ray_config_def.h: worker_niceness).
+RAY_WORKER_NICENESS = int(os.environ.get("RAY_worker_niceness", "15"))  # noqa: SIM112 (Ray's name)
+
+
 def _worker_facts(env_vars: dict[str, str]) -> tuple[dict[str, object], int]:
     """What a worker of the shared cluster started with ``env_vars`` reports of itself, and
     its pid once Ray has killed it (gone or not)."""
@@ -204,6 +208,7 @@ def _worker_facts(env_vars: dict[str, str]) -> tuple[dict[str, object], int]:
                 "threads": torch.get_num_threads(),
                 "env": {name: os.environ.get(name) for name in env_vars},
                 "cpus": sorted(os.sched_getaffinity(0)),
+                "niceness": os.getpriority(os.PRIO_PROCESS, 0),
             }
 
     probe = Probe.remote()  # type: ignore[attr-defined]
@@ -240,6 +245,11 @@ def test_a_worker_forked_warm_is_the_process_ray_knows_set_up_as_a_cold_one() ->
     }
     assert facts["threads"] == 1
     assert facts["cpus"] == sorted(os.sched_getaffinity(0))
+    # The priority Ray gives its workers (its worker_niceness, 15 unless RAY_worker_niceness
+    # says otherwise), not the zygote's.
+    zygote = launcher.worker_zygote().process.pid
+    assert os.getpriority(os.PRIO_PROCESS, zygote) != RAY_WORKER_NICENESS
+    assert facts["niceness"] == RAY_WORKER_NICENESS
     # ray.kill reaches the fork itself.
     assert _gone(pid)
 

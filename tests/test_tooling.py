@@ -103,6 +103,7 @@ def test_xdist_groups_hold_under_the_makefiles_pytest_args(tmp_path: Path) -> No
     assert len(workers) == 1, f"one xdist_group ran on {sorted(workers)}"
 
 
+@pytest.mark.slow
 def test_the_suite_profile_splits_a_real_run_by_process_kind_and_activity(tmp_path: Path) -> None:
     """``tests/profile_suite.py`` on a test of `tests/test_launcher.py`: the pytest process
     and the zygote import the stack (the probe counts it), the split adds up to the CPU the

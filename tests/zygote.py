@@ -228,8 +228,10 @@ def _fork_worker(
 
 # Settings a fresh worker's libraries take from the environment as they load, which the fork
 # applies itself: torch's thread pool, glibc's allocator thresholds (mallopt's parameters).
+# ``RAY_worker_niceness`` is read by Ray's core worker as it starts, in the fork too, not at
+# import (tests/test_launcher.py checks the fork's priority).
 _MALLOPT = {"MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_TRIM_THRESHOLD_": -1}
-WORKER_APPLIED = ("OMP_NUM_THREADS", *_MALLOPT)
+WORKER_APPLIED = ("OMP_NUM_THREADS", "RAY_worker_niceness", *_MALLOPT)
 
 
 def _apply_worker_settings(env: dict[str, str], client: int, cpus: list[int]) -> None:

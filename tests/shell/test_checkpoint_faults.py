@@ -141,6 +141,7 @@ def test_resume_auto_skips_damaged_checkpoints_newest_first_and_names_them(
     assert str(raised.value).count("\n  global_step_") == 3
 
 
+@pytest.mark.slow
 def test_the_driver_killed_at_random_points_of_its_saves_never_leaves_a_partial_checkpoint(
     tmp_path: Path,
 ) -> None:

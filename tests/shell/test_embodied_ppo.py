@@ -129,6 +129,7 @@ def _steps_to_475(seed: int) -> tuple[int | None, float]:
     return None, best
 
 
+@pytest.mark.slow
 def test_ppo_learns_cartpole_to_475_on_most_seeds() -> None:
     """A learning claim over 3 seeds: the median seed reaches a mean return of 475 within
     40,000 env steps (SB3 with these settings needs about 25,000). Each seed alone is a

@@ -84,6 +84,7 @@ def wait_for_no_ray_processes(path: Path, timeout: float = 20.0) -> list[str]:
     return left
 
 
+@pytest.mark.slow
 def test_a_probe_run_places_every_worker_as_planned_with_extensions_loaded(
     ray_tmpdir: Path, tmp_path: Path
 ) -> None:
@@ -112,6 +113,7 @@ def test_a_probe_run_places_every_worker_as_planned_with_extensions_loaded(
     assert wait_for_no_ray_processes(ray_tmpdir) == []
 
 
+@pytest.mark.slow
 def test_overwrite_clears_the_old_run_before_the_new_one_starts(
     ray_tmpdir: Path, tmp_path: Path
 ) -> None:
@@ -152,6 +154,7 @@ def _deaf_to_ctrl_c() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 
+@pytest.mark.slow
 def test_ctrl_c_shuts_ray_down_and_exits_130(ray_tmpdir: Path, tmp_path: Path) -> None:
     process = subprocess.Popen(
         [
@@ -246,6 +249,7 @@ def stop_ray_processes_using(path: Path) -> None:
             return
 
 
+@pytest.mark.slow
 def test_attaching_to_a_cluster_started_with_ray_start(ray_tmpdir: Path, tmp_path: Path) -> None:
     port = free_port()
     ray = Path(sys.executable).parent / "ray"

@@ -389,6 +389,7 @@ def test_a_nan_gradient_with_a_finite_loss_is_not_applied_and_the_learner_dumps_
 # Learning.
 
 
+@pytest.mark.slow
 def test_sac_learns_pendulum() -> None:
     """CleanRL's SAC settings, but 64-unit layers and 1,000 random steps: the mean return of the
     last 3 episodes rises from about −1200 (random) to better than −600 within 6,000 env steps
