@@ -40,7 +40,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from attrs import evolve, frozen
@@ -52,6 +52,11 @@ from rlshell.evaluation.intervals import student_t_interval, wilson_interval
 from rlshell.extensions import ExtensionError, load_extensions
 from rlshell.hub import hub_id, pretrained_source
 from rlshell.runners.validation import load_config
+
+if TYPE_CHECKING:
+    from rlshell.data import PromptExample
+    from rlshell.engines.rollout.multi_turn import TokenEngine
+    from rlshell.rollout import SamplingParams
 
 __all__ = ["EVALUATORS", "Evaluator", "evaluate", "main"]
 
@@ -158,11 +163,11 @@ def _interval(key: str, successes: float, trials: int) -> dict[str, float]:
 
 
 def _score(
-    engine: Any,
+    engine: TokenEngine,
     tokenizer: Any,
     config: Config,
-    examples: Sequence[Any],
-    params: Any,
+    examples: Sequence[PromptExample],
+    params: SamplingParams,
     batch_size: int,
     seed: int | None,
 ) -> tuple[list[float], dict[str, float]]:
