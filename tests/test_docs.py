@@ -114,8 +114,14 @@ RUN_HERE = {
     "examples/typed_extension/rlstack_typed_ext",
     # docs/real_model.md (make install made the snapshot: this verifies it and keeps it)
     ".venv/bin/python -m rlshell.gguf install-smollm2",
+    ".venv/bin/python -m rlshell.train configs/grpo_smollm2_lora.py --dry-run",
 }
 COVERED_ELSEWHERE = {
+    ".venv/bin/python -m rlshell.train configs/grpo_smollm2_lora.py": (
+        "its dry run is run here; tests/shell/test_real_model.py's LoRA test trains LoRA "
+        "adapters on every linear layer of the same model for 2 steps (vLLM sampling, the "
+        "merged weights synced, the export merged); the 20-step runs are docs/real_model.md's"
+    ),
     ".venv/bin/python -m rlshell.train configs/grpo_smollm2.py": (
         "tests/shell/test_real_model.py runs it for 2 steps of 4 samples (vLLM sampling, the "
         "update, an evaluation, a checkpoint and the export); the hour's run is "
