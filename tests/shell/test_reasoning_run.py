@@ -196,10 +196,15 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_checkpoint(
     names = sorted(p.name for p in (tmp_path / "grpo" / "checkpoints").iterdir())
     assert names == ["global_step_1", "global_step_2"]
     # Each rank keeps its offending micro-batch (both ranks' losses are NaN here; the rank
-    # whose error comes second may be stopped before it writes), and the error says where
-    # the one it reports is.
-    dumps = sorted((tmp_path / "grpo" / "nonfinite").iterdir())
-    assert {d.name for d in dumps} <= {"step_3_rank_0_micro_0.pt", "step_3_rank_1_micro_0.pt"}
+    # whose error comes second may be stopped before or while it writes, which leaves its
+    # hidden ``.partial`` and never a half file under the final name), and the error says
+    # where the one it reports is.
+    expected = {"step_3_rank_0_micro_0.pt", "step_3_rank_1_micro_0.pt"}
+    entries = {p.name for p in (tmp_path / "grpo" / "nonfinite").iterdir()}
+    unfinished = {name for name in entries if name.endswith(".partial")}
+    assert {name[1 : -len(".partial")] for name in unfinished} <= expected, entries
+    assert entries - unfinished <= expected, entries
+    dumps = sorted(tmp_path / "grpo" / "nonfinite" / name for name in entries - unfinished)
     named = [d for d in dumps if f"Its batch is in {d}" in result.stderr]
     assert named, result.stderr[-2000:]
     record = torch.load(named[0], weights_only=False)
