@@ -656,10 +656,9 @@ def run_sync(spec: dict[str, Any]) -> dict[str, Any]:
         from transformers import AutoModelForCausalLM
 
         from rlshell.gguf import SMOLLM2
-        from rlshell.hub import pretrained_source
+        from rlshell.hub import from_pretrained
 
-        path, options = pretrained_source(SMOLLM2.repo_id)
-        source = AutoModelForCausalLM.from_pretrained(path, **options)
+        source = from_pretrained(AutoModelForCausalLM, SMOLLM2.repo_id)
     else:
         source = build_model(SIZES[spec["size"]], build_char_tokenizer())
     state = source.state_dict()

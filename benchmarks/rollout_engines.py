@@ -132,13 +132,12 @@ def model_and_tokenizers(size: str, count: int) -> tuple[Any, Any, Any, list[str
 
     from rlshell.data import load_prompts
     from rlshell.gguf import SMOLLM2
-    from rlshell.hub import pretrained_source
+    from rlshell.hub import from_pretrained
     from rlshell.runners.validation import load_config
 
-    source, options = pretrained_source(SMOLLM2.repo_id)
-    model = transformers.AutoModelForCausalLM.from_pretrained(source, **options)
+    model = from_pretrained(transformers.AutoModelForCausalLM, SMOLLM2.repo_id)
     hf_tokenizer, vllm_tokenizer = (
-        transformers.AutoTokenizer.from_pretrained(source, **options) for _ in range(2)
+        from_pretrained(transformers.AutoTokenizer, SMOLLM2.repo_id) for _ in range(2)
     )
     data = load_config(REAL_CONFIG).data
     texts = [e.prompt for e in load_prompts(data, "train", lambda: hf_tokenizer)[:count]]

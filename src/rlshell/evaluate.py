@@ -50,7 +50,7 @@ from rlshell.config import AgentConfig, Config, ConfigError
 from rlshell.evaluation.embodied import EvaluationError, missing_checkpoint_message
 from rlshell.evaluation.intervals import student_t_interval, wilson_interval
 from rlshell.extensions import ExtensionError, load_extensions
-from rlshell.hub import hub_id, pretrained_source
+from rlshell.hub import from_pretrained, hub_id
 from rlshell.runners.validation import load_config
 
 if TYPE_CHECKING:
@@ -70,9 +70,8 @@ def _load(path: Path, config: Config) -> tuple[torch.nn.Module, Any]:
     if (path / "config.json").is_file() or hub_id(str(path)) is not None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        source, options = pretrained_source(str(path))
-        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(source, **options)
-        return model.eval(), AutoTokenizer.from_pretrained(source, **options)
+        model: torch.nn.Module = from_pretrained(AutoModelForCausalLM, str(path))
+        return model.eval(), from_pretrained(AutoTokenizer, str(path))
     raise CheckpointError(
         f"{path} is neither a checkpoint (no {TRAINER_STATE}) nor a Hugging Face model "
         "directory (no config.json) nor a Hub id (org/name)"

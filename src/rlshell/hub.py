@@ -127,6 +127,21 @@ def pretrained_source(value: str) -> tuple[str, dict[str, Any]]:
     return value, {"cache_dir": str(cache), "local_files_only": hub_offline()}
 
 
+def from_pretrained(loader: Any, value: str, key: str | None = None, **kwargs: Any) -> Any:
+    """``loader.from_pretrained`` (a transformers Auto class) on ``value``, a local model
+    directory or a Hub id, as `pretrained_source` resolves it (nothing downloaded where the
+    cache holds it); ``kwargs`` go to ``from_pretrained``. ``key``: the config key that
+    named ``value``; then a value that is neither a model directory nor a Hub id is refused
+    with a FileNotFoundError that names the key, before transformers is asked."""
+    if key is not None and hub_id(value) is None and not (Path(value) / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{key}: {value} is not a Hugging Face model directory (no config.json there) "
+            "nor a Hub id (org/name)"
+        )
+    source, options = pretrained_source(value)
+    return loader.from_pretrained(source, **options, **kwargs)
+
+
 def cached_snapshot(repo_id: str, cache: Path | None = None) -> Path | None:
     """The snapshot directory of the model ``repo_id`` in the Hub cache that holds its
     ``config.json``, or None."""

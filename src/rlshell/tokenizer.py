@@ -131,11 +131,10 @@ def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
     model config, ``AutoTokenizer`` would substitute the model's own tokenizer class
     (transformers 5 does for Qwen2), whose pre-tokenizer splits text its own way
     (the agent's markers and spaces lost)."""
-    from rlshell.hub import hub_id, pretrained_source
+    from rlshell.hub import from_pretrained, hub_id
 
     if hub_id(str(path)) is not None:
-        source, options = pretrained_source(str(path))
-        loaded: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(source, **options)
+        loaded: PreTrainedTokenizerBase = from_pretrained(AutoTokenizer, str(path))
         return loaded
     directory = Path(path)
     if not (directory / "tokenizer_config.json").is_file():

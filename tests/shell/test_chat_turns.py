@@ -27,7 +27,7 @@ from rlshell.config import AgentConfig, ConfigError
 from rlshell.conversation import ChatTurns, Message, render_conversation
 from rlshell.engines.rollout.multi_turn import AgentLoop, agent_metrics
 from rlshell.gguf import SMOLLM2, verify
-from rlshell.hub import pretrained_source
+from rlshell.hub import from_pretrained
 from rlshell.rollout import SamplingParams
 from rlshell.runners.validation import load_config, validate
 from tests.shell.test_multi_turn import ScriptedEngine
@@ -39,8 +39,7 @@ def _tokenizer() -> object:
     from transformers import AutoTokenizer
 
     verify(SMOLLM2.repo_id, hashes=False)  # make install
-    source, options = pretrained_source(SMOLLM2.repo_id)
-    return AutoTokenizer.from_pretrained(source, **options)
+    return from_pretrained(AutoTokenizer, SMOLLM2.repo_id)
 
 
 TOKENIZER = _tokenizer()
@@ -105,8 +104,7 @@ def test_a_tool_turn_is_the_templates_and_messages_after_the_last_answer_are_lef
 def test_templates_that_cannot_be_cut_turn_by_turn_are_refused() -> None:
     from transformers import AutoTokenizer
 
-    source, options = pretrained_source(SMOLLM2.repo_id)
-    tokenizer = AutoTokenizer.from_pretrained(source, **options)
+    tokenizer = from_pretrained(AutoTokenizer, SMOLLM2.repo_id)
     tokenizer.chat_template = None
     with pytest.raises(ValueError, match="has no chat template"):
         ChatTurns(tokenizer)

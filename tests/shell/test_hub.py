@@ -266,6 +266,26 @@ def test_a_missing_local_path_keeps_its_message(offline: Path, tmp_path: Path) -
     assert caught.value.problems == [f"actor.model.path: {tmp_path / 'model'} does not exist"]
 
 
+def test_a_model_builder_given_a_folder_without_a_model_names_its_key(tmp_path: Path) -> None:
+    """Past validation (a model built directly, or a folder emptied since): the builders of
+    `rlshell.models` refuse a directory with no config.json before transformers reads it."""
+    import torch
+
+    from rlshell.models.hf_causal_lm import build_hf_causal_lm, build_hf_value_model
+
+    config = load_config(GRPO, [f"actor.model.path={tmp_path}"])
+    for build, key in (
+        (build_hf_causal_lm, "actor.model.path"),
+        (build_hf_value_model, "critic.model_path (or actor.model.path)"),
+    ):
+        with pytest.raises(FileNotFoundError) as caught:
+            build(config.actor.model, torch.float32)
+        assert str(caught.value) == (
+            f"{key}: {tmp_path} is not a Hugging Face model directory (no config.json there) "
+            "nor a Hub id (org/name)"
+        )
+
+
 def test_dry_runs_do_not_look_in_the_cache(offline: Path) -> None:
     load_config(GRPO, ["actor.model.path=testorg/absent"], for_run=False)
 

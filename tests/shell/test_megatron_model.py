@@ -142,16 +142,15 @@ def _real_worker(rank: int, port: int, out: str) -> None:
     from rlshell.engines.training.megatron.model import MegatronCausalLM, build_gpt_stage
     from rlshell.engines.training.megatron.parallel import init_model_parallel
     from rlshell.gguf import SMOLLM2
-    from rlshell.hub import pretrained_source
+    from rlshell.hub import from_pretrained
     from rlshell.workers.actor import position_ids
 
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=REAL_TP
     )
-    source, options = pretrained_source(SMOLLM2.repo_id)
-    hf = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **options).eval()
-    tokenizer = AutoTokenizer.from_pretrained(source, **options)
+    hf = from_pretrained(AutoModelForCausalLM, SMOLLM2.repo_id, dtype=torch.float32).eval()
+    tokenizer = from_pretrained(AutoTokenizer, SMOLLM2.repo_id)
     tokenizer.padding_side = "left"
     chats = [
         [{"role": "user", "content": "What is 23 + 15? Answer with the number only."}],
@@ -192,12 +191,11 @@ def test_the_real_model_at_tensor_parallel_3_gives_hf_logits_and_2_is_refused(
 
     from rlshell.engines.training.megatron.layout import GPTLayout
     from rlshell.gguf import SMOLLM2, verify
-    from rlshell.hub import pretrained_source
+    from rlshell.hub import from_pretrained
 
     verify(SMOLLM2.repo_id, hashes=False)
-    source, options = pretrained_source(SMOLLM2.repo_id)
     with pytest.raises(ValueError, match="tensor parallel size 2 must divide the 3 key/value"):
-        GPTLayout.of(AutoConfig.from_pretrained(source, **options), tp=2, pp=1)
+        GPTLayout.of(from_pretrained(AutoConfig, SMOLLM2.repo_id), tp=2, pp=1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(_real_worker, args=(free_port(), str(tmp_path)), nprocs=REAL_TP, join=True)
     for rank in range(REAL_TP):

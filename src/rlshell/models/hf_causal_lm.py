@@ -16,8 +16,6 @@ the MLP's ``gate_proj``, ``up_proj``, ``down_proj``);
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 
@@ -35,10 +33,9 @@ def hf_model_config(cfg: ModelConfig) -> object:
     import transformers
 
     if cfg.path is not None:
-        from rlshell.hub import pretrained_source
+        from rlshell.hub import from_pretrained
 
-        source, options = pretrained_source(cfg.path)
-        return transformers.AutoConfig.from_pretrained(source, **options)
+        return from_pretrained(transformers.AutoConfig, cfg.path)
     kwargs = dict(cfg.model_kwargs)
     class_name = str(kwargs.pop("config_class", "Qwen2Config"))
     config_class = getattr(transformers, class_name, None)
@@ -51,16 +48,10 @@ def build_hf_causal_lm(cfg: ModelConfig, torch_dtype: torch.dtype) -> nn.Module:
     import transformers
 
     if cfg.path is not None:
-        from rlshell.hub import hub_id, pretrained_source
+        from rlshell.hub import from_pretrained
 
-        if hub_id(cfg.path) is None and not (Path(cfg.path) / "config.json").is_file():
-            raise FileNotFoundError(
-                f"actor.model.path: {cfg.path} is not a Hugging Face model directory "
-                "(no config.json there) nor a Hub id (org/name)"
-            )
-        source, options = pretrained_source(cfg.path)
-        model: nn.Module = transformers.AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch_dtype, **options
+        model: nn.Module = from_pretrained(
+            transformers.AutoModelForCausalLM, cfg.path, "actor.model.path", dtype=torch_dtype
         )
     else:
         model = transformers.AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
@@ -83,17 +74,14 @@ def build_hf_value_model(cfg: ModelConfig, torch_dtype: torch.dtype) -> nn.Modul
 
     options: dict[str, object] = {"num_labels": 1, "classifier_dropout": 0.0}
     if cfg.path is not None:
-        from rlshell.hub import hub_id, pretrained_source
+        from rlshell.hub import from_pretrained
 
-        if hub_id(cfg.path) is None and not (Path(cfg.path) / "config.json").is_file():
-            raise FileNotFoundError(
-                f"critic.model_path (or actor.model.path): {cfg.path} is not a Hugging Face model "
-                "directory "
-                "(no config.json there) nor a Hub id (org/name)"
-            )
-        source, hub_options = pretrained_source(cfg.path)
-        model: nn.Module = transformers.AutoModelForTokenClassification.from_pretrained(
-            source, dtype=torch_dtype, **hub_options, **options
+        model: nn.Module = from_pretrained(
+            transformers.AutoModelForTokenClassification,
+            cfg.path,
+            "critic.model_path (or actor.model.path)",
+            dtype=torch_dtype,
+            **options,
         )
         return model
     config = hf_model_config(cfg)

@@ -669,16 +669,10 @@ def _language_model(
     import transformers
 
     if cfg.path is not None:
-        from rlshell.hub import hub_id, pretrained_source
+        from rlshell.hub import from_pretrained
 
-        if hub_id(cfg.path) is None and not (Path(cfg.path) / "config.json").is_file():
-            raise FileNotFoundError(
-                f"actor.model.path: {cfg.path} is not a Hugging Face model directory "
-                "(no config.json there) nor a Hub id (org/name)"
-            )
-        source, options = pretrained_source(cfg.path)
-        loaded: nn.Module = transformers.AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, **options
+        loaded: nn.Module = from_pretrained(
+            transformers.AutoModelForCausalLM, cfg.path, "actor.model.path", dtype=dtype
         )
         return loaded
     config_class: Callable[..., Any] = getattr(transformers, spec.config_class)
