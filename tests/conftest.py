@@ -51,7 +51,9 @@ def _stop_the_launcher() -> Iterator[None]:
     launcher.shutdown()
 
 
-# What earlier tests and imports left in the environment (tests/launcher.py: not the test's).
-@pytest.fixture(autouse=True)
-def _note_the_environment_a_test_starts_in() -> None:
+# What earlier tests and imports left in the environment (tests/launcher.py: not the test's),
+# noted before any fixture of the test is set up: a module's fixture that starts runs (as
+# tests/shell/test_config_reads.py's does) is set up with the first test of the module.
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
     launcher.note_test_start()

@@ -210,6 +210,18 @@ def left_over(env: Mapping[str, str]) -> frozenset[str]:
     )
 
 
+def as_the_session_had_it(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with each `left_over` variable back to the session's value (or unset): a run
+    started from a shell would not have what this process's imports and earlier tests wrote
+    to os.environ, and its Ray workers, which compare their environment with the workers'
+    zygote's, would otherwise start cold for it (vllm's import-time variables made every
+    worker of a run on a Ray of its own start cold after any vLLM test in that process)."""
+    stale = left_over(env)
+    kept = {name: value for name, value in env.items() if name not in stale}
+    kept.update({name: SESSION_ENV[name] for name in stale if name in SESSION_ENV})
+    return kept
+
+
 def not_imported(loaded: Collection[str] | None) -> tuple[str, ...]:
     """The prefixes of `PACKAGE_OF_PREFIX` whose package is not among ``loaded`` (a zygote's
     imported top-level packages; None: unknown, so none)."""
@@ -701,7 +713,9 @@ def popen(
     where it would start a Ray of its own, wherever that cannot change the run (module
     docstring); else an ordinary subprocess. ``stdout``/``stderr``: `subprocess.PIPE`, an
     open file, or (stderr) `subprocess.STDOUT`; ``stdin``: `subprocess.PIPE`, or None (the
-    null device)."""
+    null device). Variables that earlier tests or this process's imports left in ``env``
+    get the session's values back (`as_the_session_had_it`)."""
+    env = as_the_session_had_it(env)
     if argv[0] != sys.executable or not hasattr(os, "pidfd_open"):
         why = "not this interpreter, or no pidfd_open"
         return _cold(argv, env, cwd, stdout, stderr, stdin, why)

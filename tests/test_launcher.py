@@ -173,11 +173,17 @@ def test_what_earlier_tests_left_in_the_environment_is_not_the_tests(
     assert "TORCHINDUCTOR_COMPILE_THREADS" not in launcher.SESSION_ENV
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")  # as `import vllm` does
     launcher.note_test_start()  # ... before this test started
-    inherited = dict(os.environ)
+    # (pytest's own PYTEST_CURRENT_TEST, which changed since the note, aside)
+    inherited = {name: v for name, v in os.environ.items() if name != "PYTEST_CURRENT_TEST"}
     assert "TORCHINDUCTOR_COMPILE_THREADS" in launcher.left_over(inherited)
     assert launcher.warm_fork_keeps(inherited, launcher.SESSION_ENV) == []
-    # The test's own choice of the same variable counts.
+    # The run does not get it: its own Ray's workers would start cold for it.
+    assert launcher.as_the_session_had_it(inherited) == {
+        name: value for name, value in inherited.items() if name != "TORCHINDUCTOR_COMPILE_THREADS"
+    }
+    # The test's own choice of the same variable counts, and the run gets it.
     chosen = {**inherited, "TORCHINDUCTOR_COMPILE_THREADS": "2"}
+    assert launcher.as_the_session_had_it(chosen) == chosen
     assert launcher.warm_fork_keeps(chosen, launcher.SESSION_ENV) == [
         "TORCHINDUCTOR_COMPILE_THREADS"
     ]

@@ -112,8 +112,10 @@ def _worker(rank: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def test_megatron_stages_give_hf_logits_at_tp1_tp2_and_pp2(tmp_path: Path) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+def test_megatron_stages_give_hf_logits_at_tp1_tp2_and_pp2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
     mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     by_rank = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for name, _, _, _tp, pp in CASES:
@@ -184,7 +186,7 @@ def _real_worker(rank: int, port: int, out: str) -> None:
 
 
 def test_the_real_model_at_tensor_parallel_3_gives_hf_logits_and_2_is_refused(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SmolLM2-135M-Instruct (``make install``), a left-padded batch of chat prompts."""
     from transformers import AutoConfig
@@ -196,7 +198,7 @@ def test_the_real_model_at_tensor_parallel_3_gives_hf_logits_and_2_is_refused(
     verify(SMOLLM2.repo_id, hashes=False)
     with pytest.raises(ValueError, match="tensor parallel size 2 must divide the 3 key/value"):
         GPTLayout.of(from_pretrained(AutoConfig, SMOLLM2.repo_id), tp=2, pp=1)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
     mp.spawn(_real_worker, args=(free_port(), str(tmp_path)), nprocs=REAL_TP, join=True)
     for rank in range(REAL_TP):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
