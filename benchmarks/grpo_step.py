@@ -4,7 +4,13 @@
     Qwen2-style causal LM (built from a `Qwen2Config`, the project's character
     tokenizer), the same prompts of the generated arithmetic task, the same
     group size and completion length, fp32, at two model sizes (~0.5M and ~5M
-    parameters):
+    parameters), and on the real pretrained SmolLM2-135M-Instruct (its own
+    tokenizer, configs/grpo_smollm2.py's prompts in its chat template, that
+    config's batch of 8 prompts × 8 samples × 24 tokens: `REAL_WORKLOAD`), where
+    rlstack runs that config as it trains (one FSDP2 rank with vLLM's CPU engine
+    beside it in its process, its weights reloaded in place after each update)
+    and TRL samples with HF ``generate`` (its colocated vLLM fails on this
+    installation: benchmarks/rollout_engines.py records the error):
 
     - rlstack: `rlshell.runners.reasoning.ReasoningTrainer` with
       ``configs/grpo.py``: two FSDP2 actor ranks (gloo) with the HF rollout
@@ -59,7 +65,8 @@ Prints one JSON object. ``--quick`` is a smoke run (the small model, a small
 batch, one timed step each; its figures mean nothing). ``--sync-only`` runs part (2)
 alone (about a minute).
 
-    RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/grpo_step.py [--quick] [--sync-only]
+    RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/grpo_step.py [--quick] [--sync-only] \\
+        [--sizes 135M ...]
 """
 
 from __future__ import annotations
@@ -121,8 +128,14 @@ SIZES: dict[str, dict[str, int]] = {
 }
 # The real pretrained model (make install converts it into the Hub cache, `rlshell.gguf`).
 REAL = "135M"
+# Its race: configs/grpo_smollm2.py (vLLM sampling in the actor's process, weights reloaded
+# in place after each update) against TRL on the same chat-template prompts of its task,
+# with that config's batch (a step of 64 samples of 24 tokens; the toy sizes' 128 of 32
+# would make a TRL step of the real model take minutes).
+REAL_CONFIG = ROOT / "configs" / "grpo_smollm2.py"
+REAL_WORKLOAD = {"prompts": 8, "group_size": 8, "max_new_tokens": 24, "warmup": 1, "steps": 3}
 FULL = {
-    "sizes": ["0.5M", "5M"],
+    "sizes": ["0.5M", "5M", REAL],
     "prompts": 16,
     "group_size": 8,
     "max_new_tokens": 32,
@@ -172,17 +185,37 @@ def build_model(kwargs: dict[str, Any], tokenizer: Any) -> Any:
 def parameter_count(size: str) -> int:
     from rlshell.tokenizer import build_char_tokenizer
 
-    model = build_model(SIZES[size], build_char_tokenizer())
+    model = real_model() if size == REAL else build_model(SIZES[size], build_char_tokenizer())
     return sum(p.numel() for p in model.parameters())
 
 
-def prompt_batches(prompts: int, count: int) -> list[list[list[str]]]:
-    """``count`` batches of ``[prompt, answer]``, as a run of ``configs/grpo.py`` draws them."""
-    from rlshell.data import PromptSampler, load_dataset
+def real_model() -> Any:
+    """SmolLM2-135M-Instruct from the Hub cache (fp32)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlshell.gguf import SMOLLM2
+    from rlshell.hub import from_pretrained
+
+    return from_pretrained(AutoModelForCausalLM, SMOLLM2.repo_id)
+
+
+def real_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    from rlshell.gguf import SMOLLM2
+    from rlshell.hub import from_pretrained
+
+    return from_pretrained(AutoTokenizer, SMOLLM2.repo_id)
+
+
+def prompt_batches(prompts: int, count: int, size: str = "") -> list[list[list[str]]]:
+    """``count`` batches of ``[prompt, answer]``, as a run of ``configs/grpo.py`` draws them
+    (of configs/grpo_smollm2.py, in the model's chat template, for the real model)."""
+    from rlshell.data import PromptSampler, load_prompts
     from rlshell.runners.validation import load_config
 
-    config = load_config(CONFIG)
-    train = load_dataset(config.data, "train")
+    config = load_config(REAL_CONFIG if size == REAL else CONFIG)
+    train = load_prompts(config.data, "train", real_tokenizer)
     sampler = PromptSampler(train, prompts, seed=0)
     return [[[e.prompt, e.answer] for e in sampler.next()] for _ in range(count)]
 
@@ -221,20 +254,24 @@ def rlstack_trainer(spec: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]
     from rlshell.runners.spec import resolve_spec
     from rlshell.runners.validation import load_config, plan_for
 
-    kwargs = model_kwargs(spec["size"], spec["max_new_tokens"])
     overrides = [
         f"runner.prompts_per_step={spec['prompts']}",
         f"runner.max_steps={spec['warmup'] + spec['steps']}",
         f"algorithm.group_size={spec['group_size']}",
         f"rollout.max_new_tokens={spec['max_new_tokens']}",
         f"actor.optim.lr={LEARNING_RATE}",
-        f"rollout.weight_sync={WEIGHT_SYNC}",
         # The step TRL runs: its loss has no entropy bonus and its rate no schedule here.
         "algorithm.entropy_coef=0",
         "actor.optim.lr_scheduler=constant",
-        *(f"actor.model.model_kwargs.{key}={value}" for key, value in kwargs.items()),
     ]
-    config = load_config(CONFIG, overrides)
+    if spec["size"] == REAL:  # configs/grpo_smollm2.py: vLLM beside the actor, as it runs
+        overrides.append(f"rollout.min_new_tokens={spec['max_new_tokens']}")
+        config = load_config(REAL_CONFIG, overrides)
+    else:
+        kwargs = model_kwargs(spec["size"], spec["max_new_tokens"])
+        overrides.append(f"rollout.weight_sync={WEIGHT_SYNC}")
+        overrides += [f"actor.model.model_kwargs.{key}={value}" for key, value in kwargs.items()]
+        config = load_config(CONFIG, overrides)
     temp_dir = short_temp_dir()
     try:
         with Cluster(
@@ -536,8 +573,11 @@ def run_trl_rank(spec: dict[str, Any], setup: TRLSetup, port: int) -> None:
     rank = int(os.environ.get("RANK", "0"))
     driver = Client(("127.0.0.1", port), authkey=bytes.fromhex(os.environ[AUTHKEY_ENV]))
     driver.send({"rank": rank})
-    tokenizer = build_char_tokenizer()
-    model = build_model(model_kwargs(spec["size"], spec["max_new_tokens"]), tokenizer)
+    if spec["size"] == REAL:
+        tokenizer, model = real_tokenizer(), real_model()
+    else:
+        tokenizer = build_char_tokenizer()
+        model = build_model(model_kwargs(spec["size"], spec["max_new_tokens"]), tokenizer)
     rows = [{"prompt": p, "answer": a} for batch in spec["batches"] for p, a in batch]
     scored: list[tuple[int, list[str]]] = []  # per reward call: completion tokens, prompts
 
@@ -809,6 +849,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small and short, for smoke tests")
     parser.add_argument("--steps", type=int, help="timed steps per side (after the warm-up)")
     parser.add_argument(
+        "--sizes",
+        nargs="+",
+        choices=[*SIZES, REAL],
+        help=f"part (1) at these sizes (default: the toy sizes, then {REAL})",
+    )
+    parser.add_argument(
         "--sync-only",
         action="store_true",
         help="part (2) alone: the weight sync, without the GRPO race (its 'sizes' empty)",
@@ -832,13 +878,19 @@ def main() -> None:
         plan["steps"] = args.steps
     if args.sync_only:
         plan["sizes"] = []
+    if args.sizes:
+        plan["sizes"] = args.sizes
     started, load_before = time.perf_counter(), os.getloadavg()[0]
-    batches = prompt_batches(plan["prompts"], plan["warmup"] + plan["steps"])
-    step_spec = {key: plan[key] for key in ("prompts", "group_size", "max_new_tokens")}
-    step_spec.update(warmup=plan["warmup"], steps=plan["steps"], batches=batches, quick=args.quick)
     sizes: dict[str, Any] = {}
     for size in plan["sizes"]:
-        spec = {**step_spec, "size": size}
+        workload = {
+            key: plan[key] for key in ("prompts", "group_size", "max_new_tokens", "warmup", "steps")
+        }
+        if size == REAL:
+            workload.update(REAL_WORKLOAD)
+        count = workload["warmup"] + workload["steps"]
+        batches = prompt_batches(workload["prompts"], count, size)
+        spec = {**workload, "batches": batches, "quick": args.quick, "size": size}
         race = run_child("race", spec)
         ours = summarise(race["rlstack"])
         baselines = {
@@ -854,7 +906,8 @@ def main() -> None:
         }
         sizes[size] = {
             "parameters": parameter_count(size),
-            "model_kwargs": SIZES[size],
+            "model_kwargs": SIZES.get(size, {"path": "HuggingFaceTB/SmolLM2-135M-Instruct"}),
+            "workload": workload,
             "rlstack": {**ours, **race["rlstack"]},
             "trl": {
                 name: {**baselines.get(name, {}), **side} for name, side in race["trl"].items()
@@ -895,7 +948,10 @@ def main() -> None:
             "the HF rollout collocated (each rank generates half the prompts with its own "
             f"gathered weights: rollout.weight_sync={WEIGHT_SYNC}), reward in its own worker "
             f"(2 scoring processes); Ray on {CORES} CPUs, workers at nice 0; "
-            "taking turns step by step with each TRL setup, no two steps at once"
+            "taking turns step by step with each TRL setup, no two steps at once. "
+            f"{REAL}: configs/grpo_smollm2.py, one FSDP2 rank (2 threads) with vLLM's CPU "
+            "engine in its process (weights reloaded in place after each update, "
+            "rollout.min_new_tokens = max_new_tokens), reward in its own worker"
         ),
         "baseline": (
             "trl.GRPOTrainer(use_cpu=True, bf16=False, gradient_checkpointing=False) in each "

@@ -29,7 +29,8 @@
 Prints one JSON object. ``--quick`` is a smoke run (the small model, a small
 batch, a few calls; its figures mean nothing).
 
-    RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/rollout_engines.py [--quick]
+    RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/rollout_engines.py [--quick] \\
+        [--sizes 135M ...] [--sampling-only]
 """
 
 from __future__ import annotations
@@ -144,6 +145,30 @@ def model_and_tokenizers(size: str, count: int) -> tuple[Any, Any, Any, list[str
     return model, hf_tokenizer, vllm_tokenizer, texts
 
 
+def kv_cache_bytes_for(model: Any, tokenizer: Any, spec: dict[str, Any], texts: list[str]) -> int:
+    """KV cache for all of a call's ``prompts × n`` sequences at once, in fp32, a quarter
+    over: each the longest prompt plus ``max_new_tokens``, rounded up to whole blocks of
+    128 tokens (what vLLM's CPU backend allocates), and at least one sequence of the model's
+    whole context, which vLLM asks for at start. SmolLM2 (30 layers, 3 KV heads of 64)
+    keeps 45 KiB a token: its 128 sequences of 77 tokens take 16,384 tokens of blocks,
+    720 MiB; configs/grpo_smollm2.py's 512 MiB (sized for its 64 samples a step) would run
+    them in waves."""
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or (
+        config.hidden_size // config.num_attention_heads
+    )
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 4
+    longest = max(len(tokenizer(text).input_ids) for text in texts) + spec["max_new_tokens"]
+    blocks = -(-longest // VLLM_CPU_BLOCK)
+    tokens = max(
+        spec["prompts"] * spec["n"] * blocks * VLLM_CPU_BLOCK, config.max_position_embeddings
+    )
+    return max(64 * 2**20, tokens * per_token * 5 // 4)
+
+
+VLLM_CPU_BLOCK = 128  # tokens a KV block holds: vllm/platforms/cpu.py's default on CPUs
+
+
 def build_model(size: str, tokenizer: Any) -> Any:
     import torch
     import transformers
@@ -177,10 +202,13 @@ def run_engines(spec: dict[str, Any], size: str) -> dict[str, Any]:
     started = time.perf_counter()
     engines = {
         "hf": HFRolloutEngine(copy.deepcopy(model), hf_tokenizer, cpu),
-        # The real model's engine sized as configs/grpo_smollm2.py sizes it: one sequence of
-        # its whole 8,192-token context in fp32 needs 368 MiB.
+        # vLLM in its own best configuration: a KV cache that holds the whole call's
+        # sequences at once (a smaller one runs them in waves).
         "vllm": VLLMRolloutEngine(
-            model, vllm_tokenizer, cpu, kv_cache_bytes=(512 if size == REAL else 64) * 2**20
+            model,
+            vllm_tokenizer,
+            cpu,
+            kv_cache_bytes=kv_cache_bytes_for(model, hf_tokenizer, spec, texts),
         ),
     }
     startup = time.perf_counter() - started
@@ -333,19 +361,28 @@ def try_trl_colocate(spec: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run; figures mean nothing")
+    parser.add_argument(
+        "--sizes", nargs="+", choices=[*SIZES, REAL], help="part (1) at these sizes only"
+    )
+    parser.add_argument(
+        "--sampling-only", action="store_true", help="part (1) alone: no GRPO step, no TRL"
+    )
     args = parser.parse_args()
-    spec = QUICK if args.quick else FULL
+    spec = dict(QUICK if args.quick else FULL)
+    if args.sizes:
+        spec["sizes"] = args.sizes
+    skipped = {"ran": False, "error": "--sampling-only" if args.sampling_only else "--quick"}
     # The runs first: vLLM's engine started in this process sets LD_PRELOAD (its allocator)
     # in this process's environment, which the Ray workers started after it would inherit,
     # and no worker of a real run has.
-    vllm_step = run_rlstack_steps(spec, "vllm")
-    hf_step = run_rlstack_steps(spec, "hf") if spec["hf_step"] else None
+    vllm_step = None if args.sampling_only else run_rlstack_steps(spec, "vllm")
+    hf_step = run_rlstack_steps(spec, "hf") if spec["hf_step"] and vllm_step else None
     engines = {size: run_engines(spec, size) for size in spec["sizes"]}
-    trl_colocate = try_trl_colocate(spec) if spec["trl"] else {"ran": False, "error": "--quick"}
+    trl_colocate = try_trl_colocate(spec) if spec["trl"] and vllm_step else skipped
     real = engines.get(REAL)
     sampling_met = None if real is None else real["vllm_over_hf"] >= THROUGHPUT_TARGET
     step_met = None  # measured only where TRL's colocated vLLM runs
-    if trl_colocate["ran"]:
+    if trl_colocate["ran"] and vllm_step is not None:
         trl_step = trl_colocate["seconds_for_2_steps"] / 2
         step_met = trl_step / vllm_step["seconds_per_step_median"] >= STEP_TARGET
     report: dict[str, Any] = {
@@ -368,7 +405,7 @@ def main() -> None:
             "rlstack_vllm": vllm_step,
             "rlstack_hf": hf_step,
             "vllm_step_over_hf_step_speed": None
-            if hf_step is None
+            if hf_step is None or vllm_step is None
             else hf_step["seconds_per_step_median"] / vllm_step["seconds_per_step_median"],
             "trl_use_vllm_colocate": trl_colocate,
             "target": {"rlstack_over_trl_vllm_at_least": STEP_TARGET},

@@ -448,6 +448,20 @@ def reasoning_problems(overrides: list[str], *, for_run: bool) -> list[str]:
     return []
 
 
+def test_min_new_tokens_reaches_the_training_rollouts_and_never_exceeds_the_maximum() -> None:
+    from types import SimpleNamespace
+
+    from rlshell.runners.reasoning import ReasoningTrainer
+
+    # configs/grpo.py samples 4 tokens at most.
+    assert reasoning_problems(["rollout.min_new_tokens=5"], for_run=False) == [
+        "rollout.min_new_tokens: 5 tokens at least cannot fit rollout.max_new_tokens (4) at most"
+    ]
+    config = load_config(GRPO, ["rollout.min_new_tokens=4"])
+    params = ReasoningTrainer._sampling_params(SimpleNamespace(config=config))  # type: ignore[arg-type]
+    assert (params.min_new_tokens, params.max_new_tokens) == (4, 4)
+
+
 def test_sglang_is_refused_in_one_sentence_before_a_run() -> None:
     assert reasoning_problems(["rollout.backend=sglang"], for_run=True) == [SGLANG_REFUSAL]
     assert SGLANG_REFUSAL.count(". ") == 0  # one sentence

@@ -374,6 +374,10 @@ class RolloutConfig:
     ``gpu_memory_utilization``: the share of a GPU a vllm engine reserves
     for its weights and KV cache (refused with the hf engine, which reads no
     such setting, and where the vllm engine runs on CPUs).
+    ``min_new_tokens``: the training rollouts' responses get at least this many
+    tokens (the EOS token is held back until then: vLLM's ``min_tokens``, HF's
+    ``min_new_tokens``), at most ``max_new_tokens``; 0: the model decides. Evaluation
+    never holds EOS back.
     ``cpu_kv_cache_mb``: the host memory a vllm engine on CPUs reserves for
     its KV cache (vLLM's ``kv_cache_memory_bytes``); it bounds how many
     sequences it decodes at once.
@@ -404,6 +408,7 @@ class RolloutConfig:
     top_p: float = field(default=1.0, metadata=UNIT_OPEN_CLOSED)
     top_k: int = field(default=0, metadata=NON_NEGATIVE_INT)
     max_new_tokens: int = field(default=16, metadata=POSITIVE_INT)
+    min_new_tokens: int = field(default=0, metadata=NON_NEGATIVE_INT)
     gpu_memory_utilization: float = field(default=0.5, metadata=UNIT_OPEN_CLOSED)
     cpu_kv_cache_mb: float = field(default=256.0, metadata=POSITIVE)
     enable_offload: bool | None = None

@@ -266,6 +266,7 @@ class ReasoningTrainer(ReasoningRules):
             top_p=config.rollout.top_p,
             top_k=config.rollout.top_k,
             max_new_tokens=config.rollout.max_new_tokens,
+            min_new_tokens=config.rollout.min_new_tokens,
         )
 
     def _learn(

@@ -180,6 +180,7 @@ def embodied_unread(config: Config, who: str) -> dict[str, str]:
         "rollout.top_p": generation,
         "rollout.top_k": generation,
         "rollout.max_new_tokens": generation,
+        "rollout.min_new_tokens": generation,
         "rollout.gpu_memory_utilization": generation,
         "rollout.weight_sync": f"how the reasoning actor syncs a text-generation engine; {who} "
         "hands the policy's state to its rollout its own way",

@@ -281,6 +281,11 @@ def _update_problems(config: Config, plan: PlacementPlan | None) -> list[str]:
                 f"{algorithm.group_size} samples has {rows} rows, fewer than the actor's "
                 f"{ranks} data-parallel ranks; every rank needs a share"
             )
+    if config.rollout.min_new_tokens > config.rollout.max_new_tokens:
+        problems.append(
+            f"rollout.min_new_tokens: {config.rollout.min_new_tokens} tokens at least cannot "
+            f"fit rollout.max_new_tokens ({config.rollout.max_new_tokens}) at most"
+        )
     buffer = algorithm.overlong_buffer
     if buffer is not None and buffer > config.rollout.max_new_tokens:
         problems.append(
