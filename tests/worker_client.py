@@ -66,7 +66,8 @@ def main() -> None:
         status += chunk
     code = int(status or b"1")
     if code < 0:  # died of a signal: so does this process, as the raylet would have seen it
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # (their handlers cannot be set)
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     os._exit(code)
 
