@@ -264,8 +264,17 @@ def rlstack_trainer(spec: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]
         "algorithm.entropy_coef=0",
         "actor.optim.lr_scheduler=constant",
     ]
+    # Ray's CPUs: logical; the race's process and all it starts are held to CORES cores.
+    ray_cpus = CORES
     if spec["size"] == REAL:  # configs/grpo_smollm2.py: vLLM beside the actor, as it runs
-        overrides.append(f"rollout.min_new_tokens={spec['max_new_tokens']}")
+        # ... with a torch thread per core in the actor's process (the config's 1 CPU a
+        # worker gives it one thread: it shares the machine with evaluation runs), and
+        # room beside it for the reward worker's quarter of a CPU (Ray counts whole CPUs).
+        overrides += [
+            f"rollout.min_new_tokens={spec['max_new_tokens']}",
+            f"actor.cpus_per_worker={CORES}",
+        ]
+        ray_cpus += 1
         config = load_config(REAL_CONFIG, overrides)
     else:
         kwargs = model_kwargs(spec["size"], spec["max_new_tokens"])
@@ -275,7 +284,7 @@ def rlstack_trainer(spec: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]
     temp_dir = short_temp_dir()
     try:
         with Cluster(
-            num_cpus=CORES, temp_dir=temp_dir, runtime_env_vars=config.cluster.worker_env_vars
+            num_cpus=ray_cpus, temp_dir=temp_dir, runtime_env_vars=config.cluster.worker_env_vars
         ) as cluster:
             plan = plan_for(config, cluster.spec())
             started = time.perf_counter()
@@ -949,9 +958,11 @@ def main() -> None:
             f"gathered weights: rollout.weight_sync={WEIGHT_SYNC}), reward in its own worker "
             f"(2 scoring processes); Ray on {CORES} CPUs, workers at nice 0; "
             "taking turns step by step with each TRL setup, no two steps at once. "
-            f"{REAL}: configs/grpo_smollm2.py, one FSDP2 rank (2 threads) with vLLM's CPU "
-            "engine in its process (weights reloaded in place after each update, "
-            "rollout.min_new_tokens = max_new_tokens), reward in its own worker"
+            f"{REAL}: configs/grpo_smollm2.py, one FSDP2 rank ({CORES} torch threads: "
+            f"actor.cpus_per_worker={CORES}) with vLLM's CPU engine in its process (weights "
+            "reloaded in place after each update, rollout.min_new_tokens = max_new_tokens), "
+            "reward in its own worker (one logical CPU more for Ray, on the same "
+            f"{CORES} cores)"
         ),
         "baseline": (
             "trl.GRPOTrainer(use_cpu=True, bf16=False, gradient_checkpointing=False) in each "

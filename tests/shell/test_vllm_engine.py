@@ -173,6 +173,23 @@ def test_sampling_is_grouped_repeatable_and_each_row_has_its_own_stream(
         assert torch.all(logprobs[:valid] <= 0)
 
 
+def test_seeded_sampling_of_more_prompt_tokens_than_one_scheduler_step_takes(
+    engines: tuple[HFRolloutEngine, VLLMRolloutEngine],
+) -> None:
+    """vLLM's CPU build schedules at most 4,096 tokens a step (max_num_batched_tokens); a
+    prompt cut at that budget (chunked prefill) samples a token to discard, and rewinding
+    its seeded generator raised "CPU Generator does not use offset" (SmolLM2's 128 chat
+    prompts of 45 tokens met it). The engine prefills whole prompts only."""
+    _, vllm = engines
+    long_prompt = "+".join(str(i % 10) for i in range(25)) + "="  # 50 tokens of the 64
+    prompts = [f"{i % 10}{long_prompt}" for i in range(48)]  # x n=2: 96 rows, 4,900 tokens
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=4, min_new_tokens=4)
+    batch = vllm.generate(prompts, params, seed=5)
+    assert int(batch.prompt_mask.sum()) > 4096
+    assert batch.rows == 96
+    assert torch.equal(batch.response_ids, vllm.generate(prompts, params, seed=5).response_ids)
+
+
 class _Switch:
     """New weights waiting once ``pending`` has been asked ``at`` times (None: never)."""
 

@@ -107,6 +107,7 @@ class VLLMRolloutEngine:
                 dtype,
                 kv_cache_bytes if device.type == "cpu" else None,
                 gpu_memory_utilization,
+                _whole_prompt_budget(self.model) if device.type == "cpu" else None,
             )
         self.last_push_s = 0.0
 
@@ -417,8 +418,26 @@ def _check_platform(device: torch.device) -> None:
         )
 
 
+# Tokens vLLM's CPU build schedules in one step by default (its max_num_batched_tokens).
+_CPU_STEP_TOKENS = 4096
+
+
+def _whole_prompt_budget(model: nn.Module) -> int:
+    """A step's token budget on CPUs with prompts never cut: vLLM prefills a prompt cut at
+    the budget in pieces (chunked prefill), samples a token after each piece to discard,
+    and rewinds a seeded request's generator for it, which CPU generators cannot do
+    ("CPU Generator does not use offset"). Without chunked prefill the budget must hold
+    the longest prompt, the model's context."""
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return max(_CPU_STEP_TOKENS, context if isinstance(context, int) else 0)
+
+
 def _start_llm(
-    model_dir: Path, dtype: torch.dtype, kv_cache_bytes: int | None, gpu_memory_utilization: float
+    model_dir: Path,
+    dtype: torch.dtype,
+    kv_cache_bytes: int | None,
+    gpu_memory_utilization: float,
+    whole_prompts_budget: int | None,
 ) -> LLM:
     # The engine core runs in this process (not a spawned one), so `collective_rpc` reaches
     # the worker here, and callers need no `if __name__ == "__main__"` guard.
@@ -440,6 +459,9 @@ def _start_llm(
             logprobs_mode="processed_logprobs",
             seed=0,
             disable_log_stats=True,
+            # On CPUs (a budget given): whole prompts only (`_whole_prompt_budget`).
+            enable_chunked_prefill=False if whole_prompts_budget is not None else None,
+            max_num_batched_tokens=whole_prompts_budget,
         )
     finally:
         torch.set_num_threads = set_num_threads
