@@ -30,7 +30,11 @@ Prints one JSON object. ``--quick`` is a smoke run (the small model, a small
 batch, a few calls; its figures mean nothing).
 
     RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/rollout_engines.py [--quick] \\
-        [--sizes 135M ...] [--sampling-only]
+        [--sizes 135M ...] [--sampling-only] [--alone]
+
+``--alone`` adds part (1) with each engine alone in a fresh process of its own, HF then
+vLLM, twice: what one process with both costs each (they share torch's OpenMP pool,
+which vLLM's CPU worker binds to the cores at start).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -188,7 +193,8 @@ def build_model(size: str, tokenizer: Any) -> Any:
 # (1) Sampling throughput
 
 
-def run_engines(spec: dict[str, Any], size: str) -> dict[str, Any]:
+def run_engines(spec: dict[str, Any], size: str, only: str | None = None) -> dict[str, Any]:
+    """Both engines in this process, alternating call by call (``only``: that engine alone)."""
     import copy
 
     import torch
@@ -200,17 +206,18 @@ def run_engines(spec: dict[str, Any], size: str) -> dict[str, Any]:
     model, hf_tokenizer, vllm_tokenizer, texts = model_and_tokenizers(size, spec["prompts"])
     cpu = torch.device("cpu")
     started = time.perf_counter()
-    engines = {
-        "hf": HFRolloutEngine(copy.deepcopy(model), hf_tokenizer, cpu),
+    engines: dict[str, Any] = {}
+    if only in (None, "hf"):
+        engines["hf"] = HFRolloutEngine(copy.deepcopy(model), hf_tokenizer, cpu)
+    if only in (None, "vllm"):
         # vLLM in its own best configuration: a KV cache that holds the whole call's
         # sequences at once (a smaller one runs them in waves).
-        "vllm": VLLMRolloutEngine(
+        engines["vllm"] = VLLMRolloutEngine(
             model,
             vllm_tokenizer,
             cpu,
             kv_cache_bytes=kv_cache_bytes_for(model, hf_tokenizer, spec, texts),
-        ),
-    }
+        )
     startup = time.perf_counter() - started
     params = SamplingParams(
         n=spec["n"],
@@ -244,8 +251,33 @@ def run_engines(spec: dict[str, Any], size: str) -> dict[str, Any]:
             "best_threads": best,
             "tokens_per_s": medians[best],
         }
-    out["vllm_over_hf"] = out["vllm"]["tokens_per_s"] / out["hf"]["tokens_per_s"]
+    if only is None:
+        out["vllm_over_hf"] = out["vllm"]["tokens_per_s"] / out["hf"]["tokens_per_s"]
     return out
+
+
+def run_engines_alone(spec: dict[str, Any], size: str, rounds: int = 2) -> dict[str, Any]:
+    """Each engine alone in a fresh process of its own (``--child-engine``), HF then vLLM,
+    ``rounds`` times; each engine's figure the median of its rounds' best-thread medians."""
+    by_engine: dict[str, list[dict[str, Any]]] = {"hf": [], "vllm": []}
+    for _ in range(rounds):
+        for engine in by_engine:
+            with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
+                command = [sys.executable, __file__, "--child-engine", engine, size, out.name]
+                if spec is QUICK:
+                    command.append("--quick")
+                subprocess.run(command, check=True, cwd=ROOT)
+                by_engine[engine].append(json.loads(Path(out.name).read_text())[engine])
+    result: dict[str, Any] = {
+        engine: {
+            "tokens_per_s_by_round": [r["tokens_per_s"] for r in runs],
+            "best_threads_by_round": [r["best_threads"] for r in runs],
+            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
+        }
+        for engine, runs in by_engine.items()
+    }
+    result["vllm_over_hf"] = result["vllm"]["tokens_per_s"] / result["hf"]["tokens_per_s"]
+    return result
 
 
 # ---------------------------------------------------------------------------
@@ -367,7 +399,18 @@ def main() -> None:
     parser.add_argument(
         "--sampling-only", action="store_true", help="part (1) alone: no GRPO step, no TRL"
     )
+    parser.add_argument(
+        "--alone",
+        action="store_true",
+        help="part (1) also with each engine alone in a process of its own, alternating",
+    )
+    parser.add_argument("--child-engine", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child_engine:
+        engine, size, out_path = args.child_engine
+        child_spec = QUICK if args.quick else FULL
+        Path(out_path).write_text(json.dumps(run_engines(child_spec, size, only=engine)))
+        return
     spec = dict(QUICK if args.quick else FULL)
     if args.sizes:
         spec["sizes"] = args.sizes
@@ -378,6 +421,11 @@ def main() -> None:
     vllm_step = None if args.sampling_only else run_rlstack_steps(spec, "vllm")
     hf_step = run_rlstack_steps(spec, "hf") if spec["hf_step"] and vllm_step else None
     engines = {size: run_engines(spec, size) for size in spec["sizes"]}
+    if args.alone:
+        for size in spec["sizes"]:
+            engines[size]["each_alone_in_its_process"] = run_engines_alone(
+                QUICK if args.quick else FULL, size
+            )
     trl_colocate = try_trl_colocate(spec) if spec["trl"] and vllm_step else skipped
     real = engines.get(REAL)
     sampling_met = None if real is None else real["vllm_over_hf"] >= THROUGHPUT_TARGET
