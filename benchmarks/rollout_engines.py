@@ -256,7 +256,7 @@ def run_engines(spec: dict[str, Any], size: str, only: str | None = None) -> dic
     return out
 
 
-def run_engines_alone(spec: dict[str, Any], size: str, rounds: int = 2) -> dict[str, Any]:
+def run_engines_alone(size: str, quick: bool, rounds: int = 2) -> dict[str, Any]:
     """Each engine alone in a fresh process of its own (``--child-engine``), HF then vLLM,
     ``rounds`` times; each engine's figure the median of its rounds' best-thread medians."""
     by_engine: dict[str, list[dict[str, Any]]] = {"hf": [], "vllm": []}
@@ -264,7 +264,7 @@ def run_engines_alone(spec: dict[str, Any], size: str, rounds: int = 2) -> dict[
         for engine in by_engine:
             with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
                 command = [sys.executable, __file__, "--child-engine", engine, size, out.name]
-                if spec is QUICK:
+                if quick:
                     command.append("--quick")
                 subprocess.run(command, check=True, cwd=ROOT)
                 by_engine[engine].append(json.loads(Path(out.name).read_text())[engine])
@@ -423,9 +423,7 @@ def main() -> None:
     engines = {size: run_engines(spec, size) for size in spec["sizes"]}
     if args.alone:
         for size in spec["sizes"]:
-            engines[size]["each_alone_in_its_process"] = run_engines_alone(
-                QUICK if args.quick else FULL, size
-            )
+            engines[size]["each_alone_in_its_process"] = run_engines_alone(size, args.quick)
     trl_colocate = try_trl_colocate(spec) if spec["trl"] and vllm_step else skipped
     real = engines.get(REAL)
     sampling_met = None if real is None else real["vllm_over_hf"] >= THROUGHPUT_TARGET
