@@ -49,7 +49,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks configs docs/examples examples
 
 typecheck: $(STAMP)
-	$(TYPECHECK_NICE) $(VENV)/bin/mypy src docs/examples examples/typed_extension examples/custom_policy examples/jax_ppo_cartpole.py
+	$(TYPECHECK_NICE) $(VENV)/bin/mypy src docs/examples examples/typed_extension examples/custom_policy examples/jax_ppo_cartpole.py examples/recording_engine.py
 
 # pytest exits 5 when it collected nothing: that is a broken suite, never a pass.
 pytest: $(STAMP)

@@ -105,7 +105,8 @@ def _batch(size: str, prompts: int, tokenizer_dir: str) -> tuple[Any, torch.Tens
 
 
 def _rank(rank: int, port: int, work: str, plan: dict[str, Any]) -> None:
-    from rlshell.workers.actor import ActorWorker, compute_advantages
+    from rlshell.rollout.advantages import compute_advantages
+    from rlshell.workers.actor import ActorWorker
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

@@ -40,7 +40,9 @@
     in its own process(es) waiting at the start of every step, and the
     rlstack trainer. They take turns step by step (step i of each TRL setup,
     then the rlstack step on the same prompts), no two steps at once, so that
-    load from other processes on a shared machine falls on all alike; Ray's
+    load from other processes on a shared machine falls on all alike (at the
+    real size the sides do not fit in memory together: each runs all its steps
+    alone, one after the other, `run_one_at_a_time`, on an idle machine); Ray's
     workers run at nice 0 like the rest (``RAY_worker_niceness=0``; Ray's
     default is 15, which lets any other process starve the ranks). The first
     step of each is a warm-up, not timed; a TRL setup whose warm-up step
@@ -134,6 +136,10 @@ REAL = "135M"
 # would make a TRL step of the real model take minutes).
 REAL_CONFIG = ROOT / "configs" / "grpo_smollm2.py"
 REAL_WORKLOAD = {"prompts": 8, "group_size": 8, "max_new_tokens": 24, "warmup": 1, "steps": 3}
+# ... one side alive at a time: a TRL process of the real model holds 6-8 GB (its logits over
+# 49,152 tokens for 64 samples), the rlstack actor with vLLM 8.7 GB; the four TRL processes
+# and rlstack together exceed the machine's 24 GB (the kernel killed a torchrun rank).
+REAL_ONE_AT_A_TIME = True
 FULL = {
     "sizes": ["0.5M", "5M", REAL],
     "prompts": 16,
@@ -270,11 +276,12 @@ def rlstack_trainer(spec: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]
         # ... with a torch thread per core in the actor's process (the config's 1 CPU a
         # worker gives it one thread: it shares the machine with evaluation runs), and
         # room beside it for the reward worker's quarter of a CPU (Ray counts whole CPUs).
+        ray_cpus += 1
         overrides += [
             f"rollout.min_new_tokens={spec['max_new_tokens']}",
             f"actor.cpus_per_worker={CORES}",
+            f"cluster.num_cpus={ray_cpus}",  # what the plan is checked against: this Ray's
         ]
-        ray_cpus += 1
         config = load_config(REAL_CONFIG, overrides)
     else:
         kwargs = model_kwargs(spec["size"], spec["max_new_tokens"])
@@ -336,6 +343,8 @@ def run_race(spec: dict[str, Any]) -> dict[str, Any]:
     from rlshell.data import PromptExample
 
     batches = [[PromptExample(p, a) for p, a in batch] for batch in spec["batches"]]
+    if spec.get("one_at_a_time"):
+        return run_one_at_a_time(spec, batches)
     rlstack_steps: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="grpo-trl") as scratch, ExitStack() as stack:
         setups = trl_setups(len(os.sched_getaffinity(0)))
@@ -363,6 +372,33 @@ def run_race(spec: dict[str, Any]) -> dict[str, Any]:
         baselines = {name: contestant.summary() for name, contestant in contestants.items()}
     warmup = spec["warmup"]
     return {"rlstack": rlstack_summary(rlstack_steps[warmup:], startup), "trl": baselines}
+
+
+def run_one_at_a_time(spec: dict[str, Any], batches: list[list[Any]]) -> dict[str, Any]:
+    """The race where its sides do not fit in memory together (the real model): each TRL
+    setup in turn runs all its steps alone, then stops, then the rlstack trainer runs its.
+    No two steps overlap here either; load from other processes no longer falls on all
+    sides alike, so it runs on an idle machine. A setup whose warm-up step took over
+    ``DROP_SLOWER_THAN``× the fastest warm-up so far is stopped there (the reference runs
+    first and is always timed)."""
+    baselines: dict[str, Any] = {}
+    fastest_warmup = float("inf")
+    with tempfile.TemporaryDirectory(prefix="grpo-trl") as scratch:
+        for name, setup in trl_setups(len(os.sched_getaffinity(0))).items():
+            with TRLContestant.launch(spec, name, setup, Path(scratch)) as contestant:
+                contestant.wait_ready()
+                for index in range(len(batches)):
+                    contestant.step()
+                    if index == spec["warmup"] - 1:
+                        warmup = contestant.step_seconds[-1]
+                        if warmup > DROP_SLOWER_THAN * fastest_warmup:
+                            contestant.drop()
+                            break
+                        fastest_warmup = min(fastest_warmup, warmup)
+                baselines[name] = contestant.summary()
+    with rlstack_trainer(spec) as (trainer, startup):
+        rlstack_steps = [trainer.train_on(index + 1, batch) for index, batch in enumerate(batches)]
+    return {"rlstack": rlstack_summary(rlstack_steps[spec["warmup"] :], startup), "trl": baselines}
 
 
 def drop_the_slow(contestants: list[TRLContestant]) -> None:
@@ -896,7 +932,7 @@ def main() -> None:
             key: plan[key] for key in ("prompts", "group_size", "max_new_tokens", "warmup", "steps")
         }
         if size == REAL:
-            workload.update(REAL_WORKLOAD)
+            workload.update(REAL_WORKLOAD, one_at_a_time=REAL_ONE_AT_A_TIME)
         count = workload["warmup"] + workload["steps"]
         batches = prompt_batches(workload["prompts"], count, size)
         spec = {**workload, "batches": batches, "quick": args.quick, "size": size}

@@ -62,8 +62,11 @@ def run_row(name: str, overrides: list[str], steps: int, out: Path) -> dict[str,
         *overrides,
         f"runner.max_steps={steps}",
         "runner.eval_interval=0",
+        # No checkpoint: the config's keep_last and export_hf set back to their defaults,
+        # which a run without checkpoints accepts (set otherwise, they are refused as unread).
         "checkpoint.interval=0",
-        "checkpoint.export_hf=false",
+        "checkpoint.keep_last=2",
+        "checkpoint.export_hf=true",
         f"runner.experiment_name={name}",
         f"runner.output_dir={out}",
     ]

@@ -230,3 +230,20 @@ def test_packing_quick_run_prints_the_expected_json() -> None:
     assert budget["packed_vs_padded"] > 0
     assert budget["cpu_packed_vs_padded"] > 0
     assert 0 < budget["padding_share"] < 1
+
+
+@pytest.mark.xdist_group("real_model")
+def test_tool_call_rate_quick_run_prints_the_expected_json() -> None:
+    report = quick_run("tool_call_rate.py")
+    assert report["benchmark"] == "tool_call_rate"
+    assert report["quick"] is True
+    assert list(report["rows"]) == [
+        "system_prompt_only",
+        "example_in_system_prompt",
+        "one_example_turns",
+        "three_example_turns",
+    ]
+    for row in report["rows"].values():
+        assert row["samples"] == 4
+        assert 0 <= row["calls"] <= 4
+        assert row["rate_95"][0] <= row["rate"] <= row["rate_95"][1]

@@ -117,6 +117,13 @@ RUN_HERE = {
     ".venv/bin/python -m rlshell.train configs/grpo_smollm2_lora.py --dry-run",
 }
 COVERED_ELSEWHERE = {
+    "RLSHELL_EXT_MODULE=recording_engine PYTHONPATH=examples .venv/bin/python -m rlshell.train "
+    "configs/grpo.py rollout.backend=recording_hf rollout.engine_options.record_path="
+    "/tmp/calls.jsonl": (
+        "tests/shell/test_engine_plugins.py::"
+        "test_an_engine_from_an_extension_module_runs_the_reasoning_runner runs it for 2 steps "
+        "(smaller batches) and reads the record"
+    ),
     ".venv/bin/python -m rlshell.train configs/grpo_smollm2_lora.py": (
         "its dry run is run here; tests/shell/test_real_model.py's LoRA test trains LoRA "
         "adapters on every linear layer of the same model for 2 steps (vLLM sampling, the "

@@ -628,5 +628,6 @@ POLICY_LOSSES.register(
     "decoupled_ppo",
     _decoupled_ppo,
     reads=("clip_low", "clip_high", "dual_clip", "behavior_weight_cap", "agg"),
+    needs=("proximal_logprobs",),
 )
 POLICY_LOSSES.register("vanilla", _vanilla, reads=("agg",))

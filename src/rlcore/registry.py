@@ -21,6 +21,13 @@ entry that ignores them:
     ADVANTAGES.ignores("grpo")   # frozenset({'gamma', 'lam', 'whiten', 'baseline_form'})
 
 An entry registered without ``reads`` is taken to read every hyperparameter.
+
+An entry may also say which optional inputs (fields of the batch record it is called
+with that default to None) it needs, so that a caller fills them for it and for no
+other, by the entry's word rather than by its name:
+
+    POLICY_LOSSES.register("decoupled_ppo", fn, needs=("proximal_logprobs",))
+    POLICY_LOSSES.needs("decoupled_ppo")   # frozenset({'proximal_logprobs'})
 """
 
 from __future__ import annotations
@@ -51,12 +58,18 @@ class Registry(Generic[T]):
     """
 
     def __init__(
-        self, kind: str, hyperparameters: Iterable[str] = (), builtins: str | None = None
+        self,
+        kind: str,
+        hyperparameters: Iterable[str] = (),
+        builtins: str | None = None,
+        optional_inputs: Iterable[str] = (),
     ) -> None:
         self.kind = kind
         self.hyperparameters = frozenset(hyperparameters)
+        self.optional_inputs = frozenset(optional_inputs)
         self._entries: dict[str, T] = {}
         self._reads: dict[str, frozenset[str] | None] = {}
+        self._needs: dict[str, frozenset[str]] = {}
         self._builtins = builtins
 
     def _with_builtins(self) -> dict[str, T]:
@@ -71,7 +84,13 @@ class Registry(Generic[T]):
 
     @overload
     def register(
-        self, name: str, entry: T, force: bool = False, *, reads: Iterable[str] | None = None
+        self,
+        name: str,
+        entry: T,
+        force: bool = False,
+        *,
+        reads: Iterable[str] | None = None,
+        needs: Iterable[str] = (),
     ) -> T: ...
 
     @overload
@@ -82,6 +101,7 @@ class Registry(Generic[T]):
         force: bool = False,
         *,
         reads: Iterable[str] | None = None,
+        needs: Iterable[str] = (),
     ) -> Callable[[T], T]: ...
 
     def register(
@@ -91,26 +111,33 @@ class Registry(Generic[T]):
         force: bool = False,
         *,
         reads: Iterable[str] | None = None,
+        needs: Iterable[str] = (),
     ) -> T | Callable[[T], T]:
         """Register ``entry`` under ``name``; without ``entry``, return a decorator.
 
-        ``reads``: the hyperparameters the entry uses (None: any of them).
+        ``reads``: the hyperparameters the entry uses (None: any of them). ``needs``: the
+        optional inputs it must be given (``optional_inputs``; none by default).
         """
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"{self.kind} names must be non-empty strings, got {name!r}")
         if entry is None:
 
             def decorator(item: T) -> T:
-                return self.register(name, item, force=force, reads=reads)
+                return self.register(name, item, force=force, reads=reads, needs=needs)
 
             return decorator
         self._with_builtins()
         declared = None if reads is None else self._checked_reads(name, reads)
+        needed = self._checked_needs(name, needs)
         # Registering an equal entry again (an extension loaded twice) is not a replacement.
         if (
             name in self._entries
             and not force
-            and (self._entries[name] != entry or self._reads[name] != declared)
+            and (
+                self._entries[name] != entry
+                or self._reads[name] != declared
+                or self._needs[name] != needed
+            )
         ):
             raise KeyError(
                 f"{self.kind} '{name}' is already registered "
@@ -118,19 +145,34 @@ class Registry(Generic[T]):
             )
         self._entries[name] = entry
         self._reads[name] = declared
+        self._needs[name] = needed
         return entry
 
     def _checked_reads(self, name: str, reads: Iterable[str]) -> frozenset[str]:
-        if isinstance(reads, str):
-            raise TypeError(f"{self.kind} '{name}': reads is a collection of names, got {reads!r}")
-        declared = frozenset(reads)
-        unknown = sorted(declared - self.hyperparameters)
+        return self._checked(name, "reads", reads, self.hyperparameters, "hyperparameters")
+
+    def _checked_needs(self, name: str, needs: Iterable[str]) -> frozenset[str]:
+        return self._checked(name, "needs", needs, self.optional_inputs, "optional inputs")
+
+    def _checked(
+        self, name: str, verb: str, given: Iterable[str], known: frozenset[str], what: str
+    ) -> frozenset[str]:
+        """``given`` as a set, each one of ``known`` (``verb``: the argument's name)."""
+        if isinstance(given, str):
+            raise TypeError(f"{self.kind} '{name}': {verb} is a collection of names, got {given!r}")
+        declared = frozenset(given)
+        unknown = sorted(declared - known)
         if unknown:
-            known = ", ".join(sorted(self.hyperparameters)) or "none"
+            listed = ", ".join(sorted(known)) or "none"
             raise ValueError(
-                f"{self.kind} '{name}' reads unknown hyperparameters {unknown}; known: {known}"
+                f"{self.kind} '{name}' {verb} unknown {what} {unknown}; known: {listed}"
             )
         return declared
+
+    def needs(self, name: str) -> frozenset[str]:
+        """The optional inputs the entry ``name`` must be given (empty when it said none)."""
+        self.get(name)
+        return self._needs[name]
 
     def reads(self, name: str) -> frozenset[str] | None:
         """The hyperparameters the entry ``name`` uses; None when it did not say (any of them)."""
@@ -164,6 +206,7 @@ class Registry(Generic[T]):
         entry = self.get(name)
         del self._entries[name]
         del self._reads[name]
+        del self._needs[name]
         return entry
 
     def __contains__(self, name: object) -> bool:
@@ -196,4 +239,5 @@ POLICY_LOSSES: Registry[PolicyLoss] = Registry(
     "policy loss",
     hyperparameters=("clip_low", "clip_high", "dual_clip", "behavior_weight_cap", "agg"),
     builtins="rlcore.losses",
+    optional_inputs=("proximal_logprobs",),
 )

@@ -337,18 +337,23 @@ def _word_problem(boxes: int, each: int, more: int) -> PromptExample:
 
 
 def render_chat(
-    examples: Sequence[PromptExample], tokenizer: Any, system_prompt: str | None = None
+    examples: Sequence[PromptExample],
+    tokenizer: Any,
+    system_prompt: str | None = None,
+    few_shot: Sequence[tuple[str, str]] = (),
 ) -> list[PromptExample]:
     """``examples`` with each prompt made the user's turn of a conversation, rendered by the
     tokenizer's own chat template up to the assistant's turn (``add_generation_prompt``):
-    after a system turn of ``system_prompt`` when given. Answers are unchanged. Raises
-    ValueError when the tokenizer has no chat template."""
+    after a system turn of ``system_prompt`` when given, and the ``few_shot`` turns
+    (``(role, text)`` pairs) after it. Answers are unchanged. Raises ValueError when the
+    tokenizer has no chat template."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "data.chat_template: the model's tokenizer has no chat template (the character "
             "tokenizer of models built here has none); leave data.chat_template false"
         )
     system = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
+    system += [{"role": role, "content": text} for role, text in few_shot]
     return [
         PromptExample(
             prompt=str(
@@ -493,11 +498,12 @@ def load_prompts(
 ) -> list[PromptExample]:
     """`load_dataset`'s ``split`` as the model reads it: with ``data.chat_template``, each
     prompt rendered by the model's chat template (`render_chat`, after
-    ``data.system_prompt``); ``tokenizer`` is called for the tokenizer only then."""
+    ``data.system_prompt`` and ``data.few_shot``); ``tokenizer`` is called for the tokenizer
+    only then."""
     examples = load_dataset(cfg, split)
     if not cfg.chat_template or not examples:
         return examples
-    return render_chat(examples, tokenizer(), cfg.system_prompt)
+    return render_chat(examples, tokenizer(), cfg.system_prompt, cfg.few_shot)
 
 
 def load_conversations(cfg: DataConfig, split: Split) -> list[list[Message]]:

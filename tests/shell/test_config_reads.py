@@ -262,7 +262,12 @@ def candidates(tp: Any, current: Any) -> Iterator[Any]:
         yield "rlshell-test"
     elif origin is tuple:
         member = args[0]
-        pool = list(get_args(member)) if get_origin(member) is Literal else ["rlshell_test"]
+        if get_origin(member) is Literal:
+            pool = list(get_args(member))
+        elif get_origin(member) is tuple:  # a record of fields: one candidate for each
+            pool = [tuple(next(candidates(field, None)) for field in get_args(member))]
+        else:
+            pool = ["rlshell_test"]
         yield from ((*current, choice) for choice in pool if choice not in (current or ()))
         if current:
             yield tuple(current[:-1])

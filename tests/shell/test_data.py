@@ -283,6 +283,30 @@ def test_prompts_are_rendered_by_the_chat_template_with_the_system_prompt() -> N
     )
 
 
+def test_few_shot_turns_come_between_the_system_turn_and_each_prompt() -> None:
+    shots = (
+        ("user", "What is 12 + 9?"),
+        ("assistant", "<call>12 + 9</call>"),
+        ("tool", "21"),
+        ("assistant", "21"),
+    )
+    (rendered,) = render_chat(
+        [PromptExample("What is 2 + 3?", "5")], ChatTokenizer(), "Calc.", shots
+    )
+    assert rendered == PromptExample(
+        "<|im_start|>system\nCalc.<|im_end|>\n<|im_start|>user\nWhat is 12 + 9?<|im_end|>\n"
+        "<|im_start|>assistant\n<call>12 + 9</call><|im_end|>\n<|im_start|>tool\n21<|im_end|>\n"
+        "<|im_start|>assistant\n21<|im_end|>\n<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n"
+        "<|im_start|>assistant\n",
+        "5",
+    )
+    chat = DataConfig(num_val=2, phrasing="question", chat_template=True, few_shot=shots)
+    plain = DataConfig(num_val=2, phrasing="question")
+    assert load_prompts(chat, "val", ChatTokenizer) == render_chat(
+        load_dataset(plain, "val"), ChatTokenizer(), None, shots
+    )
+
+
 def test_a_tokenizer_without_a_chat_template_is_refused() -> None:
     from rlshell.tokenizer import build_char_tokenizer
 

@@ -26,9 +26,10 @@ from rlshell.config import Config
 from rlshell.models import get_model
 from rlshell.models.lora import MergedLoRAWeights, lora_layers
 from rlshell.rollout import RolloutBatch, SamplingParams
+from rlshell.rollout.advantages import compute_advantages
 from rlshell.runners.validation import load_config
 from rlshell.tokenizer import prepare_tokenizer, with_tokenizer_ids
-from rlshell.workers.actor import ActorWorker, compute_advantages, policy_forward
+from rlshell.workers.actor import ActorWorker, policy_forward
 
 GRPO = Path("configs/grpo.py")
 LORA = ["actor.model.is_lora=true", "actor.model.lora_rank=4", "actor.model.lora_alpha=8"]

@@ -70,7 +70,8 @@ def _batch(config: Config, tokenizer_dir: str) -> tuple[Any, torch.Tensor]:
 
 
 def _worker(rank: int, port: int, work: str) -> None:
-    from rlshell.workers.actor import ActorWorker, compute_advantages
+    from rlshell.rollout.advantages import compute_advantages
+    from rlshell.workers.actor import ActorWorker
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

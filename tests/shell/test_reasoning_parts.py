@@ -30,10 +30,11 @@ from rlshell.engines.rollout.hf import HFRolloutEngine
 from rlshell.engines.training.fsdp import FSDPModelManager, build_lr_lambda, wrap_units
 from rlshell.models import get_model
 from rlshell.rollout import RolloutBatch, SamplingParams
+from rlshell.rollout.advantages import compute_advantages
 from rlshell.runners.reasoning import _interleave_order
 from rlshell.runners.validation import load_config
 from rlshell.tokenizer import prepare_tokenizer, with_tokenizer_ids
-from rlshell.workers.actor import compute_advantages, old_logprobs_and_weights, policy_forward
+from rlshell.workers.actor import old_logprobs_and_weights, policy_forward
 
 GRPO = Path("configs/grpo.py")
 

@@ -23,13 +23,13 @@ from rlshell.config import Config
 from rlshell.engines.rollout.hf import HFRolloutEngine
 from rlshell.models import get_model
 from rlshell.rollout import RolloutBatch, SamplingParams
+from rlshell.rollout.advantages import compute_advantages
 from rlshell.runners.rules.reasoning import optimizer_steps_per_batch
 from rlshell.runners.validation import load_config
 from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
 from rlshell.workers.actor import (
     ActorWorker,
     NonFiniteLossError,
-    compute_advantages,
     policy_forward,
     update_schedule,
 )

@@ -708,7 +708,11 @@ class WorkerGroup(Generic[W]):
             time.sleep(0.5)
         node_rank = self._plan.workers[rank].node_rank if self._plan is not None else None
         on_node = []
-        groups = self._cluster._groups() if self._cluster is not None else [self]
+        groups = (
+            [group for group in self._cluster._tracked() if isinstance(group, WorkerGroup)]
+            if self._cluster is not None
+            else [self]
+        )
         for group in groups:
             ranks = [i.rank for i in group._infos if i is not None and i.node_id == info.node_id]
             if ranks:

@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import Any, Protocol, cast
 
 import ray
 from ray.util.placement_group import (
@@ -47,9 +47,6 @@ from rlshell.cluster.placement import (
 from rlshell.config import TRACE_ENV_VAR, WORKER_MALLOC_ENV
 from rlshell.extensions import ENV_VAR as EXT_MODULE_ENV_VAR
 from rlshell.extensions import OBJECTS_ENV_VAR
-
-if TYPE_CHECKING:
-    from rlshell.cluster.group import WorkerGroup
 
 # Where Hub ids resolve and whether they may download (`rlshell.hub`); tokens are not sent.
 HUB_ENV_VARS = ("HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT")
@@ -462,11 +459,9 @@ class Cluster:
         self._check_open()
         self._stoppables.append(stoppable)
 
-    def _groups(self) -> list[WorkerGroup[Any]]:
-        """The worker groups this cluster launched and has not shut down."""
-        from rlshell.cluster.group import WorkerGroup  # it imports this module
-
-        return [group for group in self._stoppables if isinstance(group, WorkerGroup)]
+    def _tracked(self) -> list[_Stoppable]:
+        """What this cluster launched and has not shut down (its worker groups among them)."""
+        return list(self._stoppables)
 
     def _untrack(self, stoppable: _Stoppable) -> None:
         if stoppable in self._stoppables:

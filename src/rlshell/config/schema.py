@@ -273,6 +273,9 @@ class MegatronConfig:
 class ActorConfig:
     """The trained policy: model, optimizer, FSDP and the micro-batch budget.
 
+    ``backend``: the registered training backend
+    (`rlshell.engines.training.TRAINING_BACKENDS`: ``fsdp``, ``megatron``; a plug-in
+    registers its own with `rlshell.engines.training.register_training_backend`).
     ``enable_offload``: null (auto) moves the optimizer state and, unless
     ``rollout.weight_sync`` is ``shared``, the parameters to host memory while
     the rollout generates, wherever the plan has the actor time-share a GPU
@@ -291,7 +294,7 @@ class ActorConfig:
     model: ModelConfig = Factory(ModelConfig)
     optim: OptimConfig = Factory(OptimConfig)
     fsdp_config: FSDPConfig = Factory(FSDPConfig)
-    backend: Literal["fsdp", "megatron"] = "fsdp"
+    backend: str = "fsdp"
     megatron: MegatronConfig = Factory(MegatronConfig)
     micro_batch_max_tokens: int = field(default=4096, metadata=POSITIVE_INT)
     # Prompts (each with its algorithm.group_size samples) per optimizer step of the
@@ -363,6 +366,11 @@ class CriticConfig:
 class RolloutConfig:
     """Sampling: the engine, its parallelism, the sampling parameters and the weight sync.
 
+    ``backend``: the registered rollout engine (`rlshell.engines.rollout.ROLLOUT_ENGINES`:
+    ``hf``, ``vllm``; ``sglang`` is planned but not run here; a plug-in registers its
+    own with `rlshell.engines.rollout.register_rollout_engine`). ``engine_options``:
+    that engine's own options, checked against the record it registered (the built-in
+    engines take none).
     ``precision``: the engine's weights (null: the actor model's
     ``precision``); the actor's weights are cast to it when synced, which is
     what makes ``patch`` small (few bf16 values change per optimizer step).
@@ -401,7 +409,7 @@ class RolloutConfig:
     rollouts). Off, a worker switches versions only between two requests.
     """
 
-    backend: Literal["hf", "vllm", "sglang"] = "hf"
+    backend: str = "hf"
     precision: Precision | None = None
     tensor_parallel_size: int = field(default=1, metadata=POSITIVE_INT)
     temperature: float = field(default=1.0, metadata=POSITIVE)
@@ -418,6 +426,7 @@ class RolloutConfig:
     pipeline_stage_num: int = field(default=1, metadata=POSITIVE_INT)
     compile: bool = False
     partial_rollouts: bool = False
+    engine_options: dict[str, int | float | str | bool] = Factory(dict)
 
 
 @frozen
@@ -574,7 +583,12 @@ class DataConfig:
     each prompt is the user's turn of a conversation rendered by the model's
     own tokenizer's chat template, after ``system_prompt`` (a system turn;
     null: the template's default) and before the assistant's turn, which the
-    model then writes and ends with its end-of-turn token. ``instruction``
+    model then writes and ends with its end-of-turn token. ``few_shot``: with
+    ``chat_template``, turns rendered between the system turn and each
+    prompt's user turn, as ``(role, text)`` pairs (roles ``user``,
+    ``assistant``, ``tool``; from a user turn to an assistant turn): worked
+    examples the model sees in its own template, no training (e.g. a
+    calculator call, its ``tool`` result and the answer). ``instruction``
     follows every prompt after a space (``"Answer with the number only."``),
     as verl's data preparation appends one to GSM8K's questions.
     """
@@ -593,6 +607,7 @@ class DataConfig:
     phrasing: Literal["equation", "question", "word_problem"] = "equation"
     chat_template: bool = False
     system_prompt: str | None = None
+    few_shot: tuple[tuple[Literal["user", "assistant", "tool"], str], ...] = ()
     instruction: str | None = None
 
 

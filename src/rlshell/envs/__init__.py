@@ -23,14 +23,13 @@ A builder is ``builder(cfg, seed) -> gymnasium.vector.VectorEnv`` making
 
 from __future__ import annotations
 
-import difflib
 import functools
-import importlib
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from rlcore.registry import Registry
 from rlshell.config import EnvConfig
+from rlshell.envs.gym_ids import check_gymnasium_id
 
 if TYPE_CHECKING:
     from gymnasium.vector import VectorEnv
@@ -89,35 +88,6 @@ def make_env(cfg: EnvConfig, seed: int = 0) -> VectorEnv:
     if cfg.env_type is None:
         raise ValueError("env.env_type is not set: name a registered env type")
     return get_env_cls(cfg.env_type)(cfg, seed)
-
-
-def check_gymnasium_id(env_id: str | None, example: str = "CartPole-v1") -> str:
-    """``env_id`` without its ``module:`` prefix, after importing that module.
-
-    Raises a ValueError naming ``env.env_id`` when the id is missing or not in
-    ``gymnasium.registry`` (with the closest registered ids).
-    """
-    import gymnasium
-
-    if env_id is None:
-        raise ValueError(f"env.env_id: this env type needs a gymnasium id, e.g. {example!r}")
-    module, _, name = env_id.rpartition(":")
-    if module:
-        try:
-            importlib.import_module(module)
-        except ImportError as err:
-            raise ValueError(
-                f"env.env_id {env_id!r}: cannot import module {module!r} ({err})"
-            ) from None
-    if name not in gymnasium.registry:
-        close = difflib.get_close_matches(name, list(gymnasium.registry), n=3, cutoff=0.6)
-        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
-        raise ValueError(
-            f"env.env_id: unknown gymnasium id {name!r}{hint}; "
-            "an id from another package needs its module as a prefix, "
-            "e.g. 'gymnasium_robotics:FetchReach-v4'"
-        )
-    return name
 
 
 def _gymnasium_env(cfg: EnvConfig, seed: int) -> VectorEnv:

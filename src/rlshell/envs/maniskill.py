@@ -121,7 +121,7 @@ def make_maniskill_env(cfg: EnvConfig, seed: int = 0, render_mode: str | None = 
     ``render_mode="rgb_array"`` makes ``render()`` return ManiSkill's
     human-view frames (for GIFs). A Dict action space is flattened.
     """
-    from rlshell.envs import check_gymnasium_id
+    from rlshell.envs.gym_ids import check_gymnasium_id
 
     if cfg.obs_mode is not None and cfg.obs_mode not in OBS_MODES:
         raise ValueError(f"env.obs_mode: expected one of {OBS_MODES}, got {cfg.obs_mode!r}")

@@ -182,7 +182,7 @@ def make_pixel_env(cfg: EnvConfig, seed: int = 0, image_size: int = 64) -> Vecto
     """
     import gymnasium
 
-    from rlshell.envs import check_gymnasium_id
+    from rlshell.envs.gym_ids import check_gymnasium_id
 
     if image_size < 1:
         raise ValueError(f"gymnasium_pixels: image_size must be positive, got {image_size}")

@@ -190,11 +190,6 @@ class MLPPolicy(BasePolicy):
             self.register_buffer("obs_mean", stats.mean)
             self.register_buffer("obs_m2", stats.m2)
 
-    @property
-    def has_value_head(self) -> bool:
-        """Whether `default_forward` can return ``values`` (discrete and gaussian policies)."""
-        return self.critic is not None
-
     def predict_action_batch(
         self,
         env_obs: dict[str, Any],

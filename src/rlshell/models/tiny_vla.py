@@ -208,10 +208,6 @@ class TinyVLASpec:
             lm_kwargs=tuple(lm_kwargs.items()),
         )
 
-    @property
-    def num_image_tokens(self) -> int:
-        return (self.image_size // self.patch_size) ** 2
-
 
 # ---------------------------------------------------------------------------
 # Action tokens: the logits processor and the de-normalisation.

@@ -24,7 +24,7 @@ from attrs import frozen
 
 from rlshell.cluster.placement import ComponentPlan, PlacementPlan
 from rlshell.config import Config
-from rlshell.runners.spec import ProcessLayout
+from rlshell.runners.facts import ProcessLayout
 
 __all__ = ["OffloadPlan", "not_offloading_problems", "offload_problems", "plan_offload"]
 

@@ -41,17 +41,15 @@ from rlshell.rewards.failures import FailureWatches
 from rlshell.rewards.pool import RewardResult
 from rlshell.rewards.weighted import WeightedReward, WeightedScores
 from rlshell.rollout import RolloutBatch, SamplingParams
+from rlshell.rollout.advantages import compute_advantages, outcome_token_rewards
 from rlshell.runners.async_rollout import AsyncRollouts, Slot
+from rlshell.runners.facts import trains_critic
 from rlshell.runners.loop import timed
 from rlshell.runners.offload import OffloadPlan, plan_offload
-from rlshell.runners.rules.reasoning import ReasoningRules, optimizer_steps_per_batch, trains_critic
+from rlshell.runners.rules.reasoning import ReasoningRules, optimizer_steps_per_batch
 from rlshell.runners.spec import RunSpec
 from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
-from rlshell.workers.actor import (
-    ActorWorker,
-    compute_advantages,
-    outcome_token_rewards,
-)
+from rlshell.workers.actor import ActorWorker
 from rlshell.workers.critic import CriticWorker
 from rlshell.workers.reward import RewardWorker
 from rlshell.workers.rollout import ReferenceWorker, RolloutWorker

@@ -19,48 +19,71 @@ reads the spec. Which trainer runs what:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Protocol, Self
 
 from attrs import frozen
 
-from rlshell.config import Config, PlacementEntry
+from rlshell.checkpoint import TrainerState
+from rlshell.config import Config
+from rlshell.runners.facts import ProcessLayout, trains_critic
+from rlshell.runners.rules import TrainerRules
+from rlshell.runners.rules.embodied import CollocatedPPORules, PipelinedPPORules, SACRules
+from rlshell.runners.rules.reasoning import ReasoningRules
+from rlshell.runners.rules.sft import SFTRules
 
 if TYPE_CHECKING:
-    from rlshell.runners.rules import TrainerRules
-    from rlshell.runners.trainer import Trainer
+    from rlshell.cluster.placement import PlacementPlan
+    from rlshell.cluster.ray_cluster import Cluster
 
-__all__ = ["ProcessLayout", "RunSpec", "resolve_spec", "trainer_class", "trainer_classes"]
+__all__ = [
+    "ProcessLayout",
+    "RunSpec",
+    "Trainer",
+    "resolve_spec",
+    "rules_of",
+    "trainer_class",
+    "trainer_classes",
+]
 
 
-@frozen
-class ProcessLayout:
-    """Which placement key places each component: components under one key share processes.
+class Trainer(TrainerRules, Protocol):
+    """One kind of run: its worker groups, one step, evaluation and checkpoints.
 
-    ``{"actor,rollout": "0-1", "reward": "0"}``: the actor's ranks also run the
-    rollout; the reward runs in processes of its own.
+    A trainer inherits its rules (`rlshell.runners.rules.TrainerRules`: what it
+    cannot run, the keys it does not read), which validation reads without
+    importing it. ``curves``: the metric keys `rlshell.metrics.plot_run` draws
+    at the end.
     """
 
-    keys: Mapping[str, str]
+    curves: ClassVar[tuple[str, ...]]
 
     @classmethod
-    def of(cls, placement: Mapping[str, str | PlacementEntry]) -> ProcessLayout:
-        return cls(
-            {name.strip(): key for key in placement for name in key.split(",") if name.strip()}
-        )
+    def launch(cls, spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> Self:
+        """Start every worker group of the run; on failure, stop what was started."""
+        ...
 
-    def shared(self, *names: str) -> bool:
-        """Whether every one of ``names`` is placed, all under the same key."""
-        keys = {self.keys.get(name) for name in names}
-        return None not in keys and len(keys) == 1
+    def load(self, checkpoint: Path, state: TrainerState) -> int:
+        """Restore a checkpoint (``state`` is its ``trainer_state.json``); its step."""
+        ...
 
-    def apart(self, *names: str) -> bool:
-        """Whether every one of ``names`` is placed, each under a key of its own."""
-        keys = [self.keys.get(name) for name in names]
-        return None not in keys and len(set(keys)) == len(keys)
+    def step(self, step: int) -> dict[str, float]:
+        """Run step ``step`` (from 1); its metrics."""
+        ...
 
-    def key_of(self, name: str) -> str | None:
-        return self.keys.get(name)
+    def evaluate(self, step: int) -> dict[str, float]:
+        """``eval/`` metrics of the current policy (only called when ``runner.eval_interval``
+        is set, which a trainer that cannot evaluate lists in `unread`)."""
+        ...
+
+    def save(self, directory: Path, step: int) -> TrainerState:
+        """Write the workers' state of step ``step`` into ``directory``; what the driver
+        needs beside it to continue (written last, as ``trainer_state.json``)."""
+        ...
+
+    def close(self) -> None:
+        """Stop every worker group (idempotent)."""
+        ...
 
 
 @frozen
@@ -69,7 +92,8 @@ class RunSpec:
 
     ``rules``: the rules of the trainer that runs it (None: the probe, which
     checks a placement and trains nothing); `trainer` imports the trainer class
-    itself. ``critic``: a value function is trained (embodied PPO with GAE).
+    itself. ``critic``: a value function is trained (`rlshell.runners.facts.trains_critic`:
+    GAE, in the reasoning runner or embodied PPO).
     ``rollout_in_actor``: the rollout runs in the actor's processes (one
     placement key names both).
     """
@@ -95,7 +119,6 @@ _TRAINER_MODULES = {
     "PipelinedPPOTrainer": "rlshell.runners.embodied_pipeline",
     "SACTrainer": "rlshell.runners.sac",
 }
-_PPO_TRAINERS = ("CollocatedPPOTrainer", "PipelinedPPOTrainer")
 
 
 def trainer_class(name: str) -> type[Trainer]:
@@ -107,6 +130,18 @@ def trainer_class(name: str) -> type[Trainer]:
 def trainer_classes() -> dict[str, type[Trainer]]:
     """Every trainer of this installation, by class name."""
     return {name: trainer_class(name) for name in _TRAINER_MODULES}
+
+
+def rules_of(trainer_name: str) -> type[TrainerRules]:
+    """The rules of the trainer class called ``trainer_name``."""
+    rules: tuple[type[TrainerRules], ...] = (
+        ReasoningRules,
+        SFTRules,
+        CollocatedPPORules,
+        PipelinedPPORules,
+        SACRules,
+    )
+    return next(r for r in rules if r.trainer_name == trainer_name)
 
 
 def _trainer_name(config: Config, layout: ProcessLayout) -> str | None:
@@ -130,14 +165,12 @@ def resolve_spec(config: Config) -> RunSpec:
     Whether the config is one the chosen trainer can run is its rules'
     `rlshell.runners.rules.TrainerRules.problems`; this only picks them.
     """
-    from rlshell.runners.rules import rules_of
-
     layout = ProcessLayout.of(config.cluster.component_placement)
     name = _trainer_name(config, layout)
     return RunSpec(
         config=config,
         rules=None if name is None else rules_of(name),
-        critic=name in _PPO_TRAINERS and config.algorithm.adv_type == "gae",
+        critic=trains_critic(config),
         rollout_in_actor=layout.shared("actor", "rollout"),
         layout=layout,
     )

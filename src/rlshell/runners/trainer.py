@@ -1,4 +1,5 @@
-"""The `Trainer` protocol: one kind of training run, as the run loop drives it.
+"""What the run loop drives: the `Trainer` protocol (defined beside the run spec it is launched
+from, `rlshell.runners.spec`, and re-exported here), its cadence, and launching groups together.
 
 A trainer owns its worker groups and the choreography of one step between
 them; the loop (`rlshell.runners.loop.run`) owns everything around the steps,
@@ -28,21 +29,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import ExitStack
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from attrs import frozen
 
-from rlshell.checkpoint import TrainerState
 from rlshell.cluster.group import WorkerGroup
 from rlshell.cluster.placement import ComponentPlan
 from rlshell.config import Config
-from rlshell.runners.rules import TrainerRules
+from rlshell.runners.spec import Trainer
 
 if TYPE_CHECKING:
-    from rlshell.cluster.placement import PlacementPlan
     from rlshell.cluster.ray_cluster import Cluster
-    from rlshell.runners.spec import RunSpec
 
 __all__ = ["Cadence", "Reporting", "Salvaging", "Trainer", "launched_together"]
 
@@ -78,45 +75,6 @@ class Cadence:
     @property
     def evaluates(self) -> bool:
         return self.eval_interval > 0
-
-
-class Trainer(TrainerRules, Protocol):
-    """One kind of run: its worker groups, one step, evaluation and checkpoints.
-
-    A trainer inherits its rules (`rlshell.runners.rules.TrainerRules`: what it
-    cannot run, the keys it does not read), which validation reads without
-    importing it. ``curves``: the metric keys `rlshell.metrics.plot_run` draws
-    at the end.
-    """
-
-    curves: ClassVar[tuple[str, ...]]
-
-    @classmethod
-    def launch(cls, spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> Self:
-        """Start every worker group of the run; on failure, stop what was started."""
-        ...
-
-    def load(self, checkpoint: Path, state: TrainerState) -> int:
-        """Restore a checkpoint (``state`` is its ``trainer_state.json``); its step."""
-        ...
-
-    def step(self, step: int) -> dict[str, float]:
-        """Run step ``step`` (from 1); its metrics."""
-        ...
-
-    def evaluate(self, step: int) -> dict[str, float]:
-        """``eval/`` metrics of the current policy (only called when ``runner.eval_interval``
-        is set, which a trainer that cannot evaluate lists in `unread`)."""
-        ...
-
-    def save(self, directory: Path, step: int) -> TrainerState:
-        """Write the workers' state of step ``step`` into ``directory``; what the driver
-        needs beside it to continue (written last, as ``trainer_state.json``)."""
-        ...
-
-    def close(self) -> None:
-        """Stop every worker group (idempotent)."""
-        ...
 
 
 @runtime_checkable

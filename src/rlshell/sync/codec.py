@@ -178,11 +178,6 @@ class TensorPiece:
         """Bytes of this piece in the bucket."""
         return self.numel * self.torch_dtype.itemsize
 
-    @property
-    def tensor_numel(self) -> int:
-        """Elements of the whole parameter."""
-        return math.prod(self.shape)
-
 
 @frozen(eq=False)
 class Bucket:

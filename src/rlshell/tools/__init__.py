@@ -29,22 +29,14 @@ a tool registered by an extension module's ``register()`` exists there too::
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from rlcore.registry import Registry
+from rlshell.tools.errors import ToolError, ToolFn
 
 __all__ = ["TOOLS", "ToolError", "ToolFn", "get_tool", "register_tool", "tool_is_pure"]
-
-ToolFn = Callable[[str], str]
 
 TOOLS: Registry[ToolFn] = Registry("tool")
 # The tools registered with pure=True (see `register_tool`).
 _PURE: set[str] = set()
-
-
-class ToolError(Exception):
-    """Raised by a tool for a failure the model should read: the observation is
-    ``error: <message>``, without a traceback, and the call's status ``error``."""
 
 
 def register_tool(name: str, fn: ToolFn, force: bool = False, *, pure: bool = False) -> ToolFn:

@@ -26,7 +26,7 @@ import math
 import operator
 from collections.abc import Callable
 
-from rlshell.tools import ToolError
+from rlshell.tools.errors import ToolError
 
 __all__ = ["MAX_RESULT_DIGITS", "calculate", "calculator_tool", "format_number"]
 

@@ -29,7 +29,7 @@ import linecache
 import sys
 import traceback
 
-from rlshell.tools import ToolError
+from rlshell.tools.errors import ToolError
 
 __all__ = ["PROGRAM_FILENAME", "run_python"]
 

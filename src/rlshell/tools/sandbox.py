@@ -47,7 +47,6 @@ names), a sandbox process that cannot start or set itself up
 from __future__ import annotations
 
 import difflib
-import math
 import multiprocessing
 import os
 import shutil
@@ -62,11 +61,12 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.context import SpawnContext
 from typing import Literal, Self, cast, get_args
 
-from attrs import field, frozen
+from attrs import frozen
 
 from rlshell.extensions import load_extensions
 from rlshell.rewards.pool import _main_script_left_out
 from rlshell.tools import get_tool
+from rlshell.tools.limits import ToolLimits
 from rlshell.tools.parsing import ParseError, ToolCall
 from rlshell.tools.sandbox_process import serve
 
@@ -89,38 +89,6 @@ STATUSES: tuple[Status, ...] = get_args(Status)
 # How long past timeout_s a sandbox process may take to answer (fork, reading, cleanup)
 # before the executor counts it hung, kills it and starts another.
 _ANSWER_GRACE_S = 10.0
-
-
-def _positive(instance: object, attribute: object, value: float) -> None:
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not (number and math.isfinite(value) and value > 0):
-        name = getattr(attribute, "name", "value")
-        raise ValueError(f"ToolLimits.{name}: expected a positive number, got {value!r}")
-
-
-def _positive_int(instance: object, attribute: object, value: int) -> None:
-    if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-        name = getattr(attribute, "name", "value")
-        raise ValueError(f"ToolLimits.{name}: expected a positive integer, got {value!r}")
-
-
-@frozen
-class ToolLimits:
-    """The limits every tool call runs under (module docstring: what each one does).
-
-    ``timeout_s``: wall-clock seconds per call; ``memory_mb``: address space
-    a call may add to its process's own (the interpreter and the imports of
-    the tools, torch included, are not counted); ``max_output_chars``: the
-    longest observation (plus a note when cut); ``network``: whether calls
-    may use this machine's network; ``max_file_mb``: the largest file a
-    call may write.
-    """
-
-    timeout_s: float = field(default=5.0, validator=_positive)
-    memory_mb: int = field(default=512, validator=_positive_int)
-    max_output_chars: int = field(default=4096, validator=_positive_int)
-    network: bool = False
-    max_file_mb: int = field(default=64, validator=_positive_int)
 
 
 @frozen

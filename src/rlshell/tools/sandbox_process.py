@@ -48,14 +48,11 @@ import time
 import traceback
 from collections.abc import Mapping
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING
 
 from rlshell.extensions import ENV_VAR, OBJECTS_ENV_VAR, load_extensions
 from rlshell.limits import limit_address_space
 from rlshell.tools import ToolError, ToolFn, get_tool, tool_is_pure
-
-if TYPE_CHECKING:
-    from rlshell.tools.sandbox import ToolLimits
+from rlshell.tools.limits import ToolLimits
 
 __all__ = [
     "STOP_AFTER_BYTES",

@@ -1,7 +1,9 @@
-"""The actor: FSDP2 training of the policy, and (collocated) the rollout engine beside it.
+"""The actor: training of the policy on its backend, and (collocated) the rollout engine beside it.
 
 Every rank of the actor group builds the same model from ``actor.seed``,
-shards it with `FSDPModelManager` and trains on its share of each batch:
+shards it with the training backend ``actor.backend`` names
+(`rlshell.engines.training`: FSDP2, Megatron-core, or a plug-in) and trains on its
+share of each batch:
 log-probs recomputed with `rlcore.logprobs`, advantages from
 ``rlcore.registry.ADVANTAGES[algorithm.adv_type]``, the policy loss from
 ``rlcore.registry.POLICY_LOSSES[algorithm.loss_type]``, the KL and entropy
@@ -9,10 +11,11 @@ terms from `rlcore.losses`, micro-batches from
 `rlcore.rollout.balanced_micro_batches`. The rlshell side only moves tensors.
 
 When the rollout shares the actor's placement (``"actor,rollout": ...``)
-each actor rank also holds an `HFRolloutEngine`: a full copy of the policy
-synced in memory (``bucket``, ``patch``), or, with ``weight_sync='shared'``,
-a model without weights of its own that borrows the rank's gathered FSDP
-parameters while it generates (`FSDPModelManager.unsharded`). Otherwise the
+each actor rank also holds the rollout engine ``rollout.backend`` names: a full
+copy of the policy synced in memory (``bucket``, ``patch``), or, with
+``weight_sync='shared'``, a `BorrowingEngine` without weights of its own that
+borrows the rank's gathered parameters while it generates
+(`TrainingBackend.unsharded`). Otherwise the
 rollout is a separate worker group and rank 0 streams the weights to it
 through the Ray object store. A LoRA actor (``actor.model.is_lora``) sends
 its weights with the adapters merged in, under the plain model's names
@@ -34,42 +37,37 @@ import torch.distributed as dist
 from attrs import evolve
 from torch import Tensor, nn
 
-from rlcore.advantages import AdvantageBatch, AdvantageConfig
 from rlcore.logprobs import token_logprobs, token_stats
 from rlcore.losses import PolicyLossBatch, PolicyLossConfig, entropy_loss, kl_estimate, sft_loss
 from rlcore.masked import aggregate, aggregation_normalizer, masked_mean
 from rlcore.mismatch import logprob_mismatch, rollout_importance_weights
-from rlcore.registry import ADVANTAGES, POLICY_LOSSES
+from rlcore.registry import POLICY_LOSSES
 from rlcore.rollout import (
     balanced_micro_batches,
     group_mini_batches,
-    place_on_last_token,
     position_ids,
 )
-from rlcore.types import Advantages
 from rlshell.cluster.worker import Worker
 from rlshell.config import AlgorithmConfig, Config, Precision
-from rlshell.engines.rollout import RolloutEngine, make_rollout_engine
-from rlshell.engines.rollout.hf import HFRolloutEngine
+from rlshell.engines.rollout import BorrowingEngine, RolloutEngine, make_rollout_engine
 from rlshell.engines.rollout.multi_turn import AgentLoop, make_agent_loop, sample
 from rlshell.engines.training import TrainingBackend, make_training_backend
 from rlshell.engines.training.fsdp import (
     gathered_named_tensors,
 )
+from rlshell.hyperparameters import LOSS_KEYS, read_for
 from rlshell.models import get_model, torch_dtype
 from rlshell.models.lora import MergedLoRAWeights
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.rundir import write_nonfinite
 from rlshell.sync.codec import FlatBuckets
 from rlshell.sync.transfer import WeightSender, message_bytes
-from rlshell.workers.hyperparameters import ESTIMATOR_KEYS, LOSS_KEYS, read_for
 from rlshell.workers.packing import packed_policy_forward
 
 __all__ = [
     "ActorWorker",
     "NonFiniteLossError",
     "build_rollout_model",
-    "compute_advantages",
     "old_logprobs_and_weights",
     "policy_forward",
     "prompt_prefix_forward",
@@ -128,46 +126,6 @@ def build_rollout_model(config: Config, *, merged_lora: bool = False) -> nn.Modu
     return get_model(model_cfg)
 
 
-def compute_advantages(
-    batch: RolloutBatch,
-    scores: Tensor,
-    config: Config,
-    values: Tensor | None = None,
-    token_rewards: Tensor | None = None,
-) -> Advantages:
-    """Token advantages (and returns) of a batch from its outcome scores, by
-    ``algorithm.adv_type``.
-
-    The score of each response is placed on its last valid token
-    (`rlcore.rollout.place_on_last_token`) and the registered estimator does
-    the rest (GRPO: (s − mean_group)/(std_group + ε) on every token; GAE: the
-    critic's ``values`` of the response tokens, the returns are its targets).
-    ``token_rewards``: the token rewards when the trainer shaped them further
-    (the KL penalty in the reward, `rlcore.rollout.kl_penalized_rewards`);
-    ``scores`` are then not read.
-    """
-    algorithm = config.algorithm
-    if token_rewards is None:
-        token_rewards = outcome_token_rewards(batch, scores)
-    estimator = ADVANTAGES.get(algorithm.adv_type)
-    return estimator(
-        AdvantageBatch(
-            token_rewards=token_rewards,
-            mask=batch.trained_mask,
-            group_size=batch.group_size,
-            values=None if values is None else values.to(torch.float32),
-        ),
-        AdvantageConfig(**read_for(ADVANTAGES, algorithm.adv_type, config, ESTIMATOR_KEYS)),
-    )
-
-
-def outcome_token_rewards(batch: RolloutBatch, scores: Tensor) -> Tensor:
-    """Each response's score on its last trained token, plus the per-turn rewards its
-    rollout gave (`RolloutBatch.token_rewards`, a multi-turn rollout's)."""
-    placed = place_on_last_token(scores.to(torch.float32), batch.trained_mask)
-    return placed if batch.token_rewards is None else placed + batch.token_rewards.to(placed)
-
-
 def old_logprobs_and_weights(
     recomputed: Tensor, sampled: Tensor, mask: Tensor, algorithm: AlgorithmConfig
 ) -> tuple[Tensor, Tensor | None, Tensor | None, dict[str, float]]:
@@ -193,7 +151,7 @@ def old_logprobs_and_weights(
             recomputed, sampled, mask, algorithm.rollout_is, algorithm.rollout_is_threshold
         )
         metrics.update({f"rollout/mismatch_is_{key}": float(v) for key, v in stats.items()})
-    if algorithm.loss_type == "decoupled_ppo":
+    if "proximal_logprobs" in POLICY_LOSSES.needs(algorithm.loss_type):
         return sampled, recomputed, weights, metrics
     old = recomputed if algorithm.old_logprobs == "recompute" else sampled
     return old, None, weights, metrics
@@ -290,7 +248,7 @@ def prompt_prefix_forward(
 
 
 class ActorWorker(Worker):
-    """One FSDP rank of the policy; with ``hybrid`` also a rollout engine in the same process."""
+    """One rank of the trained policy; with ``hybrid`` also a rollout engine in its process."""
 
     def __init__(self, config: Config, total_steps: int, hybrid: bool) -> None:
         self.config = config
@@ -300,8 +258,8 @@ class ActorWorker(Worker):
         self.manager: TrainingBackend | None = None
         self.engine: RolloutEngine | None = None
         self.agent: AgentLoop | None = None  # agent.tools: multi-turn rollouts with tool calls
-        # weight_sync='shared': the hf engine, lent this rank's gathered weights to generate.
-        self.borrowing_engine: HFRolloutEngine | None = None
+        # weight_sync='shared': the engine, lent this rank's gathered weights to generate.
+        self.borrowing_engine: BorrowingEngine | None = None
         self.sender: WeightSender | None = None
         self.flat: FlatBuckets | None = None
         self.rollout_handles: Sequence[Any] = ()
@@ -327,15 +285,19 @@ class ActorWorker(Worker):
             model = build_rollout_model(self.config, merged_lora=not self.shared)
             tokenizer = load_tokenizer(tokenizer_path)
             self.agent = make_agent_loop(self.config, tokenizer)
+            self.engine = make_rollout_engine(rollout, model, tokenizer, device)
             if self.shared:
-                engine = HFRolloutEngine(model, tokenizer, device)
-                engine.release_weights()  # it borrows this rank's own, gathered, to generate
-                self.engine = self.borrowing_engine = engine
-            else:
-                self.engine = make_rollout_engine(rollout, model, tokenizer, device)
-                if self.sender is not None and rollout.weight_sync == "bucket":
-                    # The engine's weights become the bucket layout: syncs pack straight into them.
-                    self.flat = FlatBuckets(self.engine.weight_targets(), self.sender.bucket_bytes)
+                if not isinstance(self.engine, BorrowingEngine):
+                    raise TypeError(
+                        f"rollout.weight_sync='shared': the '{rollout.backend}' engine "
+                        f"({type(self.engine).__name__}) cannot borrow the actor's weights "
+                        "(it has no release_weights/borrowing)"
+                    )
+                self.engine.release_weights()  # it borrows this rank's own, gathered
+                self.borrowing_engine = self.engine
+            elif self.sender is not None and rollout.weight_sync == "bucket":
+                # The engine's weights become the bucket layout: syncs pack straight into them.
+                self.flat = FlatBuckets(self.engine.weight_targets(), self.sender.bucket_bytes)
 
     def init_training(self) -> None:
         """Join the group's process group, build and shard the model and its optimizer: all
@@ -356,9 +318,6 @@ class ActorWorker(Worker):
     def set_rollout_handles(self, handles: Sequence[Any]) -> None:
         """The rollout workers rank 0 sends weights to (disaggregated placement)."""
         self.rollout_handles = tuple(handles)
-
-    def set_global_step(self, step: int) -> None:
-        self.global_step = step
 
     @property
     def model(self) -> nn.Module:
@@ -535,12 +494,13 @@ class ActorWorker(Worker):
         """The update on ``batch``: ``algorithm.ppo_epochs`` passes over mini-batches of
         ``actor.mini_batch_size`` prompts, one optimizer step each; the ``train/`` metrics.
 
-        ``advantages``: the batch's token advantages (`compute_advantages`, run by the
-        trainer). ``old_logprobs``: π_old from `compute_logprobs`; without them (one
-        optimizer step per batch) the step's own forward, detached, is π_old at no extra
-        pass. Each mini-batch's losses, over micro-batches and data-parallel ranks, are
-        normalised by the mini-batch's aggregation normaliser, so its gradient is the whole
-        mini-batch's whatever the split (`rlcore.masked.aggregate`). Metrics are means over
+        ``advantages``: the batch's token advantages
+        (`rlshell.rollout.advantages.compute_advantages`, run by the trainer).
+        ``old_logprobs``: π_old from `compute_logprobs`; without them (one optimizer step per
+        batch) the step's own forward, detached, is π_old at no extra pass. Each mini-batch's
+        losses, over micro-batches and data-parallel ranks, are normalised by the
+        mini-batch's aggregation normaliser, so its gradient is the whole mini-batch's
+        whatever the split (`rlcore.masked.aggregate`). Metrics are means over
         the optimizer steps (``*_max`` their maxima); with several epochs
         ``train/clipfrac_epoch<e>`` and ``train/approx_kl_epoch<e>`` follow each pass.
         """

@@ -261,10 +261,6 @@ class PipelineRolloutWorker(Worker):
         policy.load_state_dict(state)
         _adopt_buffers(policy, own)
 
-    def policy_buffers(self) -> dict[str, Tensor]:
-        """The policy's persistent buffers now, on CPU (what `finish` hands the actor)."""
-        return _persistent_buffers(self._policy())
-
     def predict(self, env_rank: int, stage: int, observation: StageObs) -> Tensor:
         """Actions for ``stage`` of env worker ``env_rank``, recording what PPO needs."""
         started = time.perf_counter()

@@ -1,33 +1,55 @@
 """Training backends: one rank's share of the policy, its optimizer, schedule and checkpoints.
 
-One protocol, `TrainingBackend` (RLinf's ``FSDPModelManager`` API), and the
-backends that implement it, one module each (``actor.backend`` names one;
-`make_training_backend` builds it, once, in the actor worker):
+One protocol, `TrainingBackend` (RLinf's ``FSDPModelManager`` API), and a registry of
+the backends that implement it (``actor.backend`` names one;
+`make_training_backend` builds it, once, in the actor worker). A backend is a
+plug-in: `register_training_backend` takes its builder and what it says about
+itself (`rlshell.engines.plugins`: packages, rules, the config sections it reads,
+how many data-parallel shares and pipeline stages a number of ranks makes), and
+validation asks the registered entry. Built in (`rlshell.engines.training.builtin`):
 
 - ``fsdp``: `rlshell.engines.training.fsdp.FSDPModelManager`, FSDP2 on gloo
   (CPU) or NCCL (GPU);
 - ``megatron``: `rlshell.engines.training.megatron.manager.MegatronModelManager`,
   Megatron-core tensor, pipeline and data parallelism (``actor.megatron``),
-  on gloo through its CPU shim or on NCCL.
+  on gloo through its CPU shim or on NCCL; its rules are
+  `rlshell.engines.training.megatron.rules`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
+from attrs import frozen
 from torch import nn
 
-if TYPE_CHECKING:
-    from rlshell.config import ActorConfig
+from rlcore.registry import Registry
+from rlshell.config import ActorConfig
+from rlshell.engines.plugins import (
+    ConfigRule,
+    Package,
+    UnreadRule,
+    checked_reads,
+    no_problems,
+    nothing_unread,
+)
 
-__all__ = ["TRAINING_BACKENDS", "TrainingBackend", "make_training_backend"]
-
-TRAINING_BACKENDS = ("fsdp", "megatron")
-"""The ``actor.backend`` values this installation has a backend for."""
+__all__ = [
+    "BACKEND_KEYS",
+    "TRAINING_BACKENDS",
+    "TrainingBackend",
+    "TrainingBackendBuilder",
+    "TrainingBackendEntry",
+    "data_parallel_shares",
+    "make_training_backend",
+    "pipeline_stages",
+    "register_training_backend",
+]
 
 
 class TrainingBackend(Protocol):
@@ -98,19 +120,109 @@ class TrainingBackend(Protocol):
     def load_optimizer(self, device: torch.device | str) -> None: ...
 
 
+TrainingBackendBuilder = Callable[..., TrainingBackend]
+"""``build(config.actor, total_steps=..., device=...) -> TrainingBackend``."""
+
+BACKEND_KEYS: dict[str, str] = {
+    "actor.fsdp_config": "FSDP2's settings, read by the {engines} backend",
+    "actor.megatron": "Megatron-core's parallel sizes, read by the {engines} backend",
+}
+"""The sections of ``actor`` that only some backends read: a backend's entry says which
+(`TrainingBackendEntry.reads`); set for one that does not, they are refused."""
+
+
+def one_share_per_rank(config: ActorConfig, ranks: int) -> int:
+    """Data-parallel shares of a backend whose every rank trains on its own rows."""
+    return ranks
+
+
+def one_stage(config: ActorConfig) -> int:
+    """Pipeline stages of a backend whose ranks each hold whole models (or shards of them)."""
+    return 1
+
+
+@frozen
+class TrainingBackendEntry:
+    """A registered training backend (`register_training_backend` documents each field)."""
+
+    build: TrainingBackendBuilder
+    packages: tuple[Package, ...] = ()
+    reads: frozenset[str] = frozenset()
+    problems: ConfigRule = no_problems
+    unread: UnreadRule = nothing_unread
+    data_parallel_shares: Callable[[ActorConfig, int], int] = one_share_per_rank
+    pipeline_stages: Callable[[ActorConfig], int] = one_stage
+    packs_sequences: bool = True
+
+    def reads_key(self, key: str) -> bool:
+        """Whether this backend reads ``key`` (one of `BACKEND_KEYS`) at all."""
+        return key in self.reads
+
+
+TRAINING_BACKENDS: Registry[TrainingBackendEntry] = Registry(
+    "training backend", builtins="rlshell.engines.training.builtin"
+)
+"""``actor.backend``'s values: the backends this installation has."""
+
+
+def register_training_backend(
+    name: str,
+    build: TrainingBackendBuilder,
+    *,
+    packages: tuple[Package, ...] = (),
+    reads: tuple[str, ...] = (),
+    problems: ConfigRule = no_problems,
+    unread: UnreadRule = nothing_unread,
+    data_parallel_shares: Callable[[ActorConfig, int], int] = one_share_per_rank,
+    pipeline_stages: Callable[[ActorConfig], int] = one_stage,
+    packs_sequences: bool = True,
+    force: bool = False,
+) -> TrainingBackendBuilder:
+    """Register a training backend as ``actor.backend=name``; ``force=True`` replaces one.
+
+    ``build(config.actor, total_steps=..., device=...)`` makes one rank of it (in the
+    actor worker; import heavy packages inside). ``packages``: what it imports.
+    ``reads``: which of `BACKEND_KEYS` it reads (the others are refused when set).
+    ``problems(config, plan)``: what it refuses before start; ``unread(config, plan)``:
+    keys it does not read in some settings, with why. ``data_parallel_shares(actor,
+    ranks)``: how many shares of a batch's rows ``ranks`` actor ranks train on;
+    ``pipeline_stages(actor)``: how many pipeline stages one model is cut into.
+    ``packs_sequences``: it trains on packed rows (``actor.pack_sequences``).
+    """
+    entry = TrainingBackendEntry(
+        build=build,
+        packages=tuple(packages),
+        reads=checked_reads(f"training backend '{name}'", reads, BACKEND_KEYS),
+        problems=problems,
+        unread=unread,
+        data_parallel_shares=data_parallel_shares,
+        pipeline_stages=pipeline_stages,
+        packs_sequences=packs_sequences,
+    )
+    TRAINING_BACKENDS.register(name, entry, force=force)
+    return build
+
+
+def data_parallel_shares(config: ActorConfig, ranks: int) -> int:
+    """How many shares of a batch's rows ``ranks`` ranks of ``config.backend`` train on (one
+    per rank for a name not registered, which validation refuses)."""
+    if config.backend not in TRAINING_BACKENDS:
+        return ranks
+    return TRAINING_BACKENDS.get(config.backend).data_parallel_shares(config, ranks)
+
+
+def pipeline_stages(config: ActorConfig) -> int:
+    """How many pipeline stages ``config.backend`` cuts one model into (1 for a name not
+    registered, which validation refuses)."""
+    if config.backend not in TRAINING_BACKENDS:
+        return 1
+    return TRAINING_BACKENDS.get(config.backend).pipeline_stages(config)
+
+
 def make_training_backend(
     config: ActorConfig, *, total_steps: int, device: torch.device
 ) -> TrainingBackend:
     """The backend ``config.backend`` names, for ``total_steps`` optimizer steps on ``device``."""
-    if config.backend == "fsdp":
-        from rlshell.engines.training.fsdp import FSDPModelManager
-
-        return FSDPModelManager(config, total_steps=total_steps, device=device)
-    if config.backend == "megatron":
-        from rlshell.engines.training.megatron.manager import MegatronModelManager
-
-        return MegatronModelManager(config, total_steps=total_steps, device=device)
-    raise ValueError(
-        f"actor.backend: no '{config.backend}' backend in this installation; backends: "
-        f"{', '.join(TRAINING_BACKENDS)}"
+    return TRAINING_BACKENDS.get(config.backend).build(
+        config, total_steps=total_steps, device=device
     )

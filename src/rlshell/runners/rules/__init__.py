@@ -18,14 +18,15 @@ from rlshell.config import Config
 if TYPE_CHECKING:
     from rlshell.cluster.placement import PlacementPlan
 
-__all__ = ["TrainerRules", "rules_of"]
+__all__ = ["TrainerRules"]
 
 
 class TrainerRules(Protocol):
     """One kind of run's rules.
 
     ``trainer_name``: the `rlshell.runners.trainer.Trainer` class that runs it
-    (`rlshell.runners.spec.trainer_class` imports it). ``registered_names``: the
+    (`rlshell.runners.spec.trainer_class` imports it; `rlshell.runners.spec.rules_of`
+    finds the rules by it). ``registered_names``: the
     config keys whose values name registry entries it builds
     (``actor.model.model_type``, ``env.env_type``, ...); validation looks each up.
     """
@@ -44,19 +45,3 @@ class TrainerRules(Protocol):
         """Key paths (a section names every key under it) this trainer does not read with
         ``config``, each with the reason; validation refuses any of them set."""
         ...
-
-
-def rules_of(trainer_name: str) -> type[TrainerRules]:
-    """The rules of the trainer class called ``trainer_name``."""
-    from rlshell.runners.rules.embodied import CollocatedPPORules, PipelinedPPORules, SACRules
-    from rlshell.runners.rules.reasoning import ReasoningRules
-    from rlshell.runners.rules.sft import SFTRules
-
-    rules: tuple[type[TrainerRules], ...] = (
-        ReasoningRules,
-        SFTRules,
-        CollocatedPPORules,
-        PipelinedPPORules,
-        SACRules,
-    )
-    return next(r for r in rules if r.trainer_name == trainer_name)

@@ -15,8 +15,8 @@ import attrs
 
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.config import Config, OptimConfig
+from rlshell.runners.facts import ProcessLayout, trains_critic
 from rlshell.runners.offload import not_offloading_problems
-from rlshell.runners.spec import ProcessLayout, resolve_spec
 from rlshell.runners.unread import (
     compile_unread,
     embodied_unread,
@@ -55,7 +55,7 @@ def ppo_problems(config: Config, who: str) -> list[str]:
 
 def ppo_unread(config: Config, who: str) -> dict[str, str]:
     """What both embodied PPO trainers leave unread (`rlshell.runners.unread`)."""
-    critic = resolve_spec(config).critic
+    critic = trains_critic(config)
     return {
         **embodied_unread(config, who),
         **sac_unread(who),

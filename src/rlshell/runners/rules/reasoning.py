@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from rlcore.registry import POLICY_LOSSES
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.config import Config
+from rlshell.engines.rollout import ROLLOUT_ENGINES
+from rlshell.engines.training import TRAINING_BACKENDS, data_parallel_shares, pipeline_stages
+from rlshell.runners.facts import ProcessLayout, trains_critic
 from rlshell.runners.offload import offload_problems, plan_offload
-from rlshell.runners.spec import ProcessLayout
 from rlshell.runners.unread import (
     chat_markers_unread,
     chat_template_problems,
@@ -23,18 +26,13 @@ from rlshell.runners.unread import (
     stages_unread,
 )
 
-__all__ = ["UNSUPPORTED", "ReasoningRules", "optimizer_steps_per_batch", "trains_critic"]
+__all__ = ["UNSUPPORTED", "ReasoningRules", "optimizer_steps_per_batch"]
 
 # What the reasoning trainer cannot feed a loss or estimator: values, teacher or proximal
 # log-probs.
 UNSUPPORTED = {
     "algorithm.adv_type": {"opd": "teacher log-probs"},
 }
-
-
-def trains_critic(config: Config) -> bool:
-    """Whether a reasoning run trains a value model: GAE reads its values."""
-    return config.algorithm.adv_type == "gae"
 
 
 def optimizer_steps_per_batch(config: Config) -> int:
@@ -83,6 +81,7 @@ class ReasoningRules:
             problems += _async_problems(config, plan)
         problems += _agent_problems(config)
         problems += chat_template_problems(config)
+        problems += _few_shot_problems(config)
         return problems
 
     @classmethod
@@ -131,9 +130,10 @@ class ReasoningRules:
         if not gae:
             unread["critic"] = f"{no_critic}; critic.* configures the value model of 'gae'"
             unread["algorithm.value_clip"] = f"{no_critic}: there is no value loss to clip"
-        if config.algorithm.loss_type == "decoupled_ppo":
+        loss = config.algorithm.loss_type
+        if _needs_proximal(loss):
             unread["algorithm.old_logprobs"] = (
-                "decoupled_ppo takes its ratio against the recomputed log-probs (the proximal "
+                f"{loss} takes its ratio against the recomputed log-probs (the proximal "
                 "policy) and weights by their ratio to the rollout's (the behaviour policy): it "
                 "uses both, whatever old_logprobs says"
             )
@@ -148,8 +148,11 @@ class ReasoningRules:
             )
         if config.algorithm.kl_coef == 0:
             unread.update(reference_unread(f"with algorithm.kl_coef 0 {who}"))
-            # (Megatron refuses packing, and the shared prompt forward, on its own terms.)
-            if config.actor.pack_sequences and config.actor.backend == "fsdp":
+            # (A backend that cannot pack refuses packing, and the shared prompt forward, on
+            # its own terms.)
+            backend = config.actor.backend
+            packs = backend in TRAINING_BACKENDS and TRAINING_BACKENDS.get(backend).packs_sequences
+            if config.actor.pack_sequences and packs:
                 unread["actor.share_prompt_forward"] = (
                     "shares a prompt's forward among its samples; with actor.pack_sequences "
                     "the update's forward is packed and runs every row's prompt, and with "
@@ -180,6 +183,10 @@ class ReasoningRules:
             unread["data.system_prompt"] = (
                 "is the system turn of the conversation data.chat_template renders each prompt "
                 "in; data.chat_template is false, so prompts are given to the model as they are"
+            )
+            unread["data.few_shot"] = (
+                "are turns of the conversation data.chat_template renders each prompt in; "
+                "data.chat_template is false, so prompts are given to the model as they are"
             )
         if config.rollout.weight_sync == "shared":
             unread["rollout.bucket_size_mb"] = (
@@ -270,10 +277,7 @@ def _update_problems(config: Config, plan: PlacementPlan | None) -> list[str]:
             "the same size"
         )
     elif plan is not None and any(c.name == "actor" for c in plan.components):
-        ranks = len(plan.component("actor").workers)
-        if actor.backend == "megatron":
-            grid = actor.megatron.tensor_model_parallel_size
-            ranks //= grid * actor.megatron.pipeline_model_parallel_size
+        ranks = data_parallel_shares(actor, len(plan.component("actor").workers))
         rows = (mini or prompts) * algorithm.group_size
         if rows < ranks:
             problems.append(
@@ -294,7 +298,7 @@ def _update_problems(config: Config, plan: PlacementPlan | None) -> list[str]:
             "exceed them"
         )
     several = optimizer_steps_per_batch(config) > 1
-    if several and actor.backend == "megatron" and actor.megatron.pipeline_model_parallel_size > 1:
+    if several and pipeline_stages(actor) > 1:
         problems.append(
             "algorithm.ppo_epochs / actor.mini_batch_size: several optimizer steps per batch "
             "need the log-probs before the update, which the Megatron backend does not "
@@ -315,14 +319,36 @@ def _update_problems(config: Config, plan: PlacementPlan | None) -> list[str]:
                 f"{algorithm.kl_horizon} could scale β by 1 − 0.2·{rows}/{algorithm.kl_horizon}"
                 " ≤ 0 in one step; make it longer"
             )
-    if algorithm.loss_type == "decoupled_ppo" and algorithm.rollout_is is not None:
+    loss = algorithm.loss_type
+    if _needs_proximal(loss) and algorithm.rollout_is is not None:
         problems.append(
-            f"algorithm.rollout_is: decoupled_ppo already weights each token by π_prox/μ "
+            f"algorithm.rollout_is: {loss} already weights each token by π_prox/μ "
             f"(recomputed over rollout log-probs), the correction '{algorithm.rollout_is}' "
-            "would apply a second time; cap decoupled_ppo's weights with "
+            f"would apply a second time; cap {loss}'s weights with "
             "algorithm.behavior_weight_cap instead"
         )
     return problems
+
+
+def _few_shot_problems(config: Config) -> list[str]:
+    """``data.few_shot``: worked examples from a user turn to an assistant turn, so that the
+    prompt's own user turn follows an answer."""
+    turns = config.data.few_shot
+    if not turns or not config.data.chat_template:
+        return []
+    roles = [role for role, _ in turns]
+    if roles[0] != "user" or roles[-1] != "assistant":
+        return [
+            f"data.few_shot: the worked examples must start with a 'user' turn and end with an "
+            f"'assistant' turn (the prompt's user turn follows them); got {roles}"
+        ]
+    return []
+
+
+def _needs_proximal(loss: str) -> bool:
+    """Whether the policy loss ``loss`` takes a proximal policy's log-probs (decoupled PPO:
+    the recomputed ones) beside the behaviour policy's, by its registry entry's word."""
+    return loss in POLICY_LOSSES and "proximal_logprobs" in POLICY_LOSSES.needs(loss)
 
 
 def _shared_weight_problems(config: Config) -> list[str]:
@@ -330,10 +356,13 @@ def _shared_weight_problems(config: Config) -> list[str]:
     rollout, actor_dtype = config.rollout, config.actor.fsdp_config.mixed_precision
     engine_dtype = rollout.precision or config.actor.model.precision
     problems = []
-    if rollout.backend != "hf":
+    engine = rollout.backend
+    if engine in ROLLOUT_ENGINES and not ROLLOUT_ENGINES.get(engine).shares_actor_weights:
+        able = [n for n in ROLLOUT_ENGINES.names() if ROLLOUT_ENGINES.get(n).shares_actor_weights]
         problems.append(
             f"rollout.weight_sync: 'shared' generates with the actor's own module, which only "
-            f"the hf backend can do; the {rollout.backend} engine needs 'bucket' or 'patch'"
+            f"the {' and '.join(able)} engine can do; the {engine} engine needs 'bucket' or "
+            "'patch'"
         )
     layout = ProcessLayout.of(config.cluster.component_placement)
     key = layout.key_of("rollout")

@@ -13,7 +13,9 @@ import attrs
 
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.config import AgentConfig, AlgorithmConfig, Config, DataConfig
-from rlshell.runners.spec import ProcessLayout
+from rlshell.engines.training import data_parallel_shares as backend_shares
+from rlshell.engines.training import pipeline_stages
+from rlshell.runners.facts import ProcessLayout
 from rlshell.runners.unread import (
     chat_markers_unread,
     chat_template_problems,
@@ -65,8 +67,7 @@ class SFTRules:
                 f"{', '.join(others)} too (e.g. {{'actor': '0:0-1'}})"
             )
         problems += chat_template_problems(config)
-        pipeline = config.actor.megatron.pipeline_model_parallel_size
-        if config.actor.backend == "megatron" and pipeline > 1:
+        if pipeline_stages(config.actor) > 1:
             problems.append(
                 "actor.megatron.pipeline_model_parallel_size: the sft update and evaluation run "
                 "the whole model on each rank of a tensor-parallel group (Megatron's pipeline "
@@ -129,11 +130,8 @@ class SFTRules:
 
 def data_parallel_shares(config: Config, ranks: int) -> int:
     """How many shares the actor's ``ranks`` split a batch's rows into: one per FSDP rank, one
-    per Megatron model replica (tensor × pipeline ranks hold one)."""
-    if config.actor.backend != "megatron":
-        return ranks
-    megatron = config.actor.megatron
-    return ranks // (megatron.tensor_model_parallel_size * megatron.pipeline_model_parallel_size)
+    per Megatron model replica (the backend's entry says)."""
+    return backend_shares(config.actor, ranks)
 
 
 def _fields(cls: type, read: Sequence[str]) -> list[str]:

@@ -1,6 +1,10 @@
 """Which config key sets which of rlcore's hyperparameters: the actor reads them through
 these maps, and validation refuses those the chosen estimator or loss does not use
-(`rlshell.runners.unread.hyperparameters_unread`). Nothing here imports torch."""
+(`rlshell.runners.unread.hyperparameters_unread`). Nothing here imports torch.
+
+Not in `rlshell.config`: the config-read tracer (`rlshell.config.tracing`) counts no read
+made inside that package (copies, validation), and `read_for` is where the actor reads
+the hyperparameters of its loss and estimator."""
 
 from __future__ import annotations
 
