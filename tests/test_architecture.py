@@ -98,7 +98,7 @@ SHELL = Path(__file__).resolve().parents[1] / "src" / "rlshell"
 
 # Lowest first. Every top-level module or package of rlshell is in exactly one layer.
 SHELL_LAYERS: list[tuple[str, frozenset[str]]] = [
-    ("base", frozenset({"rlshell", "config", "extensions", "limits", "process"})),
+    ("base", frozenset({"rlshell", "config", "extensions", "limits", "process", "randomness"})),
     ("cluster", frozenset({"cluster"})),
     (
         "domain",
@@ -292,9 +292,8 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(cycles)
 
 
-# Module cycles not yet taken apart (issue 41): each must go, and no other may appear. The
-# worker's `create_group` builds a `WorkerGroup`, whose module imports the worker's.
-KNOWN_CYCLES = [["rlshell.cluster.group", "rlshell.cluster.worker"]]
+# Module cycles not yet taken apart: each must go, and no other may appear.
+KNOWN_CYCLES: list[list[str]] = []
 
 
 def test_the_cycle_finder_finds_cycles_through_any_import() -> None:
@@ -305,6 +304,57 @@ def test_the_cycle_finder_finds_cycles_through_any_import() -> None:
 
 def test_the_shell_modules_form_no_import_cycle_but_the_known_ones() -> None:
     assert import_cycles(module_graph()) == KNOWN_CYCLES
+
+
+# The workers of the policy and value models reach a training backend only through its
+# protocol (`rlshell.engines.training.TrainingBackend`): no backend's own module, no
+# Megatron, no FSDP.
+BACKEND_BLIND = ["actor", "critic"]
+BACKEND_INTERNALS = (
+    "rlshell.engines.training.",
+    "megatron",
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor",
+)
+
+
+def imported_names(source: str) -> set[str]:
+    """Every absolute module a source imports, anywhere in it (functions, TYPE_CHECKING)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module)
+    return names
+
+
+def backend_internals(source: str) -> list[str]:
+    return sorted(
+        name
+        for name in imported_names(source)
+        if any(
+            name.startswith(p)
+            if p.endswith(".")
+            else name.split(".")[: len(p.split("."))] == p.split(".")
+            for p in BACKEND_INTERNALS
+        )
+    )
+
+
+def test_the_backend_checker_catches_internals() -> None:
+    source = (
+        "from rlshell.engines.training import TrainingBackend\n"
+        "def f():\n    from megatron.core import parallel_state\n"
+        "from rlshell.engines.training.fsdp import gathered_named_tensors\n"
+    )
+    assert backend_internals(source) == ["megatron.core", "rlshell.engines.training.fsdp"]
+
+
+@pytest.mark.parametrize("name", BACKEND_BLIND)
+def test_model_workers_reach_the_backend_only_through_its_protocol(name: str) -> None:
+    source = (SHELL / "workers" / f"{name}.py").read_text()
+    assert backend_internals(source) == []
 
 
 def worker_classes() -> dict[str, str]:

@@ -4,7 +4,7 @@ tests/shell/test_worker.py raises these through real Ray workers; here they are
 built directly, as `rlshell.cluster.group` builds them, to prove what the split
 into worker / group / errors modules has to keep: the record travels with the
 error, errors.py stands without Ray, and the frames the traceback cleaner drops
-are the ones worker.py's start-up hooks add.
+are the ones worker_base.py's start-up hooks add.
 """
 
 from __future__ import annotations
@@ -119,9 +119,10 @@ def test_extend_message_adds_to_what_str_shows_not_to_the_notes() -> None:
 
 
 def test_the_cleaner_drops_the_frames_of_worker_start_up_hooks() -> None:
-    from rlshell.cluster.worker import HOOK_FILE, HOOK_FRAMES, Worker, actor_class
+    from rlshell.cluster.worker import Worker
+    from rlshell.cluster.worker_base import HOOK_FILE, HOOK_FRAMES, actor_class
 
-    # The file worker.py names is the one holding both hooks.
+    # The file worker_base.py names is the one holding both hooks.
     assert Worker._rlshell_ready.__code__.co_filename.endswith(HOOK_FILE)
     assert actor_class.__code__.co_filename.endswith(HOOK_FILE)
     hook = os.path.join("/site", HOOK_FILE)

@@ -35,10 +35,10 @@ from rlshell.cluster.errors import (
     worker_error_for,
 )
 from rlshell.cluster.placement import ComponentPlan
-from rlshell.cluster.worker import (
+from rlshell.cluster.worker_base import (
     HOOK_FILE,
     HOOK_FRAMES,
-    Worker,
+    WorkerBase,
     WorkerContext,
     WorkerInfo,
     actor_class,
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["GroupCall", "WorkerGroup", "WorkerGroupView"]
 
-W = TypeVar("W", bound=Worker)
+W = TypeVar("W", bound=WorkerBase)
 
 # Methods of `Worker` that make sense only on the driver.
 _DRIVER_ONLY = frozenset({"create_group"})
@@ -82,7 +82,7 @@ def _node_state(node_id: str) -> str | None:
     return None
 
 
-def _public_methods(worker_cls: type[Worker]) -> frozenset[str]:
+def _public_methods(worker_cls: type[WorkerBase]) -> frozenset[str]:
     return frozenset(
         name
         for name in dir(worker_cls)

@@ -51,10 +51,7 @@ from rlshell.cluster.worker import Worker
 from rlshell.config import AlgorithmConfig, Config, Precision
 from rlshell.engines.rollout import BorrowingEngine, RolloutEngine, make_rollout_engine
 from rlshell.engines.rollout.multi_turn import AgentLoop, make_agent_loop, sample
-from rlshell.engines.training import TrainingBackend, make_training_backend
-from rlshell.engines.training.fsdp import (
-    gathered_named_tensors,
-)
+from rlshell.engines.training import TrainingBackend, make_training_backend, pipelined
 from rlshell.hyperparameters import LOSS_KEYS, read_for
 from rlshell.models import get_model, torch_dtype
 from rlshell.models.lora import MergedLoRAWeights
@@ -382,7 +379,7 @@ class ActorWorker(Worker):
         if self.sender is None or self.manager is None:
             raise RuntimeError("init_worker() has not run")
         with self.manager.unsharded() as model:  # one all-gather per FSDP unit
-            gathered: Mapping[str, Tensor] = gathered_named_tensors(model)
+            gathered: Mapping[str, Tensor] = self.manager.full_tensors(model)
             if self.config.actor.model.is_lora:  # the engine holds the plain model
                 gathered = MergedLoRAWeights(model, gathered)
             if self.engine is not None:  # the engine in this process (collocated)
@@ -430,7 +427,7 @@ class ActorWorker(Worker):
         refs: list[Any] = []
         staged = 0
         with self.manager.unsharded() as model:
-            gathered: Mapping[str, Tensor] = gathered_named_tensors(model)
+            gathered: Mapping[str, Tensor] = self.manager.full_tensors(model)
             if self.config.actor.model.is_lora:
                 gathered = MergedLoRAWeights(model, gathered)
             if self.rank == 0:
@@ -448,9 +445,10 @@ class ActorWorker(Worker):
 
     def full_weights(self) -> dict[str, Tensor]:
         """The actor's full weights in the checkpoint (HF) layout, on every rank (collective)."""
-        with self._manager().unsharded() as model:
+        manager = self._manager()
+        with manager.unsharded() as model:
             return {
-                name: t.detach().clone().cpu() for name, t in gathered_named_tensors(model).items()
+                name: t.detach().clone().cpu() for name, t in manager.full_tensors(model).items()
             }
 
     # -- training
@@ -647,16 +645,11 @@ class ActorWorker(Worker):
         normalizer: Tensor,
         scale: float,
     ) -> tuple[dict[str, float], dict[str, float]]:
-        """Forward and backward of every micro-batch through Megatron's pipeline schedule.
+        """Forward and backward of every micro-batch through the backend's pipeline schedule.
 
         The last stage computes the same loss as the one-stage path from its
-        logits; the metrics it returns are handed to every stage of its
-        pipeline, so that every rank reduces the same keys.
+        logits; every stage gets its metrics (the backend hands them on).
         """
-        from megatron.core import parallel_state
-
-        from rlshell.engines.training.megatron.model import pipeline_train_passes
-
         temperature = self.config.rollout.temperature
         chunk = self.config.actor.logprob_chunk_size
 
@@ -680,23 +673,14 @@ class ActorWorker(Worker):
             self._check_finite(loss, index)
             return loss * scale, metrics
 
-        per_micro = pipeline_train_passes(
-            self.model,
-            [(micro.input_ids, micro.attention_mask) for micro, *_ in inputs],
-            loss_of,
+        per_micro = pipelined(self._manager()).pipeline_passes(
+            [(micro.input_ids, micro.attention_mask) for micro, *_ in inputs], loss_of
         )
         totals: dict[str, float] = {}
         peaks: dict[str, float] = {}
-        for metrics in per_micro or []:
+        for metrics in per_micro:
             _accumulate(metrics, totals, peaks)
-        # The last stage's metrics to every stage of this pipeline.
-        shared: list[Any] = [(totals, peaks)]
-        last = parallel_state.get_pipeline_model_parallel_last_rank()
-        dist.broadcast_object_list(
-            shared, src=last, group=parallel_state.get_pipeline_model_parallel_group()
-        )
-        received: tuple[dict[str, float], dict[str, float]] = shared[0]
-        return received
+        return totals, peaks
 
     def _policy_forward(self, micro: RolloutBatch) -> tuple[Tensor, Tensor]:
         """(log-probs, entropies) of ``micro``'s response tokens under the actor's module."""

@@ -2,11 +2,12 @@
 
 Each rank of the critic group builds the value model `critic_model_config` names
 (by default the actor's transformer with a one-output token head), shards it with
-`FSDPModelManager` and, per step, (1) predicts the values of the batch's response
-tokens before any update, which GAE reads (`rlcore.advantages.token_gae`), and (2)
-regresses them onto the returns with rlcore's ``value_loss`` over the same epochs
-and mini-batches as the actor (`rlshell.workers.actor.update_schedule`). It lives
-in processes of its own, so its passes overlap the actor's.
+its training backend (FSDP: `critic_training_config`) and, per step, (1) predicts
+the values of the batch's response tokens before any update, which GAE reads
+(`rlcore.advantages.token_gae`), and (2) regresses them onto the returns with
+rlcore's ``value_loss`` over the same epochs and mini-batches as the actor
+(`rlshell.workers.actor.update_schedule`). It lives in processes of its own, so
+its passes overlap the actor's.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from rlcore.masked import aggregation_normalizer
 from rlcore.rollout import position_ids
 from rlshell.cluster.worker import Worker
 from rlshell.config import ActorConfig, Config, ModelConfig, OptimConfig
-from rlshell.engines.training.fsdp import FSDPModelManager
+from rlshell.engines.training import TrainingBackend, make_training_backend
 from rlshell.rollout import RolloutBatch
 from rlshell.workers.actor import (
     NonFiniteLossError,
@@ -54,8 +55,8 @@ def critic_model_config(config: Config) -> ModelConfig:
 
 
 def critic_training_config(config: Config) -> ActorConfig:
-    """What `FSDPModelManager` reads: the actor's settings with the critic's model, optimizer
-    and micro-batch budget."""
+    """What the critic's training backend (FSDP) reads: the actor's settings with the
+    critic's model, optimizer and micro-batch budget."""
     critic = config.critic
     optim = OptimConfig(
         **{field.name: getattr(critic.optim, field.name) for field in attrs.fields(OptimConfig)}
@@ -70,13 +71,13 @@ def critic_training_config(config: Config) -> ActorConfig:
 
 
 class CriticWorker(Worker):
-    """One FSDP rank of the value model."""
+    """One rank of the value model, sharded by FSDP."""
 
     def __init__(self, config: Config, total_steps: int) -> None:
         self.config = config
         self.total_steps = total_steps
         self.global_step = 0
-        self.manager: FSDPModelManager | None = None
+        self.manager: TrainingBackend | None = None
 
     def init_worker(self) -> None:
         """Join the group's process group, build and shard the value model."""
@@ -86,12 +87,12 @@ class CriticWorker(Worker):
         # place (the values are sliced out of place), so its warning about in-place ops on
         # views does not apply.
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
-        self.manager = FSDPModelManager(
+        self.manager = make_training_backend(
             critic_training_config(self.config), total_steps=self.total_steps, device=device
         )
         self.manager.setup_model_and_optimizer()
 
-    def _manager(self) -> FSDPModelManager:
+    def _manager(self) -> TrainingBackend:
         if self.manager is None:
             raise RuntimeError("init_worker() has not run")
         return self.manager

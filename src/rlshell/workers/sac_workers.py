@@ -27,10 +27,10 @@ from torch import Tensor
 from rlcore import unchecked
 from rlshell.cluster.worker import Worker
 from rlshell.config import Config
-from rlshell.engines.training.fsdp import rng_state, set_rng_state
 from rlshell.envs.stepper import EnvObs, EnvStepper
 from rlshell.models import get_model
 from rlshell.models.base import BasePolicy
+from rlshell.randomness import rng_state, set_rng_state
 from rlshell.rollout.replay import ReplayBatch, ReplayBuffer
 from rlshell.rundir import write_nonfinite
 from rlshell.workers.sac_update import SACLearner, SACSettings, collect_sac_steps

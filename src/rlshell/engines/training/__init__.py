@@ -18,10 +18,10 @@ validation asks the registered entry. Built in (`rlshell.engines.training.builti
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -42,12 +42,14 @@ from rlshell.engines.plugins import (
 __all__ = [
     "BACKEND_KEYS",
     "TRAINING_BACKENDS",
+    "PipelinedBackend",
     "TrainingBackend",
     "TrainingBackendBuilder",
     "TrainingBackendEntry",
     "data_parallel_shares",
     "make_training_backend",
     "pipeline_stages",
+    "pipelined",
     "register_training_backend",
 ]
 
@@ -97,6 +99,12 @@ class TrainingBackend(Protocol):
 
     def unsharded(self) -> AbstractContextManager[nn.Module]: ...
 
+    def full_tensors(self, model: nn.Module) -> Mapping[str, torch.Tensor]:
+        """Inside ``unsharded()``, given the module it yields: every state-dict entry of the
+        whole model by its Hugging Face name (a tied weight under each name), the tensors
+        themselves, not copies; read them before the context ends."""
+        ...
+
     def before_micro_batch(self, model: nn.Module, is_last: bool) -> None: ...
 
     def optimizer_step(self) -> tuple[float, list[float]]:
@@ -118,6 +126,34 @@ class TrainingBackend(Protocol):
     def offload_optimizer(self) -> None: ...
 
     def load_optimizer(self, device: torch.device | str) -> None: ...
+
+
+@runtime_checkable
+class PipelinedBackend(TrainingBackend, Protocol):
+    """A backend whose ``pipeline_stages`` can exceed 1: its `module` is one stage, and the
+    forward and backward passes of a mini-batch go through its pipeline schedule."""
+
+    def pipeline_passes(
+        self,
+        micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        loss_of: Callable[[int, torch.Tensor], tuple[torch.Tensor, dict[str, float]]],
+    ) -> list[dict[str, float]]:
+        """Forward and backward of every micro-batch ``(input_ids, attention_mask)``;
+        gradients accumulate in this stage's parameters. ``loss_of(index, logits)`` gives
+        micro-batch ``index``'s loss (the gradient is that of the losses' sum) and metrics,
+        on the last stage; every stage of the pipeline returns those metrics, in order."""
+        ...
+
+
+def pipelined(backend: TrainingBackend) -> PipelinedBackend:
+    """``backend`` as a `PipelinedBackend`; a TypeError naming it when it has more than one
+    stage but no pipeline schedule (a backend's registration bug, not a config error)."""
+    if not isinstance(backend, PipelinedBackend):
+        raise TypeError(
+            f"{type(backend).__name__} reports {backend.pipeline_stages} pipeline stages but "
+            "has no pipeline_passes(): a backend with stages implements PipelinedBackend"
+        )
+    return backend
 
 
 TrainingBackendBuilder = Callable[..., TrainingBackend]

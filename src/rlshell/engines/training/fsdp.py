@@ -28,13 +28,10 @@ The checkpoint records a fingerprint of the frozen weights
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -57,12 +54,12 @@ from torch.distributed.tensor import DTensor
 from rlshell.config import ActorConfig, OptimConfig, WrapPolicyConfig
 from rlshell.models import get_model, torch_dtype
 from rlshell.models.lora import frozen_fingerprint
+from rlshell.randomness import rng_state, set_rng_state
 
 __all__ = [
     "FSDPModelManager",
     "build_adamw",
     "build_lr_lambda",
-    "full_named_tensors",
     "gathered_named_tensors",
     "move_optimizer_state",
     "move_parameters",
@@ -148,26 +145,13 @@ def build_adamw(parameters: Iterable[nn.Parameter], optim: OptimConfig) -> torch
     )
 
 
-def full_named_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every parameter and buffer of ``model`` as a full tensor, one at a time.
-
-    Sharded (DTensor) entries are all-gathered, so every rank must iterate in
-    step; the caller holds at most one full tensor at once.
-    """
-    for name, tensor in model.state_dict().items():
-        if isinstance(tensor, DTensor):
-            yield name, tensor.full_tensor()
-        else:
-            yield name, tensor
-
-
 def gathered_named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """Inside `FSDPModelManager.unsharded`: every state-dict entry of ``model``, full, by name.
 
     The parameters (a tied one under each of its names) and the persistent
     buffers, as the gathered tensors themselves (no copies): one all-gather
-    per FSDP unit on entering the context, instead of `full_named_tensors`'
-    one per parameter. Read them before the context ends.
+    per FSDP unit on entering the context, instead of one per parameter. Read them
+    before the context ends.
     """
     tensors: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     for prefix, module in model.named_modules(remove_duplicate=False):
@@ -181,26 +165,6 @@ def gathered_named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
             f"(e.g. {sharded[0]!r}); call it inside FSDPModelManager.unsharded()"
         )
     return tensors
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's random states: Python, NumPy, torch (and CUDA when present)."""
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 class FSDPModelManager:
@@ -335,6 +299,10 @@ class FSDPModelManager:
             for unit in units:
                 unit.reshard()
                 unit.set_reshard_after_forward(reshard and unit is not root, recurse=False)
+
+    def full_tensors(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Inside `unsharded`: `gathered_named_tensors` of the module it yields."""
+        return gathered_named_tensors(model)
 
     def before_micro_batch(self, model: nn.Module, is_last: bool) -> None:
         """Reduce gradients across ranks only after the last micro-batch of a step."""

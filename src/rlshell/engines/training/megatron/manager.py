@@ -31,7 +31,7 @@ A resume needs the same grid; it re-shards the saved weights (exact: slices).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -47,15 +47,19 @@ from rlshell.config import ActorConfig
 from rlshell.engines.training.fsdp import (
     build_adamw,
     build_lr_lambda,
+    gathered_named_tensors,
     move_optimizer_state,
     move_parameters,
-    rng_state,
-    set_rng_state,
 )
 from rlshell.engines.training.megatron.layout import GPTLayout, hf_from_shards, megatron_shard
-from rlshell.engines.training.megatron.model import MegatronCausalLM, build_gpt_stage
+from rlshell.engines.training.megatron.model import (
+    MegatronCausalLM,
+    build_gpt_stage,
+    pipeline_train_passes,
+)
 from rlshell.engines.training.megatron.parallel import MegatronRanks, init_model_parallel
 from rlshell.models import get_model, torch_dtype
+from rlshell.randomness import rng_state, set_rng_state
 
 __all__ = ["RANK_STATE", "MegatronModelManager"]
 
@@ -195,6 +199,26 @@ class MegatronModelManager:
     def before_micro_batch(self, model: nn.Module, is_last: bool) -> None:
         """Nothing: gradients are reduced once, in `optimizer_step`."""
 
+    def pipeline_passes(
+        self,
+        micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        loss_of: Callable[[int, torch.Tensor], tuple[torch.Tensor, dict[str, float]]],
+    ) -> list[dict[str, float]]:
+        """Every micro-batch through Megatron's 1F1B schedule (`pipeline_train_passes`); the
+        last stage's metrics handed to every stage of its pipeline, so that every rank
+        reduces the same keys."""
+        from megatron.core import parallel_state
+
+        per_micro = pipeline_train_passes(self.module, micro_batches, loss_of)
+        shared: list[Any] = [per_micro]
+        dist.broadcast_object_list(
+            shared,
+            src=parallel_state.get_pipeline_model_parallel_last_rank(),
+            group=parallel_state.get_pipeline_model_parallel_group(),
+        )
+        received: list[dict[str, float]] = shared[0]
+        return received
+
     def optimizer_step(self) -> tuple[float, list[float]]:
         """Reduce, clip, step and schedule; (gradient norm before clipping, learning rates).
 
@@ -271,6 +295,10 @@ class MegatronModelManager:
         group = parallel_state.get_model_parallel_group()
         dist.all_gather_object(shards, ((ranks.tp_rank, ranks.pp_rank), local), group=group)
         return hf_from_shards(dict(shards), self.layout)
+
+    def full_tensors(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Inside `unsharded`: the host module's entries (a plain module: nothing sharded)."""
+        return gathered_named_tensors(model)
 
     @contextmanager
     def unsharded(self) -> Iterator[nn.Module]:
