@@ -98,7 +98,12 @@ SHELL = Path(__file__).resolve().parents[1] / "src" / "rlshell"
 
 # Lowest first. Every top-level module or package of rlshell is in exactly one layer.
 SHELL_LAYERS: list[tuple[str, frozenset[str]]] = [
-    ("base", frozenset({"rlshell", "config", "extensions", "limits", "process", "randomness"})),
+    (
+        "base",
+        frozenset(
+            {"rlshell", "config", "extensions", "limits", "process", "process_pool", "randomness"}
+        ),
+    ),
     ("cluster", frozenset({"cluster"})),
     (
         "domain",

@@ -229,7 +229,7 @@ ORPHANED = """
 import sys, time
 from rlshell.rewards.pool import RewardPool
 pool = RewardPool("chaos", timeout_s=600.0, num_processes=1)
-print(pool._processes[0].pid, flush=True)
+print(pool.pids[0], flush=True)
 pool.score(["HANG"], ["-"])  # hangs in the reward process until this process is killed
 """
 

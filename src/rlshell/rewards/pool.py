@@ -45,6 +45,10 @@ process, a non-finite return) with its sample, for the run to show. What
 does raise: mismatched lengths (ValueError), an unknown reward name
 (KeyError, at construction), and a process that cannot start
 (`RewardPoolError`).
+
+The processes, their deadlines and replacement are `rlshell.process_pool.ProcessPool`'s,
+shared with the tool sandbox; what crosses back from a reward process is JSON, never a
+pickle.
 """
 
 from __future__ import annotations
@@ -57,21 +61,26 @@ import multiprocessing
 import numbers
 import os
 import signal
-import sys
 import threading
 import time
 import traceback
 import types
-from collections import deque
-from collections.abc import Iterator, Sequence
-from multiprocessing.connection import Connection, wait
-from multiprocessing.context import ForkServerContext
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
 from typing import Any, Self
 
 from attrs import frozen
 
 from rlshell.extensions import ENV_VAR, load_extensions
 from rlshell.limits import limit_address_space
+from rlshell.process_pool import (
+    ProcessPool,
+    ProtocolError,
+    Starter,
+    exit_when_orphaned,
+    receive_message,
+    send_message,
+)
 from rlshell.rewards import RewardFn, get_reward
 from rlshell.rewards.failures import CRASH, NON_FINITE, TIMEOUT, RewardFailure, function_name
 
@@ -178,22 +187,24 @@ class RewardPool:
         self.failure_score = float(failure_score)
         self.start_timeout_s = start_timeout_s
         self.memory_mb = memory_mb
-        self._context = multiprocessing.get_context("forkserver")
+        context = multiprocessing.get_context("forkserver")
         # Imported once, by the fork server, when it starts (the first pool of a process).
-        self._context.set_forkserver_preload([__name__, *_PRELOAD])
-        self._lock = threading.Lock()
-        self._closed = False
-        self._processes: list[_RewardProcess] = []
-        try:
-            for _ in range(num_processes):
-                self._processes.append(self._start_process())
-            no_batch, no_queue = _Batch((), (), (), self.failure_score), deque[int]()
-            while not all(process.ready for process in self._processes):
-                self._wait_and_read(no_batch, no_queue)
-                self._enforce_deadlines(no_batch, no_queue)
-        except BaseException:
-            self.close()
-            raise
+        context.set_forkserver_preload([__name__, *_PRELOAD])
+        starter = Starter(
+            context=context,
+            target=_serve,
+            args=(names, os.getpid(), memory_mb, dict(os.environ)),
+            name=f"reward:{','.join(names)}",
+            label="reward process",
+        )
+        self._pool = ProcessPool(
+            starter,
+            num_processes,
+            timeout_s=self.timeout_s,
+            owner=f"reward pool for {self._label()}",
+            error=RewardPoolError,
+            start_timeout_s=start_timeout_s,
+        )
 
     def __enter__(self) -> Self:
         return self
@@ -207,13 +218,18 @@ class RewardPool:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self._processes)} processes"
+        state = "closed" if self._pool.closed else f"{self._pool.size} processes"
         names = self.reward_types[0] if len(self.reward_types) == 1 else list(self.reward_types)
         return f"RewardPool({names!r}, timeout_s={self.timeout_s}, {state})"
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._pool.closed
+
+    @property
+    def pids(self) -> list[int]:
+        """The reward processes' pids (a replaced one's successor in its place)."""
+        return self._pool.pids
 
     @property
     def reward_type(self) -> str:
@@ -252,29 +268,18 @@ class RewardPool:
                 f"reward_types: expected distinct rewards of this pool "
                 f"({', '.join(self.reward_types)}), got {list(names)}"
             )
-        with self._lock:
-            if self._closed:
-                raise RuntimeError(f"this RewardPool for {self._label()} is closed")
-            start = time.perf_counter()
-            slots = [self.reward_types.index(name) for name in names]
-            batch = _Batch(responses, answers, slots, self.failure_score)
-            queue = deque(range(batch.calls))
-            try:
-                while batch.remaining:
-                    self._dispatch(queue, batch)
-                    self._wait_and_read(batch, queue)
-                    self._enforce_deadlines(batch, queue)
-            except BaseException:
-                # Results of this batch may still be on their way; no later batch may read them.
-                self._close_now()
-                raise
-            seconds = time.perf_counter() - start
-            return {name: batch.result(position, seconds) for position, name in enumerate(names)}
+        if self._pool.closed:
+            raise RuntimeError(f"this RewardPool for {self._label()} is closed")
+        start = time.perf_counter()
+        slots = [self.reward_types.index(name) for name in names]
+        batch = _Batch(responses, answers, slots, self.failure_score, self)
+        self._pool.run(batch, range(batch.calls), max_chunk=_MAX_CHUNK)
+        seconds = time.perf_counter() - start
+        return {name: batch.result(position, seconds) for position, name in enumerate(names)}
 
     def close(self) -> None:
         """Stop every process (idempotent)."""
-        with self._lock:
-            self._close_now()
+        self._pool.close()
 
     def _only(self) -> str:
         if len(self.reward_types) != 1:
@@ -286,82 +291,6 @@ class RewardPool:
 
     def _label(self) -> str:
         return ", ".join(f"'{name}'" for name in self.reward_types)
-
-    # -- the scheduler: a batch is a queue of calls, numbered reward-major (see `_Batch`)
-
-    def _start_process(self) -> _RewardProcess:
-        return _RewardProcess(
-            self._context, self.reward_types, self.start_timeout_s, self.memory_mb
-        )
-
-    def _dispatch(self, queue: deque[int], batch: _Batch) -> None:
-        """Send each idle, ready process its next chunk of calls."""
-        for process in self._processes:
-            if not queue:
-                return
-            if process.ready and not process.in_flight:
-                # Chunks shrink as the queue does, so that the processes finish together.
-                size = max(1, min(_MAX_CHUNK, len(queue) // (2 * len(self._processes))))
-                indices = [queue.popleft() for _ in range(size)]
-                chunk = [batch.call(index) for index in indices]
-                try:
-                    process.conn.send(chunk)
-                except OSError:
-                    queue.extendleft(reversed(indices))
-                    continue  # it died; reading its connection finds out
-                process.in_flight.extend(indices)
-                process.call_started = time.monotonic()
-
-    def _wait_and_read(self, batch: _Batch, queue: deque[int]) -> None:
-        """Wait until a process reports or the nearest deadline; read every report."""
-        now = time.monotonic()
-        deadlines = [process.deadline(self.timeout_s) for process in self._processes]
-        timeout = max(0.0, min((d for d in deadlines if d is not None), default=now + 1.0) - now)
-        ready = wait([process.conn for process in self._processes], timeout)
-        for slot, process in enumerate(self._processes):
-            if process.conn in ready:
-                try:
-                    while process.conn.poll():
-                        self._handle(process, process.conn.recv(), batch)
-                except (EOFError, OSError):
-                    self._replace(slot, batch, queue, process.death(), timed_out=False)
-
-    def _handle(self, process: _RewardProcess, message: tuple[Any, ...], batch: _Batch) -> None:
-        kind = message[0]
-        if kind == "ready":
-            process.ready = True
-        elif kind == "failed":
-            raise RewardPoolError(
-                f"reward process (pid {process.pid}) for {self._label()} failed to start: "
-                f"{message[1]}"
-            )
-        else:
-            index = process.in_flight.popleft()
-            if message[1] != index:
-                raise RewardPoolError(
-                    f"reward process (pid {process.pid}) answered call {message[1]}, "
-                    f"expected {index}"
-                )
-            if kind == "ok":
-                batch.scored(index, message[2])
-            else:
-                _, _, text, failure_kind, details = message
-                batch.failed(index, text, failure_kind, details)
-            process.call_started = time.monotonic()
-
-    def _enforce_deadlines(self, batch: _Batch, queue: deque[int]) -> None:
-        now = time.monotonic()
-        for slot, process in enumerate(self._processes):
-            deadline = process.deadline(self.timeout_s)
-            if deadline is None or now < deadline or process.conn.poll():
-                continue  # a report waiting to be read is read first
-            if not process.ready:
-                raise RewardPoolError(
-                    f"reward process (pid {process.pid}) for {self._label()} did not "
-                    f"start within {self.start_timeout_s:g} s"
-                )
-            reason = f"timed out after {self.timeout_s:g} s"
-            self._replace(slot, batch, queue, reason, timed_out=True)
 
     def _fail_call(self, batch: _Batch, index: int, reason: str, *, timed_out: bool) -> None:
         """Fail call ``index``, which was killed (``timed_out``) or whose process died."""
@@ -380,32 +309,6 @@ class RewardPool:
             )
             batch.failed(index, reason, CRASH, details)
 
-    def _replace(
-        self, slot: int, batch: _Batch, queue: deque[int], reason: str, *, timed_out: bool
-    ) -> None:
-        """Kill the process in ``slot``, fail its current call, requeue the rest, start another."""
-        process = self._processes[slot]
-        process.kill()
-        if not process.ready:
-            raise RewardPoolError(
-                f"{reason} before it was ready to score {self._label()} (see its stderr)"
-            )
-        if process.in_flight:
-            index = process.in_flight.popleft()
-            self._fail_call(batch, index, reason, timed_out=timed_out)
-            queue.extendleft(reversed(process.in_flight))
-        self._processes[slot] = self._start_process()
-
-    def _close_now(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        # Killed, not asked to exit: a reward process holds nothing to save, and
-        # an interpreter that imported torch takes a second or two to wind down.
-        for process in self._processes:
-            process.kill()
-        self._processes = []
-
 
 class _Batch:
     """The calls of one `RewardPool.score_each`, filled in as reports arrive.
@@ -421,7 +324,9 @@ class _Batch:
         answers: Sequence[str],
         slots: Sequence[int],
         failure_score: float,
+        pool: RewardPool | None = None,
     ) -> None:
+        self.pool = pool
         self.responses, self.answers, self.slots = responses, answers, tuple(slots)
         self.samples = len(responses)
         self.calls = self.samples * len(self.slots)
@@ -436,10 +341,33 @@ class _Batch:
         """The pool's reward (its position in ``reward_types``) of call ``index``."""
         return self.slots[index // self.samples]
 
-    def call(self, index: int) -> tuple[int, int, str, str]:
-        """What a reward process is sent for call ``index``: it, its reward, its sample's texts."""
-        sample = index % self.samples
-        return (index, self.slot(index), self.responses[sample], self.answers[sample])
+    def request(self, indices: list[int]) -> list[Any]:
+        """What a reward process is sent for calls ``indices``: for each, its number, its
+        reward and its sample's texts."""
+        return [
+            "score",
+            [
+                [index, self.slot(index), self.responses[i], self.answers[i]]
+                for index, i in ((index, index % self.samples) for index in indices)
+            ],
+        ]
+
+    def answered(self, index: int, answer: list[Any]) -> None:
+        """``[index, "ok", score]`` or ``[index, "error", message, kind, details]``."""
+        match answer:
+            case [int() as number, "ok", float() | int() as score] if number == index:
+                self.scores[index] = float(score)
+                self.remaining -= 1
+            case [int() as number, "error", str() as text, str() as kind, str() as details] if (
+                number == index
+            ):
+                self.failed(index, text, kind, details)
+            case _:
+                raise ProtocolError(f"call {index}: an answer of another shape: {answer!r:.80}")
+
+    def lost(self, index: int, reason: str, *, timed_out: bool, seconds: float) -> None:
+        assert self.pool is not None
+        self.pool._fail_call(self, index, reason, timed_out=timed_out)
 
     def scored(self, index: int, score: float) -> None:
         self.scores[index] = score
@@ -493,70 +421,6 @@ class _Batch:
         )
 
 
-class _RewardProcess:
-    """One reward process as the pool sees it: its connection and the samples sent to it."""
-
-    def __init__(
-        self,
-        context: ForkServerContext,
-        reward_types: tuple[str, ...],
-        start_timeout_s: float,
-        memory_mb: int | None = None,
-    ) -> None:
-        parent_end, child_end = context.Pipe(duplex=True)
-        self.process = context.Process(
-            target=_serve,
-            args=(child_end, reward_types, os.getpid(), memory_mb, dict(os.environ)),
-            name=f"reward:{','.join(reward_types)}",
-            daemon=True,
-        )
-        with _main_script_left_out():
-            self.process.start()
-        child_end.close()  # so that the child's exit reads as EOF here
-        assert self.process.pid is not None
-        self.pid = self.process.pid
-        self.conn: Connection = parent_end
-        self.ready = False
-        self.start_deadline = time.monotonic() + start_timeout_s
-        self.in_flight: deque[int] = deque()
-        self.call_started = 0.0
-
-    def deadline(self, timeout_s: float) -> float | None:
-        """When this process must have reported: start-up, or its current call's end."""
-        if not self.ready:
-            return self.start_deadline
-        return self.call_started + timeout_s if self.in_flight else None
-
-    def death(self) -> str:
-        """Why the process ended, once its connection has closed."""
-        self.process.join(1.0)
-        code = self.process.exitcode
-        if code is not None and code < 0:
-            return f"reward process (pid {self.pid}) died of {signal.Signals(-code).name}"
-        return f"reward process (pid {self.pid}) exited with code {code}"
-
-    def kill(self) -> None:
-        if self.process.exitcode is None:
-            self.process.kill()
-            self.process.join(5.0)
-        self.conn.close()
-
-
-@contextlib.contextmanager
-def _main_script_left_out() -> Iterator[None]:
-    """While a process starts: a new process would run this process's main script again (as
-    ``__mp_main__``), and a script or notebook export without an ``if __name__ ==
-    "__main__":`` guard would train a second time there. A reward process needs nothing of
-    it: rewards come by name from the registry (built-ins, ``RLSHELL_EXT_MODULE``, and the
-    objects `rlshell.api` ships in ``RLSHELL_EXT_OBJECTS``)."""
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
-
-
 # -- the reward process
 
 
@@ -576,7 +440,7 @@ def _serve(
         os.environ.clear()
         os.environ.update(environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
+    threading.Thread(target=exit_when_orphaned, args=(parent_pid,), daemon=True).start()
     try:
         load_extensions(where="reward process")
         rewards = [get_reward(name) for name in reward_types]
@@ -587,7 +451,7 @@ def _serve(
             if isinstance(error, KeyError)
             else ""
         )
-        conn.send(("failed", _describe(error) + hint))
+        send_message(conn, ["failed", _describe(error) + hint])
         return
     for module in _PRELOAD:
         with contextlib.suppress(ImportError):
@@ -596,29 +460,30 @@ def _serve(
     if memory_mb is not None:
         limit_address_space(memory_mb)
     try:
-        conn.send(("ready",))
+        send_message(conn, ["ready"])
         while True:
-            for index, slot, response, answer in conn.recv():
-                conn.send(_call(rewards[slot], index, response, answer))
+            _, calls = receive_message(conn)
+            for index, slot, response, answer in calls:
+                send_message(conn, ["answer", index, *_call(rewards[slot], response, answer)])
     except (EOFError, OSError):
         return  # the pool closed its end, or its process is gone
 
 
-def _call(reward: RewardFn, index: int, response: str, answer: str) -> tuple[Any, ...]:
-    """``("ok", index, score)``, or ``("error", index, message, kind, details)``."""
+def _call(reward: RewardFn, response: str, answer: str) -> list[Any]:
+    """``["ok", score]``, or ``["error", message, kind, details]``."""
     try:
         value: object = reward(response, answer)
     except Exception as error:
         kind, details = _traceback_of(error)
-        return ("error", index, _describe(error), kind, details)
+        return ["error", _describe(error), kind, details]
     try:
         score = float(value) if isinstance(value, numbers.Real) else math.nan
     except OverflowError:  # an int beyond float range
         score = math.nan
     if not math.isfinite(score):
         message = f"returned {_short_repr(value)}, expected a finite float"
-        return ("error", index, message, NON_FINITE, f"{function_name(reward)} {message}")
-    return ("ok", index, score)
+        return ["error", message, NON_FINITE, f"{function_name(reward)} {message}"]
+    return ["ok", score]
 
 
 def _traceback_of(error: Exception) -> tuple[str, str]:
@@ -657,21 +522,3 @@ def _short_repr(value: object) -> str:
 
 def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _exit_when_orphaned(pool_pid: int) -> None:
-    """End this process when the pool's process is gone, even in the middle of a hung call.
-
-    Its parent is the fork server, which ends with the pool's process; the pool's process is
-    also checked itself."""
-    parent = os.getppid()
-    while True:
-        time.sleep(_ORPHAN_CHECK_S)
-        if os.getppid() != parent:
-            os._exit(1)
-        try:
-            os.kill(pool_pid, 0)
-        except ProcessLookupError:
-            os._exit(1)
-        except PermissionError:  # a process of another user holds the pid: ours is gone
-            os._exit(1)

@@ -7,8 +7,10 @@
         observations = [format_result(result.observation, fmt) for result in results]
 
 The executor starts ``num_processes`` sandbox processes once (the "spawn"
-start method, as the reward pool's: a fresh interpreter, never a fork of a
-process that may hold threads, as Ray workers do) and keeps them. Each loads
+start method: a fresh interpreter, never a fork of a process that may hold
+threads, as Ray workers do) and keeps them; starting, deadlines and
+replacement are `rlshell.process_pool.ProcessPool`'s, shared with the reward
+pool, and what a sandbox process sends back is JSON, never a pickle. Each loads
 ``RLSHELL_EXT_MODULE`` (and ``RLSHELL_EXT_OBJECTS``) before it looks its
 tools up, so tools registered by extension modules work there. A batch is
 shared out across the processes, one call per process at a time.
@@ -50,21 +52,15 @@ import difflib
 import multiprocessing
 import os
 import shutil
-import signal
 import tempfile
-import threading
-import time
 import types
-from collections import deque
 from collections.abc import Sequence
-from multiprocessing.connection import Connection, wait
-from multiprocessing.context import SpawnContext
-from typing import Literal, Self, cast, get_args
+from typing import Any, Literal, Self, cast, get_args
 
 from attrs import frozen
 
 from rlshell.extensions import load_extensions
-from rlshell.rewards.pool import _main_script_left_out
+from rlshell.process_pool import ProcessPool, ProtocolError, Starter
 from rlshell.tools import get_tool
 from rlshell.tools.limits import ToolLimits
 from rlshell.tools.parsing import ParseError, ToolCall
@@ -181,20 +177,26 @@ class ToolExecutor:
         self.limits = limits if limits is not None else ToolLimits()
         self.num_processes = num_processes
         self.start_timeout_s = start_timeout_s
-        self._context = multiprocessing.get_context("spawn")
-        self._lock = threading.Lock()
-        self._closed = False
         self._scratch_root = tempfile.mkdtemp(prefix="rlshell-tools-")
-        self._processes: list[_SandboxProcess] = []
+        starter = Starter(
+            context=multiprocessing.get_context("spawn"),
+            target=serve,
+            args=(self.names, self.limits, self._scratch_root, os.getpid()),
+            name=f"tools:{','.join(self.names)}",
+            label="tool sandbox process",
+        )
         try:
-            for _ in range(num_processes):
-                self._processes.append(self._start_process())
-            no_results: list[ToolResult | None] = []
-            while not all(process.ready for process in self._processes):
-                self._wait_and_read(no_results)
-                self._enforce_deadlines(no_results)
+            self._pool = ProcessPool(
+                starter,
+                num_processes,
+                timeout_s=self.limits.timeout_s,
+                grace_s=_ANSWER_GRACE_S,
+                owner=f"tool executor for {list(self.names)}",
+                error=SandboxError,
+                start_timeout_s=start_timeout_s,
+            )
         except BaseException:
-            self.close()
+            shutil.rmtree(self._scratch_root, ignore_errors=True)
             raise
 
     def __enter__(self) -> Self:
@@ -209,193 +211,70 @@ class ToolExecutor:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self._processes)} processes"
+        state = "closed" if self._pool.closed else f"{self._pool.size} processes"
         return f"ToolExecutor({list(self.names)!r}, {self.limits!r}, {state})"
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._pool.closed
+
+    @property
+    def pids(self) -> list[int]:
+        """The sandbox processes' pids (a replaced one's successor in its place)."""
+        return self._pool.pids
 
     def run(self, calls: Sequence[ToolCall | ParseError]) -> list[ToolResult]:
         """The result of each call, in order. A `ParseError` becomes a ``parse_error``
         result whose observation is ``error: <its message>``; a call to a tool this
         executor does not serve an ``unknown_tool`` one; the others run concurrently
         across the processes."""
-        with self._lock:
-            if self._closed:
-                raise RuntimeError(f"this ToolExecutor for {list(self.names)} is closed")
-            results: list[ToolResult | None] = [None] * len(calls)
-            queue: deque[int] = deque()
-            for index, call in enumerate(calls):
-                if isinstance(call, ParseError):
-                    results[index] = ToolResult(f"error: {call.message}", "parse_error", 0.0)
-                elif call.name not in self.names:
-                    results[index] = ToolResult(self._unknown(call.name), "unknown_tool", 0.0)
-                else:
-                    queue.append(index)
-            try:
-                while any(result is None for result in results):
-                    self._dispatch(queue, calls)
-                    self._wait_and_read(results)
-                    self._enforce_deadlines(results)
-            except BaseException:
-                # Answers to this batch may still be on their way; no later batch may read them.
-                self._close_now()
-                raise
-            return [result for result in results if result is not None]
+        if self._pool.closed:
+            raise RuntimeError(f"this ToolExecutor for {list(self.names)} is closed")
+        batch = _ToolBatch(calls)
+        queue: list[int] = []
+        for index, call in enumerate(calls):
+            if isinstance(call, ParseError):
+                batch.results[index] = ToolResult(f"error: {call.message}", "parse_error", 0.0)
+            elif call.name not in self.names:
+                batch.results[index] = ToolResult(self._unknown(call.name), "unknown_tool", 0.0)
+            else:
+                queue.append(index)
+        self._pool.run(batch, queue)
+        return [result for result in batch.results if result is not None]
 
     def close(self) -> None:
         """Stop every process and remove the scratch directories (idempotent)."""
-        with self._lock:
-            self._close_now()
+        self._pool.close()
+        shutil.rmtree(self._scratch_root, ignore_errors=True)
 
     def _unknown(self, name: str) -> str:
         close = difflib.get_close_matches(name, self.names, n=2, cutoff=0.5)
         hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
         return f"error: unknown tool {name!r}{hint}; tools: {', '.join(self.names)}"
 
-    # -- the scheduler: one call per process at a time
 
-    def _start_process(self) -> _SandboxProcess:
-        return _SandboxProcess(
-            self._context, self.names, self.limits, self._scratch_root, self.start_timeout_s
-        )
+class _ToolBatch:
+    """The calls of one `ToolExecutor.run`, one per request, their results filled in."""
 
-    def _dispatch(self, queue: deque[int], calls: Sequence[ToolCall | ParseError]) -> None:
-        for process in self._processes:
-            if not queue:
-                return
-            if process.ready and process.call is None:
-                index = queue.popleft()
-                call = cast(ToolCall, calls[index])
-                try:
-                    process.conn.send((call.name, call.argument))
-                except OSError:
-                    queue.appendleft(index)
-                    continue  # it died; reading its connection finds out
-                process.call = index
-                process.call_started = time.monotonic()
+    def __init__(self, calls: Sequence[ToolCall | ParseError]) -> None:
+        self.calls = calls
+        self.results: list[ToolResult | None] = [None] * len(calls)
 
-    def _wait_and_read(self, results: list[ToolResult | None]) -> None:
-        """Wait until a process answers or the nearest deadline; read every answer."""
-        now = time.monotonic()
-        deadlines = [process.deadline(self.limits.timeout_s) for process in self._processes]
-        timeout = max(0.0, min((d for d in deadlines if d is not None), default=now + 1.0) - now)
-        ready = wait([process.conn for process in self._processes], timeout)
-        for slot, process in enumerate(list(self._processes)):
-            if process.conn not in ready:
-                continue
-            try:
-                message = process.conn.recv()
-            except (EOFError, OSError):
-                self._replace(slot, results, process.death())
-                continue
-            if message[0] == "ready":
-                process.ready = True
-            elif message[0] == "failed":
-                raise SandboxError(
-                    f"tool sandbox process (pid {process.pid}) for {list(self.names)} could "
-                    f"not start: {message[1]}"
-                )
-            else:
-                status, observation, seconds = message
-                assert process.call is not None
-                results[process.call] = ToolResult(observation, status, seconds)
-                process.call = None
+    def request(self, indices: list[int]) -> list[Any]:
+        (index,) = indices
+        call = cast(ToolCall, self.calls[index])
+        return ["call", call.name, call.argument]
 
-    def _enforce_deadlines(self, results: list[ToolResult | None]) -> None:
-        now = time.monotonic()
-        for slot, process in enumerate(list(self._processes)):
-            deadline = process.deadline(self.limits.timeout_s)
-            if deadline is None or now < deadline:
-                continue
-            if not process.ready:
-                raise SandboxError(
-                    f"tool sandbox process (pid {process.pid}) for {list(self.names)} did "
-                    f"not start within {self.start_timeout_s:g} s"
-                )
-            self._replace(
-                slot,
-                results,
-                f"its sandbox process did not answer within {self.limits.timeout_s:g} s "
-                f"+ {_ANSWER_GRACE_S:g} s and was killed",
-                timed_out=True,
-            )
+    def answered(self, index: int, answer: list[Any]) -> None:
+        """``[status, observation, seconds]``."""
+        match answer:
+            case [str() as status, str() as observation, float() | int() as seconds] if (
+                status in STATUSES
+            ):
+                self.results[index] = ToolResult(observation, status, float(seconds))
+            case _:
+                raise ProtocolError(f"call {index}: an answer of another shape: {answer!r:.80}")
 
-    def _replace(
-        self, slot: int, results: list[ToolResult | None], reason: str, *, timed_out: bool = False
-    ) -> None:
-        """Kill the process in ``slot``, fail its call with ``reason``, start another."""
-        process = self._processes[slot]
-        process.kill()
-        if not process.ready:
-            raise SandboxError(
-                f"tool sandbox process for {list(self.names)}: {reason} before it was ready "
-                "(see its stderr)"
-            )
-        if process.call is not None:
-            seconds = time.monotonic() - process.call_started
-            status: Status = "timeout" if timed_out else "crashed"
-            results[process.call] = ToolResult(f"error: the call failed: {reason}", status, seconds)
-        self._processes[slot] = self._start_process()
-
-    def _close_now(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for process in self._processes:
-            process.kill()
-        self._processes = []
-        shutil.rmtree(self._scratch_root, ignore_errors=True)
-
-
-class _SandboxProcess:
-    """One sandbox process as the executor sees it: its connection and its call."""
-
-    def __init__(
-        self,
-        context: SpawnContext,
-        names: tuple[str, ...],
-        limits: ToolLimits,
-        scratch_root: str,
-        start_timeout_s: float,
-    ) -> None:
-        parent_end, child_end = context.Pipe(duplex=True)
-        self.process = context.Process(
-            target=serve,
-            args=(child_end, names, limits, scratch_root, os.getpid()),
-            name=f"tools:{','.join(names)}",
-            daemon=True,
-        )
-        with _main_script_left_out():
-            self.process.start()
-        child_end.close()  # so that the child's exit reads as EOF here
-        assert self.process.pid is not None
-        self.pid = self.process.pid
-        self.conn: Connection = parent_end
-        self.ready = False
-        self.start_deadline = time.monotonic() + start_timeout_s
-        self.call: int | None = None
-        self.call_started = 0.0
-
-    def deadline(self, timeout_s: float) -> float | None:
-        """When this process must have answered: start-up, or its call's end plus grace."""
-        if not self.ready:
-            return self.start_deadline
-        if self.call is None:
-            return None
-        return self.call_started + timeout_s + _ANSWER_GRACE_S
-
-    def death(self) -> str:
-        """Why the process ended, once its connection has closed."""
-        self.process.join(1.0)
-        code = self.process.exitcode
-        if code is not None and code < 0:
-            return f"its sandbox process (pid {self.pid}) died of {signal.Signals(-code).name}"
-        return f"its sandbox process (pid {self.pid}) exited with code {code}"
-
-    def kill(self) -> None:
-        if self.process.exitcode is None:
-            self.process.kill()
-            self.process.join(5.0)
-        self.conn.close()
+    def lost(self, index: int, reason: str, *, timed_out: bool, seconds: float) -> None:
+        status: Status = "timeout" if timed_out else "crashed"
+        self.results[index] = ToolResult(f"error: the call failed: {reason}", status, seconds)

@@ -35,8 +35,8 @@ import ctypes
 import errno
 import fcntl
 import io
+import json
 import os
-import pickle
 import resource
 import select
 import shutil
@@ -51,6 +51,7 @@ from multiprocessing.connection import Connection
 
 from rlshell.extensions import ENV_VAR, OBJECTS_ENV_VAR, load_extensions
 from rlshell.limits import limit_address_space
+from rlshell.process_pool import receive_message, send_message
 from rlshell.tools import ToolError, ToolFn, get_tool, tool_is_pure
 from rlshell.tools.limits import ToolLimits
 
@@ -110,11 +111,11 @@ def serve(
         tools = {name: get_tool(name) for name in names}
         pure = {name: tool_is_pure(name) for name in names}
     except Exception as error:
-        conn.send(("failed", _setup_failure(error)))
+        send_message(conn, ["failed", _setup_failure(error)])
         return
     server = _Server(tools, pure, limits, scratch_root)
     try:
-        conn.send(("ready",))
+        send_message(conn, ["ready"])
         while True:
             try:
                 if not conn.poll(_ORPHAN_CHECK_S):
@@ -122,12 +123,12 @@ def serve(
                         return  # the caller is gone
                     server.reap()
                     continue
-                name, argument = conn.recv()
+                _, name, argument = receive_message(conn)
             except (EOFError, OSError):
                 return  # the executor closed its end, or its process is gone
-            outcome = server.call(name, argument)
+            status, observation, seconds = server.call(name, argument)
             try:
-                conn.send(outcome)
+                send_message(conn, ["answer", status, observation, seconds])
             except OSError:
                 return
     finally:
@@ -466,7 +467,7 @@ class _Runner:
 
     def send(self, name: str, argument: str, scratch: str) -> bool:
         """Send a call; False when the runner is gone (its command pipe is broken)."""
-        message = pickle.dumps((name, argument, scratch))
+        message = json.dumps([name, argument, scratch]).encode()
         try:
             _write_all(self.command, struct.pack(">Q", len(message)) + message)
         except BrokenPipeError:
@@ -665,8 +666,8 @@ def _read_command() -> tuple[str, str, str] | None:
     body = _read_exact(_COMMAND_FD, struct.unpack(">Q", header)[0])
     if body is None:
         return None
-    command: tuple[str, str, str] = pickle.loads(body)
-    return command
+    name, argument, scratch = json.loads(body)
+    return str(name), str(argument), str(scratch)
 
 
 def _read_exact(fd: int, size: int) -> bytes | None:
