@@ -316,21 +316,12 @@ class ActorConfig:
 
 
 @frozen
-class CriticOptimConfig:
+class CriticOptimConfig(OptimConfig):
     """The critic's AdamW and schedule: `OptimConfig`'s fields, under ``critic.optim`` (a
     class of its own, so that the config-read tracer tells ``critic.optim.lr`` from
     ``actor.optim.lr``). A value head learns faster than the policy: lr 1e-3 by default."""
 
     lr: float = field(default=1e-3, metadata=POSITIVE)
-    weight_decay: float = field(default=0.0, metadata=NON_NEGATIVE)
-    adam_beta1: float = field(default=0.9, metadata=UNIT_CLOSED)
-    adam_beta2: float = field(default=0.999, metadata=UNIT_CLOSED)
-    adam_eps: float = field(default=1e-8, metadata=POSITIVE)
-    clip_grad: float | None = field(default=1.0, metadata=OPTIONAL_POSITIVE)
-    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
-    lr_warmup_steps: int = field(default=0, metadata=NON_NEGATIVE_INT)
-    min_lr_ratio: float = field(default=0.0, metadata=UNIT_CLOSED)
-    fused: bool = True
 
 
 @frozen

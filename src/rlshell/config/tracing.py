@@ -163,7 +163,11 @@ def install(directory: str | os.PathLike[str]) -> None:
         return
     recorder = _Recorder(Path(directory))
     for (cls, name), key in key_paths_of_fields().items():
-        slot = cls.__dict__[name]
+        # A field a subclass inherits lives in its base's slot: the subclass gets a descriptor
+        # of its own over that slot, so that its reads are told from the base's.
+        slot = next(klass.__dict__[name] for klass in cls.__mro__ if name in klass.__dict__)
+        if isinstance(slot, _TracedField):
+            slot = slot.slot
         setattr(cls, name, _TracedField(slot, key, recorder))
     _installed = recorder
 

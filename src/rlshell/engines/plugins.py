@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ConfigRule",
+    "EngineEntry",
     "Package",
     "UnreadRule",
     "checked_reads",
@@ -74,6 +75,23 @@ def no_problems(config: Config, plan: PlacementPlan | None) -> list[str]:
 def nothing_unread(config: Config, plan: PlacementPlan | None) -> dict[str, str]:
     """The rule of an engine that reads its whole section whenever it runs."""
     return {}
+
+
+@frozen(kw_only=True)
+class EngineEntry:
+    """What every registered engine (rollout engine, training backend) says about itself:
+    the ``packages`` it imports, which of its registry's optional keys it ``reads``, what
+    it refuses before start (``problems``) and which keys it leaves unread in some settings
+    (``unread``)."""
+
+    packages: tuple[Package, ...] = ()
+    reads: frozenset[str] = frozenset()
+    problems: ConfigRule = no_problems
+    unread: UnreadRule = nothing_unread
+
+    def reads_key(self, key: str) -> bool:
+        """Whether this engine reads ``key`` (one of its registry's optional keys) at all."""
+        return key in self.reads
 
 
 def checked_reads(what: str, reads: tuple[str, ...], known: Mapping[str, str]) -> frozenset[str]:

@@ -45,7 +45,7 @@ from rlshell.config import Config
 from rlshell.envs.stepper import EnvRestarted, EnvStepError, EnvStepper
 from rlshell.evaluation.intervals import student_t_interval, wilson_interval
 from rlshell.evaluation.recording import RecordingUnavailableError, record_task_gifs
-from rlshell.models import get_model
+from rlshell.models import as_policy, get_model
 from rlshell.models.base import BasePolicy
 
 if TYPE_CHECKING:
@@ -83,13 +83,12 @@ def load_embodied_policy(checkpoint: Path, config: Config) -> BasePolicy:
     """The policy ``config.actor.model`` builds, with the checkpoint's weights, in eval mode."""
     policy_layout(checkpoint)  # a checkpoint without weights fails before the model is built
     torch.manual_seed(config.actor.seed)
-    policy = get_model(config.actor.model)
-    if not isinstance(policy, BasePolicy):
-        raise EvaluationError(
-            f"actor.model.model_type '{config.actor.model.model_type}' builds a "
-            f"{type(policy).__name__}, not a rlshell.models.BasePolicy: only a policy with "
-            "predict_action_batch can act in an env"
-        )
+    policy = as_policy(
+        get_model(config.actor.model),
+        config.actor.model,
+        EvaluationError,
+        ": only a policy with predict_action_batch can act in an env",
+    )
     load_policy_weights(checkpoint, policy)
     return policy.eval()
 

@@ -43,6 +43,7 @@ __all__ = [
     "ModelBuilder",
     "ModelEntry",
     "apply_lora",
+    "as_policy",
     "get_model",
     "register_model",
     "torch_dtype",
@@ -111,6 +112,19 @@ def get_model(cfg: ModelConfig) -> nn.Module:
         alpha=cfg.lora_alpha,
         target_modules=cfg.lora_target_modules,
     )
+
+
+def as_policy(
+    model: nn.Module, cfg: ModelConfig, error: type[Exception] = TypeError, why: str = ""
+) -> BasePolicy:
+    """``model``, which ``cfg`` built, as a `BasePolicy`; otherwise ``error`` saying what
+    ``actor.model.model_type`` builds instead (``why``: what a policy was needed for)."""
+    if not isinstance(model, BasePolicy):
+        raise error(
+            f"actor.model.model_type '{cfg.model_type}' builds a {type(model).__name__}, "
+            f"not a rlshell.models.BasePolicy{why}"
+        )
+    return model
 
 
 def build_tiny_vla(cfg: ModelConfig, dtype: torch.dtype) -> nn.Module:

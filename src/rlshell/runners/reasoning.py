@@ -17,6 +17,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -48,6 +49,7 @@ from rlshell.runners.loop import timed
 from rlshell.runners.offload import OffloadPlan, plan_offload
 from rlshell.runners.rules.reasoning import ReasoningRules, optimizer_steps_per_batch
 from rlshell.runners.spec import RunSpec
+from rlshell.runners.trainer import Launch, launched_together
 from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
 from rlshell.workers.actor import ActorWorker
 from rlshell.workers.critic import CriticWorker
@@ -95,6 +97,7 @@ class ReasoningTrainer(ReasoningRules):
         self.offload = offload or OffloadPlan()
         self._phase: str | None = None  # "rollout" or "update": who has the shared GPUs now
         self._offload_seconds = 0.0
+        self._stack = ExitStack()  # each group's shutdown, from the moment its actors exist
         self.actor: WorkerGroup[ActorWorker] | None = None
         self.rollout: WorkerGroup[Any] | None = None
         self.reward: WorkerGroup[RewardWorker] | None = None
@@ -161,34 +164,34 @@ class ReasoningTrainer(ReasoningRules):
         total_updates = config.runner.max_steps * optimizer_steps_per_batch(config)
         # Every group's actors are created first, then waited for: their processes start and
         # import side by side (a failure stops them all: `launch` closes the trainer).
-        self.actor = ActorWorker.create_group(config, total_updates, self.hybrid).start(
-            cluster, plan.component("actor"), call_timeout_s=timeout
-        )
-        self.reward = RewardWorker.create_group(config.reward).start(
-            cluster, plan.component("reward"), call_timeout_s=timeout
-        )
+        actor = ActorWorker.create_group(config, total_updates, self.hybrid)
+        reward = RewardWorker.create_group(config.reward)
+        launches: list[Launch] = [
+            (actor, plan.component("actor")),
+            (reward, plan.component("reward")),
+        ]
         if not self.hybrid:
             # Partial rollouts: syncs are offered in a thread of their own, while one generates.
             partial = config.runner.mode == "async" and config.rollout.partial_rollouts
-            control = {"control": 1} if partial else None
-            self.rollout = RolloutWorker.create_group(config).start(
-                cluster,
-                plan.component("rollout"),
-                concurrency_groups=control,
-                call_timeout_s=timeout,
+            rollout = RolloutWorker.create_group(config)
+            launches.append(
+                (rollout, plan.component("rollout"), {"control": 1} if partial else None)
             )
         if config.algorithm.kl_coef > 0:
-            self.reference = ReferenceWorker.create_group(config).start(
-                cluster, plan.component("reference"), call_timeout_s=timeout
-            )
+            reference = ReferenceWorker.create_group(config)
+            launches.append((reference, plan.component("reference")))
         if trains_critic(config):
             critic_updates = config.runner.max_steps * optimizer_steps_per_batch(config)
-            self.critic = CriticWorker.create_group(config, critic_updates).start(
-                cluster, plan.component("critic"), call_timeout_s=timeout
-            )
-        for group in (self.actor, self.reward, self.rollout, self.reference, self.critic):
-            if group is not None:
-                group.wait_started()
+            critic = CriticWorker.create_group(config, critic_updates)
+            launches.append((critic, plan.component("critic")))
+        launched_together(self._stack, cluster, timeout, *launches)
+        self.actor, self.reward = actor, reward
+        if not self.hybrid:
+            self.rollout = rollout
+        if config.algorithm.kl_coef > 0:
+            self.reference = reference
+        if trains_critic(config):
+            self.critic = critic
         calls = [self.actor.init_worker(self.tokenizer_dir)]
         if self.rollout is not None:
             calls.append(self.rollout.init_worker(self.tokenizer_dir))
@@ -741,12 +744,7 @@ class ReasoningTrainer(ReasoningRules):
         return self.sampler
 
     def close(self) -> None:
-        groups = [self.reference, self.critic, self.reward, self.actor]
-        if self.rollout is not None and self.rollout is not self.actor:
-            groups.append(self.rollout)
-        for group in groups:
-            if group is not None:
-                group.shutdown()
+        self._stack.close()
 
 
 def _print_to_stderr(line: str) -> None:

@@ -27,7 +27,7 @@ set (`rlshell.runners.validation`): a key accepted and ignored is a bug.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -41,7 +41,7 @@ from rlshell.runners.spec import Trainer
 if TYPE_CHECKING:
     from rlshell.cluster.ray_cluster import Cluster
 
-__all__ = ["Cadence", "Reporting", "Salvaging", "Trainer", "launched_together"]
+__all__ = ["Cadence", "Launch", "Reporting", "Salvaging", "Trainer", "launched_together"]
 
 
 @frozen
@@ -102,16 +102,25 @@ class Salvaging(Protocol):
     def salvage(self, error: BaseException) -> bool: ...
 
 
+Launch = (
+    tuple[WorkerGroup[Any], ComponentPlan]
+    | tuple[WorkerGroup[Any], ComponentPlan, Mapping[str, int] | None]
+)
+"""``(group, placement)``, or with the group's Ray concurrency groups (name → threads)."""
+
+
 def launched_together(
-    stack: ExitStack,
-    cluster: Cluster,
-    timeout: float | None,
-    *launches: tuple[WorkerGroup[Any], ComponentPlan],
+    stack: ExitStack, cluster: Cluster, timeout: float | None, *launches: Launch
 ) -> list[Any]:
-    """Each ``(group, placement)`` launched, their actors all created before any is waited
-    for (their processes start and import side by side); each group is shut down when
-    ``stack`` closes, from the moment its actors exist."""
-    for group, placement in launches:
-        group.start(cluster, placement, call_timeout_s=timeout)
+    """Each ``(group, placement[, concurrency_groups])`` launched, their actors all created
+    before any is waited for (their processes start and import side by side); each group is
+    shut down when ``stack`` closes, from the moment its actors exist."""
+    for group, placement, *groups in launches:
+        group.start(
+            cluster,
+            placement,
+            concurrency_groups=groups[0] if groups else None,
+            call_timeout_s=timeout,
+        )
         stack.callback(group.shutdown)
-    return [group.wait_started() for group, _ in launches]
+    return [launch[0].wait_started() for launch in launches]

@@ -17,7 +17,6 @@ import time
 import warnings
 from pathlib import Path
 
-import attrs
 import torch
 import torch.distributed as dist
 from attrs import evolve
@@ -27,7 +26,7 @@ from rlcore.losses import value_loss
 from rlcore.masked import aggregation_normalizer
 from rlcore.rollout import position_ids
 from rlshell.cluster.worker import Worker
-from rlshell.config import ActorConfig, Config, ModelConfig, OptimConfig
+from rlshell.config import ActorConfig, Config, ModelConfig
 from rlshell.engines.training import TrainingBackend, make_training_backend
 from rlshell.rollout import RolloutBatch
 from rlshell.workers.actor import (
@@ -58,13 +57,10 @@ def critic_training_config(config: Config) -> ActorConfig:
     """What the critic's training backend (FSDP) reads: the actor's settings with the
     critic's model, optimizer and micro-batch budget."""
     critic = config.critic
-    optim = OptimConfig(
-        **{field.name: getattr(critic.optim, field.name) for field in attrs.fields(OptimConfig)}
-    )
     return evolve(
         config.actor,
         model=critic_model_config(config),
-        optim=optim,
+        optim=critic.optim,  # an OptimConfig: its reads are critic.optim's
         backend="fsdp",
         micro_batch_max_tokens=critic.micro_batch_max_tokens,
     )

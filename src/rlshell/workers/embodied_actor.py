@@ -27,6 +27,7 @@ from rlshell.cluster.worker import Worker
 from rlshell.config import Config, ConfigError
 from rlshell.engines.training import TrainingBackend, make_training_backend
 from rlshell.envs.stepper import EnvStepper
+from rlshell.models import as_policy
 from rlshell.models.base import BasePolicy
 from rlshell.models.compiled import CompiledPredict
 from rlshell.rollout.trajectory import RewardScaler, Samples, TrajectoryBuffer
@@ -84,17 +85,13 @@ class PPOActor(Worker):
         manager = make_training_backend(config.actor, total_steps=total, device=device)
         manager.setup_model_and_optimizer()
         self.manager = manager
-        if not isinstance(manager.module, BasePolicy):
-            raise TypeError(
-                f"actor.model.model_type '{config.actor.model.model_type}' builds a "
-                f"{type(manager.module).__name__}, not a rlshell.models.BasePolicy"
-            )
+        policy = as_policy(manager.module, config.actor.model)
 
         def optimizer_step() -> tuple[float, float]:
             grad_norm, lrs = manager.optimizer_step()
             return grad_norm, lrs[0]
 
-        self.update_step = EagerPPOStep(manager.module, self.settings, optimizer_step)
+        self.update_step = EagerPPOStep(policy, self.settings, optimizer_step)
         return manager
 
     def _update(self, samples: Samples) -> dict[str, float]:

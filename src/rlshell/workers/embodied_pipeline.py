@@ -40,6 +40,7 @@ from rlshell.cluster.worker import Worker
 from rlshell.config import Config
 from rlshell.envs.stepper import EnvObs, EnvStepper
 from rlshell.metrics import merge_rank_metrics
+from rlshell.models import as_policy
 from rlshell.models.base import BasePolicy
 from rlshell.rollout.trajectory import RewardScaler, TrajectoryBuffer
 from rlshell.workers.actor import build_rollout_model, worker_device
@@ -241,12 +242,7 @@ class PipelineRolloutWorker(Worker):
         for the env workers' errors."""
         config = self.config
         self.device = worker_device()
-        policy = build_rollout_model(config)
-        if not isinstance(policy, BasePolicy):
-            raise TypeError(
-                f"actor.model.model_type '{config.actor.model.model_type}' builds a "
-                f"{type(policy).__name__}, not a rlshell.models.BasePolicy"
-            )
+        policy = as_policy(build_rollout_model(config), config.actor.model)
         self.policy = policy.to(self.device).eval().requires_grad_(False)
         # The policy samples from torch's global generator: one stream per rollout worker.
         torch.manual_seed(config.runner.seed + 7919 * (self.rank + 1))

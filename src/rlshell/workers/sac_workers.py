@@ -28,7 +28,7 @@ from rlcore import unchecked
 from rlshell.cluster.worker import Worker
 from rlshell.config import Config
 from rlshell.envs.stepper import EnvObs, EnvStepper
-from rlshell.models import get_model
+from rlshell.models import as_policy, get_model
 from rlshell.models.base import BasePolicy
 from rlshell.randomness import rng_state, set_rng_state
 from rlshell.rollout.replay import ReplayBatch, ReplayBuffer
@@ -71,13 +71,7 @@ class CollectorShare:
 
 def _build_policy(config: Config) -> BasePolicy:
     torch.manual_seed(config.actor.seed)
-    policy = get_model(config.actor.model)
-    if not isinstance(policy, BasePolicy):
-        raise TypeError(
-            f"actor.model.model_type '{config.actor.model.model_type}' builds a "
-            f"{type(policy).__name__}, not a rlshell.models.BasePolicy"
-        )
-    return policy
+    return as_policy(get_model(config.actor.model), config.actor.model)
 
 
 class SACCollector(Worker):

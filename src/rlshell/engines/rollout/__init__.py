@@ -33,6 +33,7 @@ from rlcore.registry import Registry
 from rlshell.config import RolloutConfig
 from rlshell.engines.plugins import (
     ConfigRule,
+    EngineEntry,
     Package,
     UnreadRule,
     checked_reads,
@@ -174,15 +175,11 @@ that read it (``{engines}``: their names): an engine's entry says which it reads
 (`RolloutEngineEntry.reads`); set for one that does not, they are refused."""
 
 
-@frozen
-class RolloutEngineEntry:
+@frozen(kw_only=True)
+class RolloutEngineEntry(EngineEntry):
     """A registered rollout engine (`register_rollout_engine` documents each field)."""
 
     build: RolloutEngineBuilder
-    packages: tuple[Package, ...] = ()
-    reads: frozenset[str] = frozenset()
-    problems: ConfigRule = no_problems
-    unread: UnreadRule = nothing_unread
     run_problems: ConfigRule = no_problems
     options: type | None = None
     shares_actor_weights: bool = False

@@ -32,6 +32,7 @@ from rlcore.registry import Registry
 from rlshell.config import ActorConfig
 from rlshell.engines.plugins import (
     ConfigRule,
+    EngineEntry,
     Package,
     UnreadRule,
     checked_reads,
@@ -177,22 +178,14 @@ def one_stage(config: ActorConfig) -> int:
     return 1
 
 
-@frozen
-class TrainingBackendEntry:
+@frozen(kw_only=True)
+class TrainingBackendEntry(EngineEntry):
     """A registered training backend (`register_training_backend` documents each field)."""
 
     build: TrainingBackendBuilder
-    packages: tuple[Package, ...] = ()
-    reads: frozenset[str] = frozenset()
-    problems: ConfigRule = no_problems
-    unread: UnreadRule = nothing_unread
     data_parallel_shares: Callable[[ActorConfig, int], int] = one_share_per_rank
     pipeline_stages: Callable[[ActorConfig], int] = one_stage
     packs_sequences: bool = True
-
-    def reads_key(self, key: str) -> bool:
-        """Whether this backend reads ``key`` (one of `BACKEND_KEYS`) at all."""
-        return key in self.reads
 
 
 TRAINING_BACKENDS: Registry[TrainingBackendEntry] = Registry(
