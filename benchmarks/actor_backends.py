@@ -118,7 +118,7 @@ def _rank(rank: int, port: int, work: str, plan: dict[str, Any]) -> None:
         )
         for backend in BACKENDS:
             config = _config(size, backend, tokenizer_dir)
-            worker = ActorWorker(config, total_steps=100, hybrid=False)
+            worker = ActorWorker(config, total_steps=100, rollout_in_actor=False)
             worker.rank, worker.world_size = rank, 2
             worker.init_worker(tokenizer_dir)
             seconds = []

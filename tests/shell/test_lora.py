@@ -112,7 +112,7 @@ def test_the_merged_weights_are_the_plain_models_names_and_w_plus_s_ba(
 
 
 def start_actor(config: Config, tokenizer_dir: Path) -> ActorWorker:
-    worker = ActorWorker(config, total_steps=10, hybrid=True)
+    worker = ActorWorker(config, total_steps=10, rollout_in_actor=True)
     worker.init_worker(str(tokenizer_dir))
     worker.sync_model_to_rollout(full=True)
     return worker

@@ -79,7 +79,9 @@ def _worker(rank: int, port: int, work: str) -> None:
     batch, scores = torch.load(Path(work) / "batch.pt", weights_only=False)
     results: dict[str, Any] = {}
     for name, overrides in BACKENDS.items():
-        worker = ActorWorker(_config(tokenizer_dir, overrides), total_steps=10, hybrid=False)
+        worker = ActorWorker(
+            _config(tokenizer_dir, overrides), total_steps=10, rollout_in_actor=False
+        )
         worker.rank, worker.world_size = rank, 2
         worker.init_worker(tokenizer_dir)
         before = worker.full_weights()
@@ -90,7 +92,9 @@ def _worker(rank: int, port: int, work: str) -> None:
         results[name] = {"metrics": metrics, "before": before, "after": after}
         if name == "megatron_tp2":
             worker.save_checkpoint(str(Path(work) / "ckpt"), step=1)
-            fresh = ActorWorker(_config(tokenizer_dir, overrides), total_steps=10, hybrid=False)
+            fresh = ActorWorker(
+                _config(tokenizer_dir, overrides), total_steps=10, rollout_in_actor=False
+            )
             fresh.rank, fresh.world_size = rank, 2
             fresh.init_worker(tokenizer_dir)
             results["resumed_step"] = fresh.load_checkpoint(str(Path(work) / "ckpt"))

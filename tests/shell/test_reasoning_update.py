@@ -73,7 +73,9 @@ def _batch(config: Config, tokenizer_dir: str) -> tuple[RolloutBatch, torch.Tens
 
 
 def _worker(config: Config, tokenizer_dir: str) -> ActorWorker:
-    worker = ActorWorker(config, total_steps=optimizer_steps_per_batch(config), hybrid=False)
+    worker = ActorWorker(
+        config, total_steps=optimizer_steps_per_batch(config), rollout_in_actor=False
+    )
     worker.rank, worker.world_size = 0, 1
     worker.init_worker(tokenizer_dir)
     return worker

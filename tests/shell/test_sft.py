@@ -308,7 +308,7 @@ def test_the_update_is_the_hand_computed_nll_of_the_trained_tokens(
     rows = render_demonstrations(read_conversations(train), tokenizer, config.agent, str(train))
     batch = demonstration_batch(rows, int(tokenizer.pad_token_id))
     with single_rank_group():
-        worker = ActorWorker(config, total_steps=1, hybrid=False)
+        worker = ActorWorker(config, total_steps=1, rollout_in_actor=False)
         worker.init_training()
         from rlshell.models import get_model
 
@@ -442,12 +442,12 @@ def test_a_reasoning_run_starts_from_the_sft_checkpoint(
             tokenizer_dir,
         ),
         total_steps=1,
-        hybrid=False,
+        rollout_in_actor=False,
     )
     with single_rank_group():
         unloaded.init_training()
         assert not all(torch.equal(t, expected[k]) for k, t in unloaded.full_weights().items())
-        actor = ActorWorker(config, total_steps=1, hybrid=True)
+        actor = ActorWorker(config, total_steps=1, rollout_in_actor=True)
         actor.init_worker(tokenizer_dir)
         for weights in (actor.full_weights(), actor.rollout_weights()):
             assert weights.keys() == expected.keys()

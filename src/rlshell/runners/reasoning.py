@@ -93,7 +93,7 @@ class ReasoningTrainer(ReasoningRules):
     ) -> None:
         self.config = config
         self.tokenizer_dir = tokenizer_dir
-        self.hybrid = rollout_in_actor
+        self.rollout_in_actor = rollout_in_actor
         self.offload = offload or OffloadPlan()
         self._phase: str | None = None  # "rollout" or "update": who has the shared GPUs now
         self._offload_seconds = 0.0
@@ -164,13 +164,13 @@ class ReasoningTrainer(ReasoningRules):
         total_updates = config.runner.max_steps * optimizer_steps_per_batch(config)
         # Every group's actors are created first, then waited for: their processes start and
         # import side by side (a failure stops them all: `launch` closes the trainer).
-        actor = ActorWorker.create_group(config, total_updates, self.hybrid)
+        actor = ActorWorker.create_group(config, total_updates, self.rollout_in_actor)
         reward = RewardWorker.create_group(config.reward)
         launches: list[Launch] = [
             (actor, plan.component("actor")),
             (reward, plan.component("reward")),
         ]
-        if not self.hybrid:
+        if not self.rollout_in_actor:
             # Partial rollouts: syncs are offered in a thread of their own, while one generates.
             partial = config.runner.mode == "async" and config.rollout.partial_rollouts
             rollout = RolloutWorker.create_group(config)
@@ -186,7 +186,7 @@ class ReasoningTrainer(ReasoningRules):
             launches.append((critic, plan.component("critic")))
         launched_together(self._stack, cluster, timeout, *launches)
         self.actor, self.reward = actor, reward
-        if not self.hybrid:
+        if not self.rollout_in_actor:
             self.rollout = rollout
         if config.algorithm.kl_coef > 0:
             self.reference = reference
@@ -211,7 +211,7 @@ class ReasoningTrainer(ReasoningRules):
             self.pipeline = AsyncRollouts(
                 config.algorithm.max_staleness, self._submit_step, self._resubmit
             )
-        where = "collocated with the actor" if self.hybrid else "in its own workers"
+        where = "collocated with the actor" if self.rollout_in_actor else "in its own workers"
         print(
             f"workers up in {time.perf_counter() - started:.1f} s "
             f"(rollout {where}, weight sync '{config.rollout.weight_sync}'"
@@ -581,14 +581,14 @@ class ReasoningTrainer(ReasoningRules):
         """The actor's weights to the rollout (``full``: every tensor, even in ``patch``
         mode); the ``rollout/sync_*`` metrics."""
         self._synced = self._synced or full
-        if self.hybrid and self.config.rollout.weight_sync == "shared":
+        if self.rollout_in_actor and self.config.rollout.weight_sync == "shared":
             return {"rollout/sync_bytes": 0.0}  # the engine generates with the actor's module
         if self.pipeline is not None:
             return self._push_weights(full)
         actor = self._actor()
         results = actor.sync_model_to_rollout(full=full).wait()
         stats: dict[str, float] = results[0]
-        if not self.hybrid:
+        if not self.rollout_in_actor:
             finished = self._rollout_group().finish_sync(full).wait()
             stats["engine_reload_seconds"] = max(part["engine_reload_seconds"] for part in finished)
         return {f"rollout/sync_{key}": value for key, value in stats.items()}

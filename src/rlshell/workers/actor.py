@@ -245,12 +245,13 @@ def prompt_prefix_forward(
 
 
 class ActorWorker(Worker):
-    """One rank of the trained policy; with ``hybrid`` also a rollout engine in its process."""
+    """One rank of the trained policy; with ``rollout_in_actor``
+    (`rlshell.runners.spec.RunSpec.rollout_in_actor`) also a rollout engine in its process."""
 
-    def __init__(self, config: Config, total_steps: int, hybrid: bool) -> None:
+    def __init__(self, config: Config, total_steps: int, rollout_in_actor: bool) -> None:
         self.config = config
         self.total_steps = total_steps
-        self.hybrid = hybrid
+        self.rollout_in_actor = rollout_in_actor
         self.global_step = 0
         self.manager: TrainingBackend | None = None
         self.engine: RolloutEngine | None = None
@@ -274,7 +275,7 @@ class ActorWorker(Worker):
                 bucket_size_mb=rollout.bucket_size_mb,
                 dtype=torch_dtype(rollout_precision(self.config)),
             )
-        if self.hybrid:
+        if self.rollout_in_actor:
             from rlshell.tokenizer import load_tokenizer
 
             # A LoRA actor's 'shared' engine borrows its parameters, adapters included, by name;
@@ -310,7 +311,7 @@ class ActorWorker(Worker):
     @property
     def shared(self) -> bool:
         """Whether the engine generates with this rank's own FSDP module (no copy, no sync)."""
-        return self.hybrid and self.config.rollout.weight_sync == "shared"
+        return self.rollout_in_actor and self.config.rollout.weight_sync == "shared"
 
     def set_rollout_handles(self, handles: Sequence[Any]) -> None:
         """The rollout workers rank 0 sends weights to (disaggregated placement)."""
