@@ -4,7 +4,7 @@ One GRPO-shaped batch (``--groups`` prompts of 16–64 tokens, ``--group-size``
 samples each, responses of 1 to ``--max-response`` tokens drawn uniformly)
 goes through the actor's update passes on a Qwen2 of a few million
 parameters built from a config: the rows are split into micro-batches of at
-most ``--budgets`` valid tokens (`rlcore.rollout.balanced_micro_batches`, as
+most ``--budgets`` valid tokens (`rlcore.batching.balanced_micro_batches`, as
 the actor does with ``actor.micro_batch_max_tokens``), each micro-batch is
 trimmed to its widest row (`RolloutBatch.select`) and runs
 `rlshell.workers.actor.policy_forward` and a backward of a loss over its
@@ -154,7 +154,7 @@ def grads(model: nn.Module) -> list[torch.Tensor]:
 
 
 def bench_budget(model: nn.Module, batch: Any, budget: int, repeats: int) -> dict[str, Any]:
-    from rlcore.rollout import balanced_micro_batches
+    from rlcore.batching import balanced_micro_batches
 
     lengths = batch.prompt_mask.sum(1) + batch.response_mask.sum(1)
     micro_batches = [batch.select(rows) for rows in balanced_micro_batches(lengths, budget)]

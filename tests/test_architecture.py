@@ -63,7 +63,7 @@ def test_the_checker_catches_forbidden_imports() -> None:
     """The rule has teeth: each kind of forbidden import is reported."""
     assert violations("import ray\n", "rlcore.masked") == {"ray"}
     assert violations("from transformers import AutoModel\n", "rlcore.losses") == {"transformers"}
-    assert violations("def f():\n    import gymnasium\n", "rlcore.rollout") == {"gymnasium"}
+    assert violations("def f():\n    import gymnasium\n", "rlcore.shaping") == {"gymnasium"}
     assert violations("from rlshell.config import X\n", "rlcore.advantages") == {"rlshell"}
     assert violations("import jax\n", "rlcore.masked") == {"jax"}
     assert violations("import jax\n", "rlcore.jax.advantages") == set()

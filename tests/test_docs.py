@@ -604,7 +604,10 @@ DOCUMENTED_MODULES = [
     "rlcore.mismatch",
     "rlcore.logprobs",
     "rlcore.distributions",
-    "rlcore.rollout",
+    "rlcore.tokens",
+    "rlcore.shaping",
+    "rlcore.packing",
+    "rlcore.batching",
     "rlcore.normalize",
     "rlcore.testing",
 ]

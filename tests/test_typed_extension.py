@@ -38,7 +38,6 @@ from rlcore import TypeCheckError
 from rlcore.advantages import AdvantageBatch, AdvantageConfig, rloo
 from rlcore.losses import PolicyLossBatch, PolicyLossConfig
 from rlcore.registry import ADVANTAGES, POLICY_LOSSES
-from rlcore.rollout import place_on_last_token
 from rlcore.testing import (
     TokenBatch,
     check_advantage_estimator,
@@ -46,6 +45,7 @@ from rlcore.testing import (
     group_scores,
     token_batches,
 )
+from rlcore.tokens import place_on_last_token
 
 # One worker runs the whole module, so the mypy cache is filled once (--dist loadgroup).
 pytestmark = pytest.mark.xdist_group("typed_extension")

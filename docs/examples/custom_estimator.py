@@ -25,8 +25,8 @@ import torch
 
 from rlcore.advantages import AdvantageBatch, AdvantageConfig, rloo
 from rlcore.registry import ADVANTAGES
-from rlcore.rollout import broadcast_to_tokens, place_on_last_token, response_mask
 from rlcore.testing import check_advantage_estimator
+from rlcore.tokens import broadcast_to_tokens, place_on_last_token, response_mask
 from rlcore.types import Advantages
 
 NAME = "rloo_length_penalty"

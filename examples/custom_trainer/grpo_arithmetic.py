@@ -96,12 +96,12 @@ def response_logprobs(model, sequences, prompt_mask, responses, eos_id: int):
     them. The response mask keeps every token up to and including the first
     EOS; `generate` pads after it.
     """
-    mask = rlcore.rollout.response_mask(responses, eos_id)
+    mask = rlcore.tokens.response_mask(responses, eos_id)
     attention = torch.cat([prompt_mask.bool(), mask], dim=1)
     logits = model(
         input_ids=sequences,
         attention_mask=attention.long(),
-        position_ids=rlcore.rollout.position_ids(attention),
+        position_ids=rlcore.tokens.position_ids(attention),
     ).logits
     # The logits at position t predict the token at t + 1.
     response_logits = logits[:, prompt_mask.shape[1] - 1 : -1]
@@ -184,7 +184,7 @@ def main() -> None:
         loss = rlcore.losses.ppo_policy_loss(
             logprobs,
             logprobs.detach(),
-            rlcore.rollout.broadcast_to_tokens(advantages, mask),
+            rlcore.tokens.broadcast_to_tokens(advantages, mask),
             mask,
             clip_low=args.clip,
         ).loss

@@ -24,14 +24,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rlcore import (
         advantages,
+        batching,
         distributions,
         logprobs,
         losses,
         masked,
         mismatch,
         normalize,
+        packing,
         registry,
-        rollout,
+        shaping,
+        tokens,
     )
     from rlcore._checking import TypeCheckError, typecheck, typecheck_enabled, unchecked
     from rlcore.types import Advantages, LossOutput, Mask, as_bool_mask
@@ -55,14 +58,17 @@ __all__ = [
     "TypeCheckError",
     "advantages",
     "as_bool_mask",
+    "batching",
     "distributions",
     "logprobs",
     "losses",
     "masked",
     "mismatch",
     "normalize",
+    "packing",
     "registry",
-    "rollout",
+    "shaping",
+    "tokens",
     "typecheck",
     "typecheck_enabled",
     "unchecked",

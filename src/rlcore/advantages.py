@@ -31,7 +31,7 @@ from rlcore import _scan
 from rlcore._checking import typecheck
 from rlcore.masked import masked_sum, masked_whiten
 from rlcore.registry import ADVANTAGES
-from rlcore.rollout import broadcast_to_tokens
+from rlcore.tokens import broadcast_to_tokens
 from rlcore.types import Advantages, Mask, as_bool_mask
 
 __all__ = [

@@ -26,7 +26,6 @@ from rlcore.advantages import (
 )
 from rlcore.masked import masked_whiten
 from rlcore.registry import ADVANTAGES
-from rlcore.rollout import broadcast_to_tokens, place_on_last_token
 from rlcore.testing import (
     TokenBatch,
     Trajectory,
@@ -36,6 +35,7 @@ from rlcore.testing import (
     token_batches,
     trajectories,
 )
+from rlcore.tokens import broadcast_to_tokens, place_on_last_token
 from rlcore.types import Advantages
 
 UNIT = st.floats(0.0, 1.0)

@@ -12,7 +12,18 @@ import pytest
 import torch
 from jaxtyping import Float, TypeCheckError
 
-from rlcore import advantages, distributions, logprobs, losses, masked, normalize, rollout
+from rlcore import (
+    advantages,
+    batching,
+    distributions,
+    logprobs,
+    losses,
+    masked,
+    normalize,
+    packing,
+    shaping,
+    tokens,
+)
 from rlcore._checking import typecheck
 
 MODULES: list[ModuleType] = [
@@ -22,7 +33,10 @@ MODULES: list[ModuleType] = [
     losses,
     masked,
     normalize,
-    rollout,
+    tokens,
+    shaping,
+    packing,
+    batching,
 ]
 
 

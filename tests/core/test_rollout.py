@@ -8,25 +8,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jaxtyping import TypeCheckError
 
+from rlcore.batching import balanced_micro_batches, group_mini_batches
 from rlcore.losses import kl_estimate
-from rlcore.rollout import (
+from rlcore.packing import pack_sequences, packed_response_predictors, unpack_sequences
+from rlcore.shaping import (
     adaptive_kl_coef,
-    balanced_micro_batches,
-    broadcast_to_tokens,
     combine_rewards,
     filter_informative_groups,
-    group_mini_batches,
     kl_penalized_rewards,
     length_penalty,
     overlong_penalty,
-    pack_sequences,
-    packed_response_predictors,
-    place_on_last_token,
-    position_ids,
-    response_mask,
-    unpack_sequences,
 )
 from rlcore.testing import TokenBatch, group_scores, masks, token_batches
+from rlcore.tokens import broadcast_to_tokens, place_on_last_token, position_ids, response_mask
 
 # --- response_mask --------------------------------------------------------------------------
 

@@ -9,7 +9,6 @@ from hypothesis import given
 from rlcore.advantages import AdvantageBatch, AdvantageConfig, group_normalized
 from rlcore.losses import PolicyLossBatch, PolicyLossConfig, ppo_policy_loss
 from rlcore.masked import masked_sum
-from rlcore.rollout import broadcast_to_tokens
 from rlcore.testing import (
     CategoricalBatch,
     GaussianBatch,
@@ -23,6 +22,7 @@ from rlcore.testing import (
     token_batches,
     trajectories,
 )
+from rlcore.tokens import broadcast_to_tokens
 from rlcore.types import Advantages, LossOutput
 
 

@@ -47,7 +47,7 @@ def _tiny_qwen2(tokenizer: object) -> torch.nn.Module:
 
 def test_the_hf_engine_samples_on_cuda_reproducibly_with_logprobs_a_forward_recomputes() -> None:
     from rlcore.logprobs import token_logprobs
-    from rlcore.rollout import position_ids
+    from rlcore.tokens import position_ids
     from rlshell.config import RolloutConfig
     from rlshell.engines.rollout import make_rollout_engine
     from rlshell.rollout import SamplingParams

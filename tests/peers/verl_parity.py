@@ -41,7 +41,7 @@ from rlcore.losses import (  # noqa: E402
 )
 from rlcore.masked import aggregate, aggregation_normalizer  # noqa: E402
 from rlcore.registry import ADVANTAGES  # noqa: E402
-from rlcore.rollout import place_on_last_token  # noqa: E402
+from rlcore.tokens import place_on_last_token  # noqa: E402
 
 if Path(rlcore.__file__).resolve().parents[1] != SRC:
     raise SystemExit(f"imported rlcore from {rlcore.__file__}, not from {SRC}")

@@ -349,7 +349,7 @@ def test_the_adaptive_kl_coefficient_moves_each_step_and_is_checkpointed(
 ) -> None:
     """``algorithm.kl_in_reward`` with ``kl_target`` (the ppo_critic run): the β logged at each
     step is the controller's step from the last one, and the checkpoint holds the next."""
-    from rlcore.rollout import adaptive_kl_coef
+    from rlcore.shaping import adaptive_kl_coef
     from rlshell.checkpoint import checkpoint_dir, read_trainer_state
 
     run = traced["ppo_critic"]

@@ -21,7 +21,7 @@ from attrs import evolve
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 
-from rlcore.rollout import position_ids
+from rlcore.tokens import position_ids
 from rlshell.config import Config
 from rlshell.models import get_model
 from rlshell.models.lora import MergedLoRAWeights, lora_layers

@@ -87,7 +87,7 @@ def test_packed_logprobs_entropies_and_gradients_equal_the_padded_forwards(atten
 def test_the_sequences_are_kept_apart_by_the_models_packed_path() -> None:
     # The same packed row with a plain all-ones mask attends across sequences: a forward that
     # did not keep them apart would change the log-probs of every row after the first.
-    from rlcore.rollout import pack_sequences, packed_response_predictors
+    from rlcore.packing import pack_sequences, packed_response_predictors
 
     model = tiny_qwen2("sdpa")
     packed = pack_sequences(BATCH.input_ids, BATCH.attention_mask)

@@ -10,8 +10,10 @@ always plan, and is the oracle for when the real case should fail.
 from __future__ import annotations
 
 import doctest
+import importlib
 import itertools
 import json
+import pkgutil
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -291,9 +293,18 @@ def test_format_ranks_inverts_parse_ranks(ranks: list[int]) -> None:
 
 
 def test_docstring_examples_run() -> None:
-    results = doctest.testmod(rlshell.cluster.placement, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert results.attempted > 10
-    assert results.failed == 0
+    package = rlshell.cluster.placement
+    names = {name: getattr(package, name) for name in package.__all__}
+    attempted = 0
+    for module in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+        results = doctest.testmod(
+            importlib.import_module(module.name),
+            extraglobs=names,
+            optionflags=doctest.NORMALIZE_WHITESPACE,
+        )
+        assert results.failed == 0, module.name
+        attempted += results.attempted
+    assert attempted > 10
 
 
 # ---------------------------------------------------------------------------

@@ -165,7 +165,7 @@ def test_a_registered_reward_named_length_penalty_is_ambiguous() -> None:
         REWARDS.unregister(LENGTH_PENALTY)
     assert line == (
         "reward.weights: 'length_penalty' names the built-in length penalty "
-        "(rlcore.rollout.length_penalty), and the reward registered under that name "
+        "(rlcore.shaping.length_penalty), and the reward registered under that name "
         "(rlshell.rewards.rule_based.exact_match_reward) would never be called; register it "
         "under another name"
     )

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from rlcore import typecheck
 from rlcore.advantages import AdvantageBatch, AdvantageConfig
-from rlcore.rollout import broadcast_to_tokens
+from rlcore.tokens import broadcast_to_tokens
 from rlcore.types import Advantages
 
 __all__ = ["NAME", "WinRateEstimator", "pairwise_win_rate"]

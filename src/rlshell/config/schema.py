@@ -665,12 +665,12 @@ class AlgorithmConfig:
 
     DAPO's switches (reasoning runner; Yu et al. 2025): ``dynamic_sampling``
     drops the groups whose correctness scores (``reward.reward_type``) are all
-    equal (`rlcore.rollout.filter_informative_groups`) and samples further
+    equal (`rlcore.shaping.filter_informative_groups`) and samples further
     prompts until ``runner.prompts_per_step`` informative groups are kept, at
     most ``max_sampling_rounds`` rounds a step (a batch still short after them
     is topped up with dropped groups, whose group-relative advantage is 0, and
     the metrics say how many); ``overlong_buffer`` L_cache adds the soft
-    overlong penalty (`rlcore.rollout.overlong_penalty`, with L_max
+    overlong penalty (`rlcore.shaping.overlong_penalty`, with L_max
     ``rollout.max_new_tokens``) times ``overlong_penalty_factor`` to each
     score; clip-higher is ``clip_high`` and token-level aggregation
     ``loss_agg_mode='token-mean'``.
@@ -681,9 +681,9 @@ class AlgorithmConfig:
     the reward instead (Ziegler et al. 2019; verl's ``use_kl_in_reward``): each
     response token's reward loses β·kₜ, kₜ the estimate of π_old (the policy
     that sampled the batch, per ``old_logprobs``) against the reference and β
-    ``kl_coef`` (`rlcore.rollout.kl_penalized_rewards`), before the advantages
+    ``kl_coef`` (`rlcore.shaping.kl_penalized_rewards`), before the advantages
     are computed; the loss then has no KL term. ``kl_target`` turns β adaptive
-    (`rlcore.rollout.adaptive_kl_coef`: β moves each step towards a mean
+    (`rlcore.shaping.adaptive_kl_coef`: β moves each step towards a mean
     response KL, summed over its tokens, of ``kl_target``, at a rate set by
     ``kl_horizon``; β is checkpointed).
 

@@ -3,12 +3,12 @@
     rewards = WeightedReward.of(config.reward)             # reward_type, weights
     parts = pool.score_each(responses, answers, rewards.pooled)  # {name: RewardResult}
     scored = rewards.combine(parts, batch.response_lengths, group_size)
-    scored.scores       # sᵢ = Σₖ wₖ sₖᵢ per sample (rlcore.rollout.combine_rewards)
+    scored.scores       # sᵢ = Σₖ wₖ sₖᵢ per sample (rlcore.shaping.combine_rewards)
     scored.metrics()    # reward/mean (the total), reward/<name>/mean, reward/<name>/failed_frac
 
 ``reward.weights`` maps names to weights: registered rewards, scored per
 sample in the reward pool (`rlshell.rewards.pool`), and `LENGTH_PENALTY`,
-Kimi k1.5's group length penalty (`rlcore.rollout.length_penalty`), computed
+Kimi k1.5's group length penalty (`rlcore.shaping.length_penalty`), computed
 here from the responses' token lengths and the correctness reward's scores.
 ``reward.reward_type`` is the correctness reward: one of the weights' names
 (weight 0 evaluates by it without training on it), the reward whose mean on
@@ -61,7 +61,7 @@ def weights_problems(cfg: RewardConfig, group_size: int) -> list[str]:
             if name in REWARDS:
                 problems.append(
                     f"reward.weights: '{name}' names the built-in length penalty "
-                    f"(rlcore.rollout.length_penalty), and the reward registered under that "
+                    f"(rlcore.shaping.length_penalty), and the reward registered under that "
                     f"name ({function_name(get_reward(name))}) would never be called; "
                     "register it under another name"
                 )
@@ -187,7 +187,7 @@ class WeightedReward:
         # only names the pooled rewards, starts without them.
         import torch
 
-        from rlcore.rollout import combine_rewards
+        from rlcore.shaping import combine_rewards
 
         missing = [name for name in self.pooled if name not in parts]
         if missing:
@@ -219,7 +219,7 @@ class WeightedReward:
     ) -> RewardResult:
         import torch
 
-        from rlcore.rollout import length_penalty
+        from rlcore.shaping import length_penalty
 
         samples = lengths.shape[0]
         if group_size < 1 or samples % group_size:

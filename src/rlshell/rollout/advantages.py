@@ -13,7 +13,7 @@ from torch import Tensor
 
 from rlcore.advantages import AdvantageBatch, AdvantageConfig
 from rlcore.registry import ADVANTAGES
-from rlcore.rollout import place_on_last_token
+from rlcore.tokens import place_on_last_token
 from rlcore.types import Advantages
 from rlshell.config import Config
 from rlshell.hyperparameters import ESTIMATOR_KEYS, read_for
@@ -33,11 +33,11 @@ def compute_advantages(
     ``algorithm.adv_type``.
 
     The score of each response is placed on its last valid token
-    (`rlcore.rollout.place_on_last_token`) and the registered estimator does
+    (`rlcore.tokens.place_on_last_token`) and the registered estimator does
     the rest (GRPO: (s − mean_group)/(std_group + ε) on every token; GAE: the
     critic's ``values`` of the response tokens, the returns are its targets).
     ``token_rewards``: the token rewards when the trainer shaped them further
-    (the KL penalty in the reward, `rlcore.rollout.kl_penalized_rewards`);
+    (the KL penalty in the reward, `rlcore.shaping.kl_penalized_rewards`);
     ``scores`` are then not read.
     """
     algorithm = config.algorithm

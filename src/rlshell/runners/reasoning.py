@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Self
 
 import torch
 
-from rlcore.rollout import (
+from rlcore.shaping import (
     adaptive_kl_coef,
     filter_informative_groups,
     kl_penalized_rewards,
@@ -371,8 +371,8 @@ class ReasoningTrainer(ReasoningRules):
         metrics: dict[str, float],
     ) -> torch.Tensor:
         """The token rewards with the KL penalty of π_old (``logprobs``) against the
-        reference at this step's β (`rlcore.rollout.kl_penalized_rewards`); β moves for the
-        next step when ``algorithm.kl_target`` is set (`rlcore.rollout.adaptive_kl_coef`)."""
+        reference at this step's β (`rlcore.shaping.kl_penalized_rewards`); β moves for the
+        next step when ``algorithm.kl_target`` is set (`rlcore.shaping.adaptive_kl_coef`)."""
         algorithm = self.config.algorithm
         mask = batch.trained_mask
         placed = outcome_token_rewards(batch, scores)

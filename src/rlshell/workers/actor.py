@@ -8,7 +8,7 @@ log-probs recomputed with `rlcore.logprobs`, advantages from
 ``rlcore.registry.ADVANTAGES[algorithm.adv_type]``, the policy loss from
 ``rlcore.registry.POLICY_LOSSES[algorithm.loss_type]``, the KL and entropy
 terms from `rlcore.losses`, micro-batches from
-`rlcore.rollout.balanced_micro_batches`. The rlshell side only moves tensors.
+`rlcore.batching.balanced_micro_batches`. The rlshell side only moves tensors.
 
 When the rollout shares the actor's placement (``"actor,rollout": ...``)
 each actor rank also holds the rollout engine ``rollout.backend`` names: a full
@@ -37,16 +37,13 @@ import torch.distributed as dist
 from attrs import evolve
 from torch import Tensor, nn
 
+from rlcore.batching import balanced_micro_batches, group_mini_batches
 from rlcore.logprobs import token_logprobs, token_stats
 from rlcore.losses import PolicyLossBatch, PolicyLossConfig, entropy_loss, kl_estimate, sft_loss
 from rlcore.masked import aggregate, aggregation_normalizer, masked_mean
 from rlcore.mismatch import logprob_mismatch, rollout_importance_weights
 from rlcore.registry import POLICY_LOSSES
-from rlcore.rollout import (
-    balanced_micro_batches,
-    group_mini_batches,
-    position_ids,
-)
+from rlcore.tokens import position_ids
 from rlshell.cluster.worker import Worker
 from rlshell.config import AlgorithmConfig, Config, Precision
 from rlshell.engines.rollout import BorrowingEngine, RolloutEngine, make_rollout_engine
@@ -896,7 +893,7 @@ def update_schedule(
 
     Each epoch visits the batch's groups in an order drawn from (``runner.seed``, the step,
     the epoch), ``actor.mini_batch_size`` prompts per mini-batch
-    (`rlcore.rollout.group_mini_batches`); the same on every rank. One mini-batch per epoch
+    (`rlcore.batching.group_mini_batches`); the same on every rank. One mini-batch per epoch
     keeps the rows in order.
     """
     groups = rows // group_size
@@ -968,7 +965,7 @@ def _with_targets(
 
 def token_micro_batches(batch: RolloutBatch, rows: list[int], budget: int) -> list[list[int]]:
     """``rows`` of ``batch`` in micro-batches of at most ``budget`` valid tokens
-    (`rlcore.rollout.balanced_micro_batches`), as many on every rank (collective: FSDP's
+    (`rlcore.batching.balanced_micro_batches`), as many on every rank (collective: FSDP's
     collectives pair up pass by pass)."""
     lengths = (batch.prompt_mask.sum(1) + batch.response_mask.sum(1))[rows]
     count = torch.tensor([len(balanced_micro_batches(lengths, budget))])

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from rlcore.losses import value_loss
 from rlcore.masked import aggregation_normalizer
-from rlcore.rollout import position_ids
+from rlcore.tokens import position_ids
 from rlshell.cluster.worker import Worker
 from rlshell.config import ActorConfig, Config, ModelConfig
 from rlshell.engines.training import TrainingBackend, make_training_backend

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from rlcore.advantages import AdvantageBatch, AdvantageConfig
 from rlcore.registry import ADVANTAGES
-from rlcore.rollout import place_on_last_token
+from rlcore.tokens import place_on_last_token
 from rlshell.envs.stepper import EnvObs, EnvRestarted, EnvStepError, EnvStepper
 from rlshell.models.base import BasePolicy
 from rlshell.rollout.trajectory import Samples

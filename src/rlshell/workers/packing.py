@@ -6,10 +6,10 @@ responses, so every row costs as much as the longest: with responses of 1 to
 256 tokens about half the positions are padding, and the linear layers, the
 LM head and the backward pass compute them all. `packed_policy_forward`
 lays the valid tokens of the rows end to end in one row of Σᵢ Lᵢ tokens
-(`rlcore.rollout.pack_sequences`) and runs that instead:
+(`rlcore.packing.pack_sequences`) and runs that instead:
 
 - position ids restart at 0 for each sequence, as the padded path counts
-  valid tokens (`rlcore.rollout.position_ids`), so RoPE sees the same
+  valid tokens (`rlcore.tokens.position_ids`), so RoPE sees the same
   positions;
 - attention stays within each sequence through the model's own packed path:
   called with position ids and no attention mask (and no cache),
@@ -19,9 +19,9 @@ lays the valid tokens of the rows end to end in one row of Σᵢ Lᵢ tokens
   ``flex_attention``); its flash-attention paths take the same position ids
   as the varlen kernel's ``cu_seqlens``;
 - only the logits that predict a response token are computed (the model's
-  ``logits_to_keep`` with `rlcore.rollout.packed_response_predictors`), and
+  ``logits_to_keep`` with `rlcore.packing.packed_response_predictors`), and
   the log-probs and entropies go back to the padded ``[rows, response]``
-  layout (`rlcore.rollout.unpack_sequences`, 0 at padding) that rlcore's
+  layout (`rlcore.packing.unpack_sequences`, 0 at padding) that rlcore's
   losses take.
 
 Same log-probs and gradients as the padded forward to float32 round-off
@@ -38,7 +38,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from rlcore.logprobs import token_stats
-from rlcore.rollout import pack_sequences, packed_response_predictors, unpack_sequences
+from rlcore.packing import pack_sequences, packed_response_predictors, unpack_sequences
 from rlshell.rollout import RolloutBatch
 
 __all__ = ["PACKED_ATTENTION", "PACKED_LAYER_TYPES", "packed_policy_forward", "packing_problem"]

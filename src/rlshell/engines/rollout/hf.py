@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from rlcore.logprobs import token_logprobs
-from rlcore.rollout import response_mask
+from rlcore.tokens import response_mask
 from rlshell.engines.rollout import WeightSwitch
 from rlshell.rollout import RolloutBatch, SamplingParams, left_padded
 
