@@ -7,7 +7,7 @@ parameters built from a config: the rows are split into micro-batches of at
 most ``--budgets`` valid tokens (`rlcore.batching.balanced_micro_batches`, as
 the actor does with ``actor.micro_batch_max_tokens``), each micro-batch is
 trimmed to its widest row (`RolloutBatch.select`) and runs
-`rlshell.workers.actor.policy_forward` and a backward of a loss over its
+`rlshell.workers.forward.policy_forward` and a backward of a loss over its
 log-probs and entropies, in three layouts:
 
 - ``padded`` (the baseline): the ``[rows, prompt + response]`` batch;
@@ -135,7 +135,7 @@ def update_passes(
 ) -> tuple[float, float]:
     """(wall, CPU) seconds of every micro-batch's forward and backward; gradients left in
     ``model``."""
-    from rlshell.workers.actor import policy_forward
+    from rlshell.workers.forward import policy_forward
 
     model.zero_grad(set_to_none=True)
     started, cpu_started = time.perf_counter(), time.process_time()

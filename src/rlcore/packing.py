@@ -9,6 +9,7 @@ from jaxtyping import Int, Shaped
 from torch import Tensor
 
 from rlcore._checking import typecheck
+from rlcore.tokens import position_ids
 from rlcore.types import Mask, as_bool_mask
 
 __all__ = [

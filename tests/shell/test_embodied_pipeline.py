@@ -20,7 +20,7 @@ from rlshell.models.base import BasePolicy
 from rlshell.rollout.trajectory import Samples, TrajectoryBuffer
 from rlshell.runners.embodied_pipeline import Pipeline
 from rlshell.runners.validation import load_config
-from rlshell.workers.actor import build_rollout_model
+from rlshell.workers.common import build_rollout_model
 from rlshell.workers.embodied_pipeline import (
     EnvWindow,
     EnvWorker,

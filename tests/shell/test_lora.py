@@ -29,7 +29,8 @@ from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.rollout.advantages import compute_advantages
 from rlshell.runners.validation import load_config
 from rlshell.tokenizer import prepare_tokenizer, with_tokenizer_ids
-from rlshell.workers.actor import ActorWorker, policy_forward
+from rlshell.workers.actor import ActorWorker
+from rlshell.workers.forward import policy_forward
 
 GRPO = Path("configs/grpo.py")
 LORA = ["actor.model.is_lora=true", "actor.model.lora_rank=4", "actor.model.lora_alpha=8"]

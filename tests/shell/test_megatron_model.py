@@ -68,6 +68,7 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _worker(rank: int, port: int, out: str) -> None:
+    from rlcore.tokens import position_ids
     from rlshell.engines.training.megatron.layout import GPTLayout, megatron_shard
     from rlshell.engines.training.megatron.model import (
         MegatronCausalLM,
@@ -75,7 +76,6 @@ def _worker(rank: int, port: int, out: str) -> None:
         pipeline_logits,
     )
     from rlshell.engines.training.megatron.parallel import init_model_parallel
-    from rlshell.workers.actor import position_ids
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -140,12 +140,12 @@ REAL_LOGITS_ATOL = 1e-3
 def _real_worker(rank: int, port: int, out: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rlcore.tokens import position_ids
     from rlshell.engines.training.megatron.layout import GPTLayout, megatron_shard
     from rlshell.engines.training.megatron.model import MegatronCausalLM, build_gpt_stage
     from rlshell.engines.training.megatron.parallel import init_model_parallel
     from rlshell.gguf import SMOLLM2
     from rlshell.hub import from_pretrained
-    from rlshell.workers.actor import position_ids
 
     torch.set_num_threads(1)
     dist.init_process_group(

@@ -32,7 +32,7 @@ from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.runners.validation import load_config
 from rlshell.tokenizer import build_char_tokenizer, with_tokenizer_ids
 from rlshell.tools.parsing import ParseError, ToolCall, parse_tool_call
-from rlshell.workers.actor import policy_forward
+from rlshell.workers.forward import policy_forward
 
 MARKERS = ("<call>", "</call>", "<result>", "</result>")
 

@@ -8,7 +8,7 @@ import transformers
 from torch import Tensor, nn
 
 from rlshell.rollout import RolloutBatch
-from rlshell.workers.actor import policy_forward
+from rlshell.workers.forward import policy_forward
 from rlshell.workers.packing import packed_policy_forward, packing_problem
 
 VOCAB = 97

@@ -27,7 +27,7 @@ from rlshell.models import get_model
 from rlshell.rollout import SamplingParams
 from rlshell.runners.validation import load_config
 from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
-from rlshell.workers.actor import policy_forward
+from rlshell.workers.forward import policy_forward
 
 TEMPERATURE = 0.8
 BUDGET = 10

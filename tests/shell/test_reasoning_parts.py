@@ -34,7 +34,7 @@ from rlshell.rollout.advantages import compute_advantages
 from rlshell.runners.reasoning import _interleave_order
 from rlshell.runners.validation import load_config
 from rlshell.tokenizer import prepare_tokenizer, with_tokenizer_ids
-from rlshell.workers.actor import old_logprobs_and_weights, policy_forward
+from rlshell.workers.forward import old_logprobs_and_weights, policy_forward
 
 GRPO = Path("configs/grpo.py")
 

@@ -27,12 +27,10 @@ from rlshell.rollout.advantages import compute_advantages
 from rlshell.runners.rules.reasoning import optimizer_steps_per_batch
 from rlshell.runners.validation import load_config
 from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
-from rlshell.workers.actor import (
-    ActorWorker,
-    NonFiniteLossError,
-    policy_forward,
-    update_schedule,
-)
+from rlshell.workers.actor import ActorWorker
+from rlshell.workers.common import NonFiniteLossError
+from rlshell.workers.forward import policy_forward
+from rlshell.workers.schedule import update_schedule
 
 GRPO = Path("configs/grpo.py")
 # Plain AdamW in both (the fused kernel rounds in another order); a lr large enough that a

@@ -24,7 +24,7 @@ from rlshell.models import get_model
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.runners.validation import load_config
 from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
-from rlshell.workers.actor import policy_forward
+from rlshell.workers.forward import policy_forward
 
 # One xdist worker runs the module, so the vLLM engine of `engines` starts once.
 pytestmark = pytest.mark.xdist_group("vllm_engine")

@@ -35,7 +35,7 @@ from rlshell.runners.reasoning import ReasoningTrainer
 from rlshell.runners.spec import resolve_spec
 from rlshell.runners.validation import load_config, plan_for
 from rlshell.tokenizer import load_tokenizer
-from rlshell.workers.actor import policy_forward
+from rlshell.workers.forward import policy_forward
 from tests import launcher
 from tests.shell.test_run import ROOT, cli_env
 

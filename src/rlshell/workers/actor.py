@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import time
-import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,45 +33,45 @@ from typing import Any
 import attrs
 import torch
 import torch.distributed as dist
-from attrs import evolve
 from torch import Tensor, nn
 
-from rlcore.batching import balanced_micro_batches, group_mini_batches
 from rlcore.logprobs import token_logprobs, token_stats
 from rlcore.losses import PolicyLossBatch, PolicyLossConfig, entropy_loss, kl_estimate, sft_loss
 from rlcore.masked import aggregate, aggregation_normalizer, masked_mean
-from rlcore.mismatch import logprob_mismatch, rollout_importance_weights
 from rlcore.registry import POLICY_LOSSES
 from rlcore.tokens import position_ids
 from rlshell.cluster.worker import Worker
-from rlshell.config import AlgorithmConfig, Config, Precision
+from rlshell.config import Config
 from rlshell.engines.rollout import BorrowingEngine, RolloutEngine, make_rollout_engine
 from rlshell.engines.rollout.multi_turn import AgentLoop, make_agent_loop, sample
 from rlshell.engines.training import TrainingBackend, make_training_backend, pipelined
 from rlshell.hyperparameters import LOSS_KEYS, read_for
-from rlshell.models import get_model, torch_dtype
+from rlshell.models import torch_dtype
 from rlshell.models.lora import MergedLoRAWeights
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.rundir import write_nonfinite
 from rlshell.sync.codec import FlatBuckets
 from rlshell.sync.transfer import WeightSender, message_bytes
-from rlshell.workers.packing import packed_policy_forward
+from rlshell.workers.common import (
+    NonFiniteLossError,
+    build_rollout_model,
+    rollout_precision,
+    worker_device,
+)
+from rlshell.workers.forward import old_logprobs_and_weights, policy_forward
+from rlshell.workers.schedule import (
+    accumulate_metrics,
+    all_reduce_metrics,
+    combine_steps,
+    data_parallel_rows,
+    token_micro_batches,
+    update_schedule,
+    with_targets,
+)
 
 __all__ = [
     "ActorWorker",
-    "NonFiniteLossError",
-    "build_rollout_model",
-    "old_logprobs_and_weights",
-    "policy_forward",
-    "prompt_prefix_forward",
-    "rollout_precision",
-    "update_schedule",
-    "worker_device",
 ]
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The loss (or gradient norm) of a step was NaN or infinite."""
 
 
 def _named_inputs(inputs: tuple[Any, ...]) -> dict[str, Any]:
@@ -80,11 +79,6 @@ def _named_inputs(inputs: tuple[Any, ...]) -> dict[str, Any]:
     many as given) by name, on the CPU."""
     names = ("batch", "advantages", "ref_logprobs", "old_logprobs")
     return {name: _to_cpu(item) for name, item in zip(names, inputs, strict=False)}
-
-
-def worker_device() -> torch.device:
-    """The device a worker computes on: its (first visible) GPU, else the CPU."""
-    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def _to_cpu(item: Any) -> Any:
@@ -98,147 +92,6 @@ def _to_cpu(item: Any) -> Any:
     if isinstance(item, list | tuple):
         return type(item)(_to_cpu(value) for value in item)
     return item
-
-
-def rollout_precision(config: Config) -> Precision:
-    """The rollout engine's precision: ``rollout.precision``, else the actor model's."""
-    return config.rollout.precision or config.actor.model.precision
-
-
-def build_rollout_model(config: Config, *, merged_lora: bool = False) -> nn.Module:
-    """The policy as the rollout engine holds it: the actor's initial model, in its precision.
-
-    ``merged_lora``: a LoRA actor's (``actor.model.is_lora``) plain base model, without
-    adapters, to which syncs send the actor's weights with the adapters merged in
-    (`rlshell.models.lora.MergedLoRAWeights`); it starts equal to the actor (B = 0).
-    """
-    torch.manual_seed(config.actor.seed)
-    model = config.actor.model
-    model_cfg = evolve(
-        model, precision=rollout_precision(config), is_lora=model.is_lora and not merged_lora
-    )
-    return get_model(model_cfg)
-
-
-def old_logprobs_and_weights(
-    recomputed: Tensor, sampled: Tensor, mask: Tensor, algorithm: AlgorithmConfig
-) -> tuple[Tensor, Tensor | None, Tensor | None, dict[str, float]]:
-    """The log-probs the policy ratio is taken against, the proximal log-probs (decoupled
-    PPO), the importance weights (``algorithm.rollout_is``) and the ``rollout/mismatch_*``
-    metrics of one micro-batch.
-
-    ``recomputed``: the actor's log-probs of the batch under the weights before the update
-    (`ActorWorker.compute_logprobs`, or, with one optimizer step per batch, that step's own
-    forward, detached: it runs on the same weights, at no extra pass). ``sampled``: what the
-    rollout engine reported (log μ). The gap between them is measured either way
-    (`rlcore.mismatch`). ``decoupled_ppo`` takes its ratio against ``recomputed`` as the
-    proximal policy and weights by π_prox/μ against ``sampled``, the behaviour policy; the
-    other losses take their ratio against ``algorithm.old_logprobs``.
-    """
-    metrics = {
-        f"rollout/mismatch_{key}": float(value)
-        for key, value in logprob_mismatch(recomputed, sampled, mask).items()
-    }
-    weights = None
-    if algorithm.rollout_is is not None:
-        weights, stats = rollout_importance_weights(
-            recomputed, sampled, mask, algorithm.rollout_is, algorithm.rollout_is_threshold
-        )
-        metrics.update({f"rollout/mismatch_is_{key}": float(v) for key, v in stats.items()})
-    if "proximal_logprobs" in POLICY_LOSSES.needs(algorithm.loss_type):
-        return sampled, recomputed, weights, metrics
-    old = recomputed if algorithm.old_logprobs == "recompute" else sampled
-    return old, None, weights, metrics
-
-
-def policy_forward(
-    model: nn.Module,
-    batch: RolloutBatch,
-    temperature: float,
-    chunk_size: int | None,
-    share_prompts: bool = False,
-    pack: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """(log-probs, entropies) of the batch's response tokens under ``model``.
-
-    Positions count valid tokens only, as ``generate`` saw them with left padding.
-    With ``share_prompts`` rows that repeat a prompt (a GRPO group's samples)
-    run it once: the distinct prompts go through the model first, their
-    key/value cache is gathered to the rows (`prompt_prefix_forward`), and
-    only the responses run on every row. Same log-probs and gradients
-    (tested to float32 round-off); fewer FLOPs by (1 − distinct/rows) of the
-    prompt tokens. With ``pack`` the rows' valid tokens run end to end in one
-    row, without padding (`rlshell.workers.packing.packed_policy_forward`;
-    same log-probs and gradients, 0 at padded positions); it runs every
-    row's prompt, so it does not combine with ``share_prompts``.
-    """
-    if pack:
-        if share_prompts:
-            raise ValueError(
-                "policy_forward: pack and share_prompts are two layouts of the forward; ask for one"
-            )
-        return packed_policy_forward(model, batch, temperature, chunk_size)
-    device = next(model.parameters()).device
-    width = batch.prompt_ids.shape[1]
-    response_logits = prompt_prefix_forward(model, batch, device) if share_prompts else None
-    if response_logits is None:
-        attention_mask = batch.attention_mask
-        logits = model(
-            input_ids=batch.input_ids.to(device),
-            attention_mask=attention_mask.to(device).long(),
-            position_ids=position_ids(attention_mask).to(device),
-            use_cache=False,
-        ).logits
-        response_logits = logits[:, width - 1 : -1, :]
-    stats = token_stats(
-        response_logits.float(),
-        batch.response_ids.to(device),
-        temperature,
-        chunk_size,
-    )
-    return stats.logprobs, stats.entropy
-
-
-def prompt_prefix_forward(
-    model: nn.Module, batch: RolloutBatch, device: torch.device
-) -> Tensor | None:
-    """The logits that predict each row's response tokens, running each distinct prompt once.
-
-    None when no prompt repeats (or a response has one token: nothing to run
-    on top of the prompts). Pass 1 runs the distinct left-padded prompts with
-    a key/value cache; the cache (and the last prompt position's logits) are
-    gathered to the rows with ``index_select``, which back-propagates by
-    summing over a prompt's rows; pass 2 runs the responses, all but their
-    last token, on top of it.
-    """
-    width = batch.prompt_ids.shape[1]
-    if batch.response_ids.shape[1] <= 1:
-        return None
-    keys = torch.cat([batch.prompt_ids, batch.prompt_mask.long()], dim=1)
-    distinct, inverse = torch.unique(keys, dim=0, return_inverse=True)
-    if distinct.shape[0] == batch.rows:
-        return None
-    prompts, prompt_masks = distinct[:, :width], distinct[:, width:].bool()
-    prefix = model(
-        input_ids=prompts.to(device),
-        attention_mask=prompt_masks.to(device).long(),
-        position_ids=position_ids(prompt_masks).to(device),
-        use_cache=True,
-    )
-    rows = inverse.to(device)
-    cache = prefix.past_key_values
-    cache.reorder_cache(rows)
-    first = prefix.logits[:, -1:, :].index_select(0, rows)
-    attention_mask = batch.attention_mask
-    positions = position_ids(attention_mask)[:, width:-1]
-    rest = model(
-        input_ids=batch.response_ids[:, :-1].to(device),
-        attention_mask=attention_mask[:, :-1].to(device).long(),
-        position_ids=positions.to(device),
-        past_key_values=cache,
-        use_cache=True,
-    ).logits
-    return torch.cat([first, rest], dim=1)
 
 
 class ActorWorker(Worker):
@@ -514,7 +367,7 @@ class ActorWorker(Worker):
             per_step.append(
                 (epoch, self._optimizer_step(batch, rows, advantages, ref_logprobs, old_logprobs))
             )
-        out = _combine_steps(per_step, algorithm.ppo_epochs)
+        out = combine_steps(per_step, algorithm.ppo_epochs)
         out["train/optimizer_steps"] = float(len(steps))
         out["time/actor_prepare"] = out.pop("time/actor_prepare_step") * len(steps)
         out["time/actor_forward_backward"] *= len(steps)
@@ -549,7 +402,7 @@ class ActorWorker(Worker):
         # Gradients are averaged over the shares: scaled up by their number, the losses (each
         # normalised by the whole mini-batch) sum to the mini-batch's.
         inputs = [
-            _with_targets(batch.select(micro), micro, advantages, ref_logprobs, old_logprobs)
+            with_targets(batch.select(micro), micro, advantages, ref_logprobs, old_logprobs)
             for micro in micro_batches
         ]
         if manager.pipeline_stages > 1:
@@ -561,7 +414,7 @@ class ActorWorker(Worker):
                 loss, metrics = self._loss(micro, micro_adv, micro_ref, micro_old, normalizer)
                 self._check_finite(loss, position, inputs[position])
                 torch.autograd.backward(loss * shares)
-                _accumulate(metrics, totals, peaks)
+                accumulate_metrics(metrics, totals, peaks)
         optimizer_started = time.perf_counter()
         grad_norm, lrs = manager.optimizer_step()
         self._check_finite_gradient(grad_norm, inputs)
@@ -677,7 +530,7 @@ class ActorWorker(Worker):
         totals: dict[str, float] = {}
         peaks: dict[str, float] = {}
         for metrics in per_micro:
-            _accumulate(metrics, totals, peaks)
+            accumulate_metrics(metrics, totals, peaks)
         return totals, peaks
 
     def _policy_forward(self, micro: RolloutBatch) -> tuple[Tensor, Tensor]:
@@ -872,113 +725,3 @@ class ActorWorker(Worker):
     def shutdown_distributed(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _accumulate(
-    metrics: dict[str, float], totals: dict[str, float], peaks: dict[str, float]
-) -> None:
-    """Sum a micro-batch's metrics into ``totals``; its ``*_max`` ones into ``peaks`` (max)."""
-    for key, value in metrics.items():
-        if key.endswith("_max"):
-            peaks[key] = max(peaks.get(key, -math.inf), value)
-        else:
-            totals[key] = totals.get(key, 0.0) + value
-
-
-def update_schedule(
-    config: Config, rows: int, group_size: int, step: int
-) -> list[tuple[int, list[int]]]:
-    """(epoch, rows) of each optimizer step of the update on a batch of ``rows`` rows, in
-    groups of ``group_size`` (a prompt's samples).
-
-    Each epoch visits the batch's groups in an order drawn from (``runner.seed``, the step,
-    the epoch), ``actor.mini_batch_size`` prompts per mini-batch
-    (`rlcore.batching.group_mini_batches`); the same on every rank. One mini-batch per epoch
-    keeps the rows in order.
-    """
-    groups = rows // group_size
-    per_mini = min(config.actor.mini_batch_size or groups, groups)
-    schedule = []
-    for epoch in range(config.algorithm.ppo_epochs):
-        seed = None if per_mini == groups else _update_seed(config.runner.seed, step, epoch)
-        for mini in group_mini_batches(rows, group_size, per_mini, seed):
-            schedule.append((epoch, mini))
-    return schedule
-
-
-def _update_seed(*parts: int) -> int:
-    return zlib.crc32(repr(("update", *parts)).encode()) & 0x7FFFFFFF
-
-
-def _combine_steps(per_step: list[tuple[int, dict[str, float]]], epochs: int) -> dict[str, float]:
-    """One update's metrics from its optimizer steps': means (``*_max``: maxima; ``train/lr``:
-    the last step's); with several epochs, each epoch's clip fraction and approximate KL."""
-    keys = list(per_step[0][1])
-    out: dict[str, float] = {}
-    for key in keys:
-        values = [metrics[key] for _, metrics in per_step]
-        if key.endswith("_max"):
-            out[key] = max(values)
-        elif key == "train/lr":
-            out[key] = values[-1]
-        else:
-            out[key] = sum(values) / len(values)
-    if epochs > 1:
-        for name in ("clipfrac", "approx_kl"):
-            key = f"train/{name}"
-            if key not in keys:
-                continue
-            for epoch in range(epochs):
-                values = [m[key] for e, m in per_step if e == epoch]
-                out[f"train/{name}_epoch{epoch}"] = sum(values) / len(values)
-    return out
-
-
-def data_parallel_rows(manager: TrainingBackend, rows: list[int]) -> list[int]:
-    """This rank's contiguous share of ``rows``: a data-parallel share holds whole groups
-    where it can, whose prompt runs once per micro-batch. FSDP: a share per rank; Megatron:
-    a share per tensor × pipeline grid."""
-    share, shares = manager.data_parallel_rank, manager.data_parallel_size
-    return rows[share * len(rows) // shares : (share + 1) * len(rows) // shares]
-
-
-def _with_targets(
-    micro: RolloutBatch,
-    rows: list[int],
-    advantages: Tensor,
-    ref_logprobs: Tensor | None,
-    old_logprobs: Tensor | None,
-) -> tuple[RolloutBatch, Tensor, Tensor | None, Tensor | None]:
-    """The micro-batch ``micro`` (``rows`` of the batch, `RolloutBatch.select`) with its rows of
-    the batch-wide advantages, reference and old log-probs, cut to ``micro``'s own response
-    width: `select` trims the columns no row of the micro-batch uses, which the batch-wide
-    tensors still hold when a longer response sits in another micro-batch."""
-    width = micro.response_ids.shape[1]
-    index = torch.as_tensor(rows)
-    return (
-        micro,
-        advantages[index, :width],
-        None if ref_logprobs is None else ref_logprobs[index, :width],
-        None if old_logprobs is None else old_logprobs[index, :width],
-    )
-
-
-def token_micro_batches(batch: RolloutBatch, rows: list[int], budget: int) -> list[list[int]]:
-    """``rows`` of ``batch`` in micro-batches of at most ``budget`` valid tokens
-    (`rlcore.batching.balanced_micro_batches`), as many on every rank (collective: FSDP's
-    collectives pair up pass by pass)."""
-    lengths = (batch.prompt_mask.sum(1) + batch.response_mask.sum(1))[rows]
-    count = torch.tensor([len(balanced_micro_batches(lengths, budget))])
-    dist.all_reduce(count, op=dist.ReduceOp.MAX)
-    local = balanced_micro_batches(lengths, budget, min_micro_batches=int(count))
-    return [[rows[i] for i in micro] for micro in local]
-
-
-def all_reduce_metrics(
-    values: dict[str, float], op: Any, group: dist.ProcessGroup | None = None
-) -> dict[str, float]:
-    """``values`` reduced with ``op`` over ``group`` (every rank holds the same keys)."""
-    keys = sorted(values)
-    tensor = torch.tensor([values[key] for key in keys], dtype=torch.float64)
-    dist.all_reduce(tensor, op=op, group=group)
-    return dict(zip(keys, tensor.tolist(), strict=True))

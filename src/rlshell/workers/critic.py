@@ -6,7 +6,7 @@ its training backend (FSDP: `critic_training_config`) and, per step, (1) predict
 the values of the batch's response tokens before any update, which GAE reads
 (`rlcore.advantages.token_gae`), and (2) regresses them onto the returns with
 rlcore's ``value_loss`` over the same epochs and mini-batches as the actor
-(`rlshell.workers.actor.update_schedule`). It lives in processes of its own, so
+(`rlshell.workers.schedule.update_schedule`). It lives in processes of its own, so
 its passes overlap the actor's.
 """
 
@@ -29,13 +29,12 @@ from rlshell.cluster.worker import Worker
 from rlshell.config import ActorConfig, Config, ModelConfig
 from rlshell.engines.training import TrainingBackend, make_training_backend
 from rlshell.rollout import RolloutBatch
-from rlshell.workers.actor import (
-    NonFiniteLossError,
+from rlshell.workers.common import NonFiniteLossError, worker_device
+from rlshell.workers.schedule import (
     all_reduce_metrics,
     data_parallel_rows,
     token_micro_batches,
     update_schedule,
-    worker_device,
 )
 
 __all__ = ["CriticWorker", "critic_model_config", "critic_training_config"]

@@ -32,7 +32,7 @@ from rlshell.models.base import BasePolicy
 from rlshell.models.compiled import CompiledPredict
 from rlshell.rollout.trajectory import RewardScaler, Samples, TrajectoryBuffer
 from rlshell.rundir import write_nonfinite
-from rlshell.workers.actor import worker_device
+from rlshell.workers.common import worker_device
 from rlshell.workers.embodied_grpo import collect_group_episodes, group_samples
 from rlshell.workers.embodied_update import (
     CompiledPPOStep,

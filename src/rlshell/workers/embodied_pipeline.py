@@ -43,7 +43,7 @@ from rlshell.metrics import merge_rank_metrics
 from rlshell.models import as_policy
 from rlshell.models.base import BasePolicy
 from rlshell.rollout.trajectory import RewardScaler, TrajectoryBuffer
-from rlshell.workers.actor import build_rollout_model, worker_device
+from rlshell.workers.common import build_rollout_model, worker_device
 from rlshell.workers.embodied_actor import EnvShare, PPOActor
 from rlshell.workers.embodied_update import policy_name, policy_values
 

@@ -1,6 +1,6 @@
 """The actor's update forward on packed sequences: one row per micro-batch, no padding.
 
-The padded forward (`rlshell.workers.actor.policy_forward`) runs a
+The padded forward (`rlshell.workers.forward.policy_forward`) runs a
 ``[rows, prompt + response]`` batch, left-padded prompts and right-padded
 responses, so every row costs as much as the longest: with responses of 1 to
 256 tokens about half the positions are padding, and the linear layers, the

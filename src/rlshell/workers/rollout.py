@@ -27,7 +27,8 @@ from rlshell.engines.rollout.multi_turn import AgentLoop, make_agent_loop, sampl
 from rlshell.models import get_model
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.sync.transfer import WeightReceiver
-from rlshell.workers.actor import build_rollout_model, policy_forward, worker_device
+from rlshell.workers.common import build_rollout_model, worker_device
+from rlshell.workers.forward import policy_forward
 
 __all__ = ["ReferenceWorker", "RolloutResult", "RolloutWorker"]
 
