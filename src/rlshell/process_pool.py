@@ -31,6 +31,7 @@ interrupted (Ctrl-C) closes the pool: answers to its batch may still be on their
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import os
@@ -43,12 +44,13 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import BaseContext
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from attrs import frozen
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
+    "ClosedOnExit",
     "PoolBatch",
     "PooledProcess",
     "ProcessPool",
@@ -163,6 +165,25 @@ class PoolBatch(Protocol):
         """Call ``index`` got no answer: its process was killed past the deadline
         (``timed_out``) or died, or broke the protocol (``reason`` says which)."""
         ...
+
+
+class ClosedOnExit(abc.ABC):
+    """An owner of pooled processes as a context manager: `close` on leaving the block."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop every process (idempotent)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 class ProcessPool:

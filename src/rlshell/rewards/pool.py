@@ -64,16 +64,16 @@ import signal
 import threading
 import time
 import traceback
-import types
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
-from typing import Any, Self
+from typing import Any
 
 from attrs import frozen
 
 from rlshell.extensions import ENV_VAR, load_extensions
 from rlshell.limits import limit_address_space
 from rlshell.process_pool import (
+    ClosedOnExit,
     ProcessPool,
     ProtocolError,
     Starter,
@@ -144,7 +144,7 @@ class RewardResult:
         }
 
 
-class RewardPool:
+class RewardPool(ClosedOnExit):
     """``num_processes`` warm processes scoring ``reward_types``, each call within ``timeout_s``.
 
     ``reward_types``: one registered name, or several (`score_each` scores
@@ -205,17 +205,6 @@ class RewardPool:
             error=RewardPoolError,
             start_timeout_s=start_timeout_s,
         )
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: types.TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._pool.closed else f"{self._pool.size} processes"

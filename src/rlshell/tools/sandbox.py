@@ -53,14 +53,13 @@ import multiprocessing
 import os
 import shutil
 import tempfile
-import types
 from collections.abc import Sequence
-from typing import Any, Literal, Self, cast, get_args
+from typing import Any, Literal, cast, get_args
 
 from attrs import frozen
 
 from rlshell.extensions import load_extensions
-from rlshell.process_pool import ProcessPool, ProtocolError, Starter
+from rlshell.process_pool import ClosedOnExit, ProcessPool, ProtocolError, Starter
 from rlshell.tools import get_tool
 from rlshell.tools.limits import ToolLimits
 from rlshell.tools.parsing import ParseError, ToolCall
@@ -144,7 +143,7 @@ def tool_metrics(results: Sequence[ToolResult]) -> dict[str, float]:
     }
 
 
-class ToolExecutor:
+class ToolExecutor(ClosedOnExit):
     """``num_processes`` sandbox processes serving the tools ``names`` under ``limits``.
 
     The names are checked here, in this process, after loading
@@ -198,17 +197,6 @@ class ToolExecutor:
         except BaseException:
             shutil.rmtree(self._scratch_root, ignore_errors=True)
             raise
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: types.TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._pool.closed else f"{self._pool.size} processes"
