@@ -385,7 +385,7 @@ def _load_sac_learner(checkpoint: Path, policy: nn.Module) -> None:
     """The SAC runner: ``sac_learner.pt`` holds the learner's state, the policy's under "policy"."""
     import torch
 
-    state = torch.load(checkpoint / "sac_learner.pt", map_location="cpu", weights_only=False)
+    state = torch.load(checkpoint / "sac_learner.pt", map_location="cpu", weights_only=True)
     policy.load_state_dict(state["learner"]["policy"])
 
 
@@ -446,12 +446,16 @@ def policy_layout(checkpoint: Path) -> PolicyLayout:
 def load_policy_weights(checkpoint: Path, policy: nn.Module) -> None:
     """Put the checkpoint's policy weights (its `policy_layout`) into ``policy``.
 
-    Weights that do not fit ``policy`` raise a `CheckpointError` naming the
-    first mismatch. `rlshell.export` reads every runner's checkpoints with it.
+    The checkpoint is verified against its manifest first (`verify_checkpoint`: every
+    file's size and SHA-256), before any of its bytes is deserialised: a damaged or
+    altered file is refused naming it. Weights that do not fit ``policy`` raise a
+    `CheckpointError` naming the first mismatch. `rlshell.export`, evaluation and
+    ``actor.model.checkpoint`` read every runner's checkpoints with it.
     """
     from torch.distributed.checkpoint.api import CheckpointException as DCPCheckpointException
 
     layout = policy_layout(checkpoint)
+    verify_checkpoint(checkpoint)
     try:
         layout.load(checkpoint, policy)
     except (RuntimeError, KeyError, ValueError, OSError, DCPCheckpointException) as error:

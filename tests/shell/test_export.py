@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import sys
 from collections.abc import Mapping
@@ -465,3 +466,42 @@ def test_load_exported_names_what_a_directory_lacks(
     (foreign / WEIGHTS_FILE).write_bytes(b"")
     with pytest.raises(ExportError, match=f"unknown model type 'bandit_mlp'.*once {ENV_VAR} names"):
         load_exported(foreign)
+
+
+def test_a_damaged_or_altered_checkpoint_is_refused_before_any_byte_is_read(
+    cartpole_run: tuple[Path, nn.Module], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint, _ = cartpole_run
+    shutil.copytree(checkpoint.parent.parent, tmp_path / "run")
+    copy = tmp_path / "run" / "checkpoints" / checkpoint.name
+    # One flipped byte in a shard: same size, another hash.
+    shard = next(path for path in (copy / "actor").iterdir() if path.suffix == ".distcp")
+    original = shard.read_bytes()
+    damaged = bytearray(original)
+    damaged[len(damaged) // 2] ^= 0xFF
+    shard.write_bytes(bytes(damaged))
+    status, _, err = export_here(capsys, copy, tmp_path / "out")
+    assert status == 1
+    assert f"{shard} does not match its SHA-256 in the manifest (corrupted)" in err
+    assert not (tmp_path / "out").exists()
+    # The attack: a pickle in DCP's .metadata that would run code when read. The manifest
+    # check refuses it before torch.distributed.checkpoint unpickles anything.
+    shard.write_bytes(original)
+    marker = tmp_path / "payload_ran"
+    (copy / "actor" / ".metadata").write_bytes(pickle.dumps(_WritesAFile(str(marker))))
+    status, _, err = export_here(capsys, copy, tmp_path / "out")
+    assert status == 1
+    assert f"{copy / 'actor' / '.metadata'} has " in err
+    assert "the manifest says" in err
+    assert not marker.exists()
+    assert not (tmp_path / "out").exists()
+
+
+class _WritesAFile:
+    """Unpickling this writes ``path``: what a forged ``.metadata`` could make a reader do."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[Path, str]]:
+        return (Path.write_text, (Path(self.path), "the payload ran"))

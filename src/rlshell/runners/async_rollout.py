@@ -32,6 +32,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -41,7 +42,15 @@ from rlshell.cluster.errors import WorkerError
 from rlshell.data import PromptExample
 from rlshell.workers.rollout import RolloutResult
 
-__all__ = ["AsyncRollouts", "RolloutTicket", "Slot", "StalenessError", "lag_metrics"]
+__all__ = [
+    "AsyncRollouts",
+    "RolloutTicket",
+    "Slot",
+    "StalenessError",
+    "lag_metrics",
+    "load_queue",
+    "save_queue",
+]
 
 
 class StalenessError(RuntimeError):
@@ -81,6 +90,24 @@ class Slot:
             self.results = self.ticket.wait()
             self.ticket = None
         return self.results
+
+
+def save_queue(slots: Sequence[Slot], path: Path) -> None:
+    """The rollouts generated ahead of a checkpoint's step (`AsyncRollouts.drain`), to ``path``."""
+    if any(slot.ticket is not None for slot in slots):
+        raise ValueError("save_queue: a slot still has requests in flight; drain the queue first")
+    torch.save(list(slots), path)
+
+
+def load_queue(path: Path) -> list[Slot]:
+    """What `save_queue` wrote, read without running code from the file: tensors, plain data
+    and the queue's own record classes only (``torch.load(weights_only=True)`` with them
+    allowed); anything else in it raises ``pickle.UnpicklingError``."""
+    from rlshell.rollout import RolloutBatch
+
+    with torch.serialization.safe_globals([Slot, PromptExample, RolloutResult, RolloutBatch]):
+        slots: list[Slot] = torch.load(path, weights_only=True)
+    return slots
 
 
 class AsyncRollouts:

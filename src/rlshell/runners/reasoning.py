@@ -43,7 +43,7 @@ from rlshell.rewards.pool import RewardResult
 from rlshell.rewards.weighted import WeightedReward, WeightedScores
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.rollout.advantages import compute_advantages, outcome_token_rewards
-from rlshell.runners.async_rollout import AsyncRollouts, Slot
+from rlshell.runners.async_rollout import AsyncRollouts, Slot, load_queue, save_queue
 from rlshell.runners.facts import trains_critic
 from rlshell.runners.loop import timed
 from rlshell.runners.offload import OffloadPlan, plan_offload
@@ -682,7 +682,7 @@ class ReasoningTrainer(ReasoningRules):
         if self.pipeline is not None:
             # What was generated ahead is saved too: a resume trains on it first, once.
             queued = self.pipeline.drain(keep_failed=self._salvaging)
-            torch.save(queued, directory / QUEUE_FILE)
+            save_queue(queued, directory / QUEUE_FILE)
             if not self._salvaging:  # (a dead worker's syncs failed with it)
                 self._check_syncs(wait=True)
         sampler = self._sampler().state()
@@ -705,7 +705,7 @@ class ReasoningTrainer(ReasoningRules):
         queue_file = checkpoint / QUEUE_FILE
         restored: list[Slot] = []
         if queue_file.is_file():
-            restored = torch.load(queue_file, weights_only=False)
+            restored = load_queue(queue_file)
         if self.pipeline is not None:
             self.pipeline.start_at(step, restored)
         elif restored:  # (refused before start: rlshell.runners.loop.run)

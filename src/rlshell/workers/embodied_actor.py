@@ -205,7 +205,7 @@ class PPOActor(Worker):
                 raise FileNotFoundError(
                     f"checkpoint {path} has no {saved.name}: saved without algorithm.norm_reward"
                 )
-            self.reward_scaler.load_state_dict(torch.load(saved))
+            self.reward_scaler.load_state_dict(torch.load(saved, weights_only=True))
         return step
 
     def _scaler_path(self, path: str) -> Path:

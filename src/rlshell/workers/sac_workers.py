@@ -249,7 +249,7 @@ class SACLearnerWorker(Worker):
             raise FileNotFoundError(
                 f"checkpoint {path} has no {LEARNER_STATE}: not a checkpoint of a SAC run"
             )
-        state = torch.load(source, weights_only=False)
+        state = torch.load(source, weights_only=True)
         self.learner.load_state_dict(state["learner"])
         self.replay.load_state_dict(state["replay"])
         self.transitions = int(state["transitions"])

@@ -396,7 +396,7 @@ class FSDPModelManager:
                 f"checkpoint {path} has no {extra_path.name}: not an actor checkpoint of this "
                 f"rank (saved with a different number of ranks, or incomplete)"
             )
-        extra = torch.load(extra_path, weights_only=False)
+        extra = torch.load(extra_path, weights_only=True)
         if extra["world_size"] != dist.get_world_size():
             raise ValueError(
                 f"checkpoint {path} was saved by {extra['world_size']} actor ranks; this run has "

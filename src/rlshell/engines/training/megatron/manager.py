@@ -359,7 +359,7 @@ class MegatronModelManager:
                 f"checkpoint {path} has no {rank_file.name}: not a Megatron actor checkpoint "
                 "of this rank (saved by another backend or number of ranks, or incomplete)"
             )
-        state = torch.load(rank_file, weights_only=False)
+        state = torch.load(rank_file, weights_only=True)
         here = {"ranks": attrs.asdict(self._ranks()), "layout": attrs.asdict(self.layout)}
         saved = {"ranks": state["ranks"], "layout": state["layout"]}
         if state["world_size"] != dist.get_world_size() or saved != here:
