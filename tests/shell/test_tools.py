@@ -585,6 +585,34 @@ def test_a_tool_cannot_undo_its_limits(executor: ToolExecutor) -> None:
     )
 
 
+def test_the_dropped_capabilities_are_gone_from_every_set_and_cannot_come_back(
+    executor: ToolExecutor,
+) -> None:
+    # CAP_SYS_PTRACE (19), CAP_SYS_ADMIN (21), CAP_SYS_RESOURCE (24): the effective,
+    # permitted, inheritable and bounding sets as the kernel reports them, then an attempt
+    # to set CAP_SYS_ADMIN again in the effective and permitted sets (capset).
+    code = (
+        "import ctypes, os\n"
+        "sets = {}\n"
+        "for line in open('/proc/self/status'):\n"
+        "    name, _, value = line.partition(':')\n"
+        "    if name in ('CapEff', 'CapPrm', 'CapInh', 'CapBnd'):\n"
+        "        sets[name] = int(value, 16)\n"
+        "dropped = 1 << 19 | 1 << 21 | 1 << 24\n"
+        "print(sorted(name for name, mask in sets.items() if mask & dropped))\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "header = (ctypes.c_uint32 * 2)(0x20080522, 0)\n"
+        "data = (ctypes.c_uint32 * 6)()\n"
+        "libc.capget(ctypes.byref(header), ctypes.byref(data))\n"
+        "data[0] |= 1 << 21\n"
+        "data[1] |= 1 << 21\n"
+        "print('capset', libc.capset(ctypes.byref(header), ctypes.byref(data)), "
+        "os.strerror(ctypes.get_errno()))"
+    )
+    result = run_one(executor, "python", code)
+    assert result.observation == "[]\ncapset -1 Operation not permitted\n"
+
+
 def test_each_call_works_in_a_scratch_directory_removed_after_it(executor: ToolExecutor) -> None:
     code = (
         "import os, tempfile\n"

@@ -170,14 +170,16 @@ def drop_capabilities() -> None:
     and from its bounding set where it may (so no exec'd program regains them)."""
     libc = ctypes.CDLL(None, use_errno=True)
     header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
-    data = (ctypes.c_uint32 * 6)()  # two words each of effective, permitted, inheritable
+    # The kernel's layout: two {effective, permitted, inheritable} records, the first for
+    # capabilities 0-31, the second for 32-63, i.e. [eff_lo, prm_lo, inh_lo, eff_hi, ...].
+    data = (ctypes.c_uint32 * 6)()
     if libc.capget(ctypes.byref(header), ctypes.byref(data)) != 0:
         code = ctypes.get_errno()
         raise SandboxSetupError(f"capget failed: {os.strerror(code)}")
     can_drop_bounding = bool(data[0] & (1 << _CAP_SETPCAP))
-    for bit in _CAPS_DROPPED.values():
-        for word in range(3):  # bits 0-31 live in the first word of each pair
-            data[2 * word] &= ~(1 << bit) & 0xFFFFFFFF
+    for bit in _CAPS_DROPPED.values():  # each below 32: the first record's three words
+        for word in range(3):
+            data[word] &= ~(1 << bit) & 0xFFFFFFFF
     if can_drop_bounding:
         for name, bit in _CAPS_DROPPED.items():
             if libc.prctl(_PR_CAPBSET_DROP, bit, 0, 0, 0) != 0:
