@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +46,10 @@ from rlshell.engines.rollout.multi_turn import AgentLoop, make_agent_loop, sampl
 from rlshell.engines.training import TrainingBackend, make_training_backend, pipelined
 from rlshell.hyperparameters import LOSS_KEYS, read_for
 from rlshell.models import torch_dtype
-from rlshell.models.lora import MergedLoRAWeights
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.rundir import write_nonfinite
 from rlshell.sync.codec import FlatBuckets
-from rlshell.sync.transfer import WeightSender, message_bytes
+from rlshell.sync.transfer import WeightSender
 from rlshell.workers.common import (
     NonFiniteLossError,
     build_rollout_model,
@@ -68,6 +67,7 @@ from rlshell.workers.schedule import (
     with_targets,
 )
 from rlshell.workers.sft_update import sft_evaluation, sft_step
+from rlshell.workers.weight_publishing import WeightPublisher
 
 __all__ = [
     "ActorWorker",
@@ -108,9 +108,7 @@ class ActorWorker(Worker):
         self.agent: AgentLoop | None = None  # agent.tools: multi-turn rollouts with tool calls
         # weight_sync='shared': the engine, lent this rank's gathered weights to generate.
         self.borrowing_engine: BorrowingEngine | None = None
-        self.sender: WeightSender | None = None
-        self.flat: FlatBuckets | None = None
-        self.rollout_handles: Sequence[Any] = ()
+        self.publisher: WeightPublisher | None = None  # None with weight_sync='shared'
 
     # -- set-up
 
@@ -119,12 +117,12 @@ class ActorWorker(Worker):
         self.init_training()
         device = worker_device()
         rollout = self.config.rollout
-        if not self.shared:  # 'shared' sends nothing: its engine borrows the weights
-            self.sender = WeightSender(
-                mode="patch" if rollout.weight_sync == "patch" else "bucket",
-                bucket_size_mb=rollout.bucket_size_mb,
-                dtype=torch_dtype(rollout_precision(self.config)),
-            )
+        sender = WeightSender(
+            mode="patch" if rollout.weight_sync == "patch" else "bucket",
+            bucket_size_mb=rollout.bucket_size_mb,
+            dtype=torch_dtype(rollout_precision(self.config)),
+        )
+        flat: FlatBuckets | None = None
         if self.rollout_in_actor:
             from rlshell.tokenizer import load_tokenizer
 
@@ -143,9 +141,17 @@ class ActorWorker(Worker):
                     )
                 self.engine.release_weights()  # it borrows this rank's own, gathered
                 self.borrowing_engine = self.engine
-            elif self.sender is not None and rollout.weight_sync == "bucket":
+            elif rollout.weight_sync == "bucket":
                 # The engine's weights become the bucket layout: syncs pack straight into them.
-                self.flat = FlatBuckets(self.engine.weight_targets(), self.sender.bucket_bytes)
+                flat = FlatBuckets(self.engine.weight_targets(), sender.bucket_bytes)
+        if not self.shared:  # 'shared' sends nothing: its engine borrows the weights
+            self.publisher = WeightPublisher(
+                sender,
+                rank=self.rank,
+                lora=self.config.actor.model.is_lora,
+                engine=self.engine,
+                flat=flat,
+            )
 
     def init_training(self) -> None:
         """Join the group's process group, build and shard the model and its optimizer: all
@@ -165,7 +171,7 @@ class ActorWorker(Worker):
 
     def set_rollout_handles(self, handles: Sequence[Any]) -> None:
         """The rollout workers rank 0 sends weights to (disaggregated placement)."""
-        self.rollout_handles = tuple(handles)
+        self._publisher().rollout_handles = tuple(handles)
 
     @property
     def model(self) -> nn.Module:
@@ -220,73 +226,22 @@ class ActorWorker(Worker):
     # -- weights
 
     def sync_model_to_rollout(self, full: bool = False) -> dict[str, float]:
-        """Send the current weights to the rollout: in memory, or rank 0 → rollout workers.
-
-        Every rank takes part (gathering the shards is collective).
-        ``full=True`` sends everything even in ``patch`` mode (start, resume).
-        """
+        """Send the current weights to the rollout (`WeightPublisher.sync`): in memory to the
+        engine in this process, or rank 0 → rollout workers. Collective. ``full=True``
+        sends everything even in ``patch`` mode (start, resume)."""
         if self.shared:
             return {"bytes": 0.0, "seconds": 0.0, "messages": 0.0}
-        if self.sender is None or self.manager is None:
-            raise RuntimeError("init_worker() has not run")
-        with self.manager.unsharded() as model:  # one all-gather per FSDP unit
-            gathered: Mapping[str, Tensor] = self.manager.full_tensors(model)
-            if self.config.actor.model.is_lora:  # the engine holds the plain model
-                gathered = MergedLoRAWeights(model, gathered)
-            if self.engine is not None:  # the engine in this process (collocated)
-                targets = self.engine.weight_targets()
-                if gathered.keys() != targets.keys():
-                    raise RuntimeError(
-                        "the rollout engine's tensors differ from the actor's: only in the "
-                        f"engine {sorted(targets.keys() - gathered.keys())[:5]}, only in the "
-                        f"actor {sorted(gathered.keys() - targets.keys())[:5]}"
-                    )
-                # In the engine's order: its FlatBuckets expect that layout.
-                tensors = ((name, gathered[name]) for name in targets)
-                stats = self.sender.send_in_memory(tensors, targets, full=full, flat=self.flat)
-                started = time.perf_counter()
-                self.engine.weights_updated()
-                stats["engine_reload_seconds"] = time.perf_counter() - started
-                return stats
-            if self.rank == 0:
-                return self.sender.send_to_workers(
-                    gathered.items(), self.rollout_handles, full=full
-                )
-        return {}
+        return self._publisher().sync(self._manager(), full)
 
     def stage_weights(self, full: bool = False) -> tuple[list[Any], dict[str, float]]:
-        """One sync to the rollout workers, put in the object store without waiting for them.
+        """One sync to the rollout workers, put in the object store without waiting for them
+        (`WeightPublisher.stage`, ``runner.mode='async'``). Collective."""
+        return self._publisher().stage(self._manager(), full)
 
-        ``runner.mode='async'``: the rollout workers are busy generating, so
-        rank 0 does not deliver the records itself (`sync_model_to_rollout`
-        waits for every worker to apply each one); it returns their refs, and
-        the driver queues them on each worker (`RolloutWorker.apply_sync`),
-        which applies them between two requests. Every rank takes part (the
-        gather is collective); the others return no refs. The stats: the bytes
-        and records staged and the seconds it took.
-        """
-        import ray
-
-        if self.sender is None or self.manager is None:
+    def _publisher(self) -> WeightPublisher:
+        if self.publisher is None:
             raise RuntimeError("init_worker() has not run")
-        if self.engine is not None:
-            raise RuntimeError(
-                "stage_weights() sends to rollout workers of their own; this actor's rollout "
-                "engine is in its process (sync_model_to_rollout)"
-            )
-        started = time.perf_counter()
-        refs: list[Any] = []
-        staged = 0
-        with self.manager.unsharded() as model:
-            gathered: Mapping[str, Tensor] = self.manager.full_tensors(model)
-            if self.config.actor.model.is_lora:
-                gathered = MergedLoRAWeights(model, gathered)
-            if self.rank == 0:
-                for message in self.sender.messages(gathered.items(), full):
-                    staged += message_bytes(message)
-                    refs.append(ray.put(message))  # a copy: the gathered tensors are freed
-        stats = {"bytes": float(staged), "seconds": time.perf_counter() - started}
-        return refs, {**stats, "messages": float(len(refs))} if self.rank == 0 else {}
+        return self.publisher
 
     def rollout_weights(self) -> dict[str, Tensor]:
         """The in-process rollout engine's weights (tests compare them with the actor's)."""
