@@ -28,7 +28,7 @@ from attrs import evolve
 from torch import nn
 
 from rlcore import typecheck_enabled
-from rlshell.checkpoint import TrainerState, checkpoint_dir, write_trainer_state
+from rlshell.checkpoint import TrainerState, checkpoint_dir, write_manifest, write_trainer_state
 from rlshell.config import (
     ActorConfig,
     AlgorithmConfig,
@@ -231,6 +231,7 @@ def write_actor_checkpoint(run_dir: Path, config: Config, policy: nn.Module, ste
     write_trainer_state(
         path, TrainerState(step=step, experiment_name=config.runner.experiment_name)
     )
+    write_manifest(path)  # as a committed checkpoint has: every load verifies it
     return path
 
 
@@ -410,6 +411,7 @@ def test_a_sac_checkpoint_is_evaluated_through_its_layout_entry(tmp_path: Path) 
     checkpoint.mkdir(parents=True)
     torch.save({"learner": {"policy": trained.state_dict()}}, checkpoint / "sac_learner.pt")
     write_trainer_state(checkpoint, TrainerState(step=4, experiment_name="sac"))
+    write_manifest(checkpoint)
     loaded = load_embodied_policy(checkpoint, config)
     for name, tensor in trained.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[name], tensor, msg=name)

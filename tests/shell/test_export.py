@@ -281,6 +281,7 @@ def test_a_sac_checkpoint_exports_the_learners_policy(tmp_path: Path) -> None:
     checkpoint.mkdir(parents=True)
     torch.save({"step": STEP, "learner": learner.state_dict()}, checkpoint / LEARNER_STATE)
     write_trainer_state(checkpoint, TrainerState(STEP, 0, 0, "sac"))
+    write_manifest(checkpoint)
     loaded = load_exported(export_checkpoint(checkpoint, tmp_path / "policy"))
     assert_same_state(loaded, policy)
     obs = {"states": torch.randn(5, 3, generator=torch.Generator().manual_seed(0))}
