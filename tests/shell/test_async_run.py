@@ -155,7 +155,9 @@ def test_partial_rollouts_switch_weights_mid_request_and_at_bound_0_are_the_sync
     def interrupt(trainer: ReasoningTrainer) -> None:
         params = SamplingParams(n=2, max_new_tokens=200, min_new_tokens=200)
         for pause in (0.3, 0.15, 0.05):  # the offer must land while the request generates
-            ticket = trainer._submit_generate(["1+1=", "2+3="], params, 9, 0, "generate_versioned")
+            ticket = trainer.running.generator.submit(
+                ["1+1=", "2+3="], params, 9, 0, "generate_versioned"
+            )
             time.sleep(pause)
             trainer.version += 1  # as after an update: the same weights, a new version
             trainer.sync_weights(full=False)

@@ -444,16 +444,14 @@ def reasoning_problems(overrides: list[str], *, for_run: bool) -> list[str]:
 
 
 def test_min_new_tokens_reaches_the_training_rollouts_and_never_exceeds_the_maximum() -> None:
-    from types import SimpleNamespace
-
-    from rlshell.runners.reasoning import ReasoningTrainer
+    from rlshell.runners.reasoning.generation import training_sampling_params
 
     # configs/grpo.py samples 4 tokens at most.
     assert reasoning_problems(["rollout.min_new_tokens=5"], for_run=False) == [
         "rollout.min_new_tokens: 5 tokens at least cannot fit rollout.max_new_tokens (4) at most"
     ]
     config = load_config(GRPO, ["rollout.min_new_tokens=4"])
-    params = ReasoningTrainer._sampling_params(SimpleNamespace(config=config))  # type: ignore[arg-type]
+    params = training_sampling_params(config)
     assert (params.min_new_tokens, params.max_new_tokens) == (4, 4)
 
 

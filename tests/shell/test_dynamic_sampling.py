@@ -1,7 +1,7 @@
 """DAPO's dynamic sampling in the reasoning trainer: which groups a step trains on.
 
-`ReasoningTrainer._informative_batch` is driven here without workers: the
-trainer's sampling and scoring (`_sample_and_score`) is replaced by a table of
+`DynamicSampling.informative_batch` (`rlshell.runners.reasoning.scoring`) is
+driven here without workers: the trainer's sampling and scoring is replaced by a table of
 which prompts every sample answers right, so that each case says exactly which
 groups are informative. What runs is the trainer's own selection: rounds,
 the cap, the top-up with dropped groups, the batch it hands the update and
@@ -11,26 +11,37 @@ with real workers.)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlshell.config import Config
 from rlshell.data import PromptExample, PromptSampler
 from rlshell.rewards.pool import RewardResult
 from rlshell.rewards.weighted import WeightedScores
 from rlshell.rollout import RolloutBatch, SamplingParams
-from rlshell.runners.reasoning import ReasoningTrainer
+from rlshell.runners.reasoning.scoring import DynamicSampling, SampleAndScore, shaped_scores
 from rlshell.runners.validation import load_config
 
 N = 2  # samples per prompt
 PROMPTS = 4  # prompts a step wants
 
 
-def _trainer(examples: list[PromptExample], rounds: int) -> ReasoningTrainer:
+class _Case:
+    """A run's config and prompt sampler; ``sample_and_score`` is `_scripted`'s."""
+
+    def __init__(self, config: Config, sampler: Any) -> None:
+        self.config = config
+        self.sampler = sampler
+        self.sample_and_score: SampleAndScore | None = None
+
+
+def _trainer(examples: list[PromptExample], rounds: int) -> _Case:
     config = load_config(
         Path("configs/dapo.py"),
         [
@@ -39,19 +50,17 @@ def _trainer(examples: list[PromptExample], rounds: int) -> ReasoningTrainer:
             f"algorithm.max_sampling_rounds={rounds}",
         ],
     )
-    trainer = ReasoningTrainer(config, tokenizer_dir="unused", rollout_in_actor=True)
-    trainer.sampler = PromptSampler(examples, PROMPTS, seed=0)
-    return trainer
+    return _Case(config, PromptSampler(examples, PROMPTS, seed=0))
 
 
-def _scripted(trainer: ReasoningTrainer, right: Mapping[str, tuple[bool, ...]]) -> list[list[str]]:
+def _scripted(trainer: _Case, right: Mapping[str, tuple[bool, ...]]) -> list[list[str]]:
     """Replace sampling and scoring: prompt p's samples are right as ``right[p]`` says; each
     response's text is its prompt, so a batch says which prompts it holds. Returns the
     prompts of each round, as drawn."""
     drawn: list[list[str]] = []
 
     def sample_and_score(
-        prompts: list[PromptExample],
+        prompts: Sequence[PromptExample],
         params: SamplingParams,
         step: int,
         round_: int,
@@ -83,17 +92,19 @@ def _scripted(trainer: ReasoningTrainer, right: Mapping[str, tuple[bool, ...]]) 
         )
         return batch, weighted
 
-    trainer._sample_and_score = sample_and_score  # type: ignore[method-assign,assignment]
+    trainer.sample_and_score = sample_and_score
     return drawn
 
 
-def _step(trainer: ReasoningTrainer) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
+def _step(trainer: _Case) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
     params = SamplingParams(n=N, max_new_tokens=4)
     metrics: dict[str, float] = {}
-    first = trainer._sampler().next()
-    batch, scored = trainer._sample_and_score(first, params, 1, 0, metrics)
-    scores = trainer._shaped_scores(batch, scored)
-    out, out_scores = trainer._informative_batch(
+    assert trainer.sample_and_score is not None
+    dynamic = DynamicSampling(trainer.config, trainer.sample_and_score, trainer.sampler.next, 0)
+    first = trainer.sampler.next()
+    batch, scored = trainer.sample_and_score(first, params, 1, 0, metrics)
+    scores = shaped_scores(trainer.config, batch, scored)
+    out, out_scores = dynamic.informative_batch(
         batch, scores, scored, len(first), params, 1, metrics
     )
     return out, out_scores, metrics
@@ -162,7 +173,7 @@ def test_uniform_groups_are_replaced_by_a_second_rounds_informative_ones() -> No
     patterns += [(True, False)] * 4  # a third round would find more
     examples = [PromptExample(prompt=f"p{i}", answer="0") for i in range(len(patterns))]
     trainer = _trainer(examples, rounds=3)
-    trainer.sampler = _InOrder(examples)  # type: ignore[assignment]
+    trainer.sampler = _InOrder(examples)
     right = {e.prompt: pattern for e, pattern in zip(examples, patterns, strict=True)}
     drawn = _scripted(trainer, right)
     batch, scores, metrics = _step(trainer)

@@ -20,6 +20,7 @@ from rlshell.config import ConfigError
 from rlshell.data import ArithmeticTask, arithmetic_task
 from rlshell.runners.offload import OffloadPlan, offload_problems, plan_offload
 from rlshell.runners.reasoning import ReasoningTrainer
+from rlshell.runners.reasoning.turns import GpuTurns
 from rlshell.runners.spec import resolve_spec
 from rlshell.runners.validation import cluster_spec_for, load_config, plan_for, validate
 
@@ -147,22 +148,18 @@ class _Group:
         return _Done()
 
 
-def _trainer(offload: OffloadPlan, log: list[str]) -> ReasoningTrainer:
-    config = load_config(GRPO, [])
-    trainer = ReasoningTrainer(config, Path("tokenizer"), rollout_in_actor=False, offload=offload)
-    trainer.actor = _Group("actor", log)  # type: ignore[assignment]
-    trainer.rollout = _Group("rollout", log)
-    return trainer
+def _turns(offload: OffloadPlan, log: list[str]) -> GpuTurns:
+    return GpuTurns(offload, _Group("actor", log), _Group("rollout", log))  # type: ignore[arg-type]
 
 
 def test_the_actor_and_rollout_take_turns_and_each_move_happens_once_per_phase() -> None:
     log: list[str] = []
-    trainer = _trainer(OffloadPlan(actor_optimizer=True, actor_params=True, rollout=True), log)
-    trainer._rollout_phase()  # first rollout: everything starts on the GPU
-    trainer._rollout_phase()  # evaluation right after: nothing to move
-    trainer._update_phase()
-    trainer._update_phase()  # a save after the update: nothing to move
-    trainer._rollout_phase()
+    turns = _turns(OffloadPlan(actor_optimizer=True, actor_params=True, rollout=True), log)
+    turns.rollout()  # first rollout: everything starts on the GPU
+    turns.rollout()  # evaluation right after: nothing to move
+    turns.update()
+    turns.update()  # a save after the update: nothing to move
+    turns.rollout()
     assert log == [
         "actor.offload(True,)",
         "rollout.offload()",
@@ -174,9 +171,9 @@ def test_the_actor_and_rollout_take_turns_and_each_move_happens_once_per_phase()
 
 def test_a_plan_that_offloads_nothing_makes_no_calls() -> None:
     log: list[str] = []
-    trainer = _trainer(OffloadPlan(), log)
-    trainer._rollout_phase()
-    trainer._update_phase()
+    turns = _turns(OffloadPlan(), log)
+    turns.rollout()
+    turns.update()
     assert log == []
 
 
@@ -231,11 +228,11 @@ def test_offloading_workers_train_as_workers_that_never_moved(
         OffloadPlan(actor_optimizer=True, actor_params=True, rollout=True),
     ):
         with closing(ReasoningTrainer.launch(spec, ray_cluster, plan, tmp_path)) as trainer:
-            trainer.offload = offload
+            trainer.running.turns.offload = offload  # the same plan, whichever moves
             for step in (1, 2):
                 metrics = trainer.train_on(step, prompts)
             assert ("time/offload" in metrics) == offload.any
-            weights.append(trainer._actor().full_weights().wait()[0])
+            weights.append(trainer.groups.actor.full_weights().wait()[0])
     assert weights[0].keys() == weights[1].keys()
     for name, tensor in weights[0].items():
         assert torch.equal(tensor, weights[1][name]), name

@@ -31,7 +31,7 @@ from rlshell.engines.training.fsdp import FSDPModelManager, build_lr_lambda, wra
 from rlshell.models import get_model
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.rollout.advantages import compute_advantages
-from rlshell.runners.reasoning import _interleave_order
+from rlshell.runners.reasoning.generation import interleave_order
 from rlshell.runners.validation import load_config
 from rlshell.tokenizer import prepare_tokenizer, with_tokenizer_ids
 from rlshell.workers.forward import old_logprobs_and_weights, policy_forward
@@ -204,7 +204,7 @@ def test_interleave_order_undoes_a_round_robin_split(counts: list[int], n: int) 
     counts = [len(range(rank, total, ranks)) for rank in range(ranks)]
     rows = [p for rank in range(ranks) for p in range(rank, total, ranks) for _ in range(n)]
     busy = [c for c in counts if c]
-    order = _interleave_order(busy, n)
+    order = interleave_order(busy, n)
     assert [rows[i] for i in order] == [p for p in range(total) for _ in range(n)]
 
 

@@ -33,9 +33,9 @@ TINY = [
 
 
 def _assert_synced(trainer: ReasoningTrainer) -> dict[str, torch.Tensor]:
-    actor: dict[str, torch.Tensor] = trainer._actor().full_weights().wait()[0]
-    for rank in range(trainer._rollout_group().world_size):
-        rollout = trainer._rollout_group().execute_on(rank).rollout_weights().wait()[0]
+    actor: dict[str, torch.Tensor] = trainer.groups.actor.full_weights().wait()[0]
+    for rank in range(trainer.groups.rollout.world_size):
+        rollout = trainer.groups.rollout.execute_on(rank).rollout_weights().wait()[0]
         assert rollout.keys() == actor.keys()
         for name, tensor in actor.items():
             assert torch.equal(rollout[name], tensor), f"rollout rank {rank}: {name}"
@@ -109,7 +109,7 @@ def test_shared_engine_samples_and_trains_as_a_synced_copy_does(
         with closing(ReasoningTrainer.launch(spec, ray_cluster, plan, tmp_path / mode)) as trainer:
             trainer.sync_weights(full=True)
             runs[mode] = [trainer.train_on(step, prompts) for step in (1, 2, 3)]
-            weights[mode] = trainer._actor().full_weights().wait()[0]
+            weights[mode] = trainer.groups.actor.full_weights().wait()[0]
             if mode == "shared":
                 # The engine reads the actor's own parameters: nothing to sync, nothing sent.
                 assert runs[mode][-1]["rollout/sync_bytes"] == 0.0

@@ -67,7 +67,7 @@ def _launch(tmp_path: Path, ray_cluster: Cluster, overrides: list[str]) -> Reaso
 def _actor_copy(trainer: ReasoningTrainer) -> HFRolloutEngine:
     """An HF engine holding the actor's current weights, in the actor's precision."""
     config: Config = trainer.config
-    weights = trainer._actor().full_weights().wait()[0]
+    weights = trainer.groups.actor.full_weights().wait()[0]
     model = get_model(config.actor.model)
     model.load_state_dict(weights)
     return HFRolloutEngine(model, load_tokenizer(trainer.tokenizer_dir), torch.device("cpu"))
@@ -154,7 +154,7 @@ def test_a_patch_after_one_small_step_moves_a_tenth_of_a_bucket_then_async_steps
     ]
     with closing(_launch(tmp_path, ray_cluster, overrides)) as trainer:
         trainer.sync_weights(full=True)
-        engine = trainer._rollout_group().execute_on(0).rollout_weights().wait()[0]
+        engine = trainer.groups.rollout.execute_on(0).rollout_weights().wait()[0]
         bucket_bytes = sum(t.numel() * t.element_size() for t in engine.values())
         metrics = trainer.train_on(
             1, arithmetic_task("train", ArithmeticTask.of(trainer.config.data))[:4]
@@ -162,9 +162,9 @@ def test_a_patch_after_one_small_step_moves_a_tenth_of_a_bucket_then_async_steps
         patch_bytes = metrics["rollout/sync_bytes"]
         print(f"patch {patch_bytes:.0f} B against a bucket's {bucket_bytes} B")
         assert 0 < patch_bytes <= 0.1 * bucket_bytes
-        actor = trainer._actor().full_weights().wait()[0]
+        actor = trainer.groups.actor.full_weights().wait()[0]
         # (queued behind the patch on the worker: it sees the patch applied)
-        engine = trainer._rollout_group().execute_on(0).rollout_weights().wait()[0]
+        engine = trainer.groups.rollout.execute_on(0).rollout_weights().wait()[0]
         for name, tensor in actor.items():
             assert torch.equal(engine[name], tensor.to(torch.bfloat16)), name
         assert trainer.pipeline is not None
