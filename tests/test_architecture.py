@@ -314,7 +314,7 @@ def test_the_shell_modules_form_no_import_cycle_but_the_known_ones() -> None:
 # The workers of the policy and value models reach a training backend only through its
 # protocol (`rlshell.engines.training.TrainingBackend`): no backend's own module, no
 # Megatron, no FSDP.
-BACKEND_BLIND = ["actor", "critic"]
+BACKEND_BLIND = ["actor", "critic", "policy_update", "sft_update", "weight_publishing"]
 BACKEND_INTERNALS = (
     "rlshell.engines.training.",
     "megatron",
@@ -360,6 +360,30 @@ def test_the_backend_checker_catches_internals() -> None:
 def test_model_workers_reach_the_backend_only_through_its_protocol(name: str) -> None:
     source = (SHELL / "workers" / f"{name}.py").read_text()
     assert backend_internals(source) == []
+
+
+# Facts a run's config fixes, each derived in one place (`rlshell.runners.facts`): the
+# placement layout, and whether a critic is trained. Everything else reads them from the
+# `RunSpec` (a `RunFacts`) it is handed.
+DERIVATIONS = {
+    "ProcessLayout.of(": "the process layout",
+    'adv_type == "gae"': "whether a critic is trained",
+}
+
+
+def test_each_derived_fact_is_derived_in_one_module() -> None:
+    found = {
+        (needle, shell_module(path))
+        for path in SHELL_FILES
+        for needle in DERIVATIONS
+        if needle in path.read_text()
+    }
+    elsewhere = sorted(
+        f"{module} derives {DERIVATIONS[needle]} again ({needle!r})"
+        for needle, module in found
+        if module != "rlshell.runners.facts"
+    )
+    assert not elsewhere, elsewhere
 
 
 def worker_classes() -> dict[str, str]:

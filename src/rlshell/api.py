@@ -352,7 +352,7 @@ def train_validated(config: Config, *, overwrite: bool = False) -> TrainResult:
             raise ConfigError([f"cluster.component_placement: {error}"]) from None
         if cluster_spec_for(config) is None and spec.rules is not None:
             # An attached cluster is planned only now: the trainer's rules on the plan.
-            problems = spec.rules.problems(config, plan)
+            problems = spec.rules.problems(spec, plan)
             if problems:
                 raise ConfigError(problems)
         print(render_table(plan), flush=True)

@@ -18,6 +18,7 @@ import torch
 from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import ConfigError
 from rlshell.data import ArithmeticTask, arithmetic_task
+from rlshell.runners.facts import RunFacts
 from rlshell.runners.offload import OffloadPlan, offload_problems, plan_offload
 from rlshell.runners.reasoning import ReasoningTrainer
 from rlshell.runners.reasoning.turns import GpuTurns
@@ -29,7 +30,9 @@ GRPO = "configs/grpo.py"
 
 def planned(*overrides: str, source: str = GRPO) -> tuple[Any, Any]:
     config = load_config(source, list(overrides), for_run=False)
-    return config, plan_for(config, cluster_spec_for(config))
+    spec = cluster_spec_for(config)
+    assert spec is not None
+    return RunFacts.of(config), plan_for(config, spec)
 
 
 def refusals(*overrides: str, source: str = GRPO) -> list[str]:
@@ -51,8 +54,8 @@ def test_by_default_the_actor_offloads_where_the_rollout_in_its_processes_shares
 
 
 def test_a_shared_weight_engine_keeps_the_actors_parameters_on_the_gpu() -> None:
-    config, plan = planned("cluster.simulate=1x8", "rollout.weight_sync=shared")
-    assert plan_offload(config, plan) == OffloadPlan(actor_optimizer=True, actor_params=False)
+    facts, plan = planned("cluster.simulate=1x8", "rollout.weight_sync=shared")
+    assert plan_offload(facts, plan) == OffloadPlan(actor_optimizer=True, actor_params=False)
 
 
 def test_a_rollout_of_its_own_on_the_actors_gpus_offloads_too() -> None:
@@ -91,8 +94,8 @@ def test_true_is_refused_where_it_would_make_room_for_nothing() -> None:
     (problem,) = refusals("cluster.simulate=1x8", "rollout.enable_offload=true")
     assert problem.startswith("rollout.enable_offload: the rollout runs in the actor's processes")
     assert refusals("cluster.simulate=1x8", SHARING, "actor.enable_offload=true") == []
-    config, plan = planned("cluster.simulate=1x8", SHARING, "rollout.enable_offload=true")
-    assert offload_problems(config, plan) == []
+    facts, plan = planned("cluster.simulate=1x8", SHARING, "rollout.enable_offload=true")
+    assert offload_problems(facts, plan) == []
 
 
 @pytest.mark.parametrize("key", ["actor.enable_offload", "rollout.enable_offload"])
@@ -118,7 +121,7 @@ def test_embodied_trainers_refuse_to_be_asked_to_offload(
 
 def test_null_is_the_default_and_validates_everywhere() -> None:
     for overrides in (["cluster.simulate=1x8"], ["cluster.simulate=1x8", SHARING], []):
-        config, _ = planned(*overrides)
+        config = load_config(GRPO, list(overrides), for_run=False)
         assert config.actor.enable_offload is None
         assert config.rollout.enable_offload is None
         assert validate(config, for_run=False) == []

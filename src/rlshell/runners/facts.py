@@ -1,9 +1,10 @@
 """Facts a run's config fixes, read by the run spec and every trainer's rules alike.
 
 `ProcessLayout`: which placement key places each component (components under one key
-share processes). `trains_critic`: whether the run trains a value function. Each is
-derived here once: `rlshell.runners.spec.RunSpec` carries them, and the rules
-(`rlshell.runners.rules`), which the spec's module imports, read them from here.
+share processes). `trains_critic`: whether the run trains a value function.
+`RunFacts`: both, derived once from a config; `rlshell.runners.spec.RunSpec` is a
+`RunFacts` with the trainer's rules, and the rules (`rlshell.runners.rules`), which
+the spec's module imports, take the facts from the spec and derive none again.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from attrs import frozen
 
 from rlshell.config import Config, PlacementEntry
 
-__all__ = ["ProcessLayout", "trains_critic"]
+__all__ = ["ProcessLayout", "RunFacts", "trains_critic"]
 
 
 @frozen
@@ -57,3 +58,26 @@ def trains_critic(config: Config) -> bool:
         and algorithm.loss_type != "sac"
         and algorithm.adv_type == "gae"
     )
+
+
+@frozen
+class RunFacts:
+    """What a run's config fixes, derived once (`RunFacts.of`): its ``layout``, whether it
+    trains a ``critic``, and whether the rollout runs in the actor's processes."""
+
+    config: Config
+    layout: ProcessLayout
+    critic: bool
+
+    @classmethod
+    def of(cls, config: Config) -> RunFacts:
+        return cls(
+            config=config,
+            layout=ProcessLayout.of(config.cluster.component_placement),
+            critic=trains_critic(config),
+        )
+
+    @property
+    def rollout_in_actor(self) -> bool:
+        """Whether one placement key names both the actor and the rollout."""
+        return self.layout.shared("actor", "rollout")

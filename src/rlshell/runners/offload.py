@@ -13,7 +13,7 @@ moves its model there. ``actor.enable_offload`` and ``rollout.enable_offload``:
 - false: never offload; the planner then refuses a plan that shares a GPU
   (`rlshell.runners.validation`).
 
-Pure: `plan_offload` and `offload_problems` read a config and a
+Pure: `plan_offload` and `offload_problems` read a run's facts (its config and layout) and a
 `rlshell.cluster.placement.PlacementPlan` (a simulated one as well) and
 nothing else. `rlshell.runners.reasoning.ReasoningTrainer` acts on the result.
 """
@@ -24,7 +24,7 @@ from attrs import frozen
 
 from rlshell.cluster.placement import ComponentPlan, PlacementPlan
 from rlshell.config import Config
-from rlshell.runners.facts import ProcessLayout
+from rlshell.runners.facts import RunFacts
 
 __all__ = ["OffloadPlan", "not_offloading_problems", "offload_problems", "plan_offload"]
 
@@ -60,10 +60,10 @@ def _shared_gpus(plan: PlacementPlan) -> frozenset[tuple[int, int]]:
     return _gpus(_component(plan, "actor")) & _gpus(_component(plan, "rollout"))
 
 
-def plan_offload(config: Config, plan: PlacementPlan) -> OffloadPlan:
+def plan_offload(facts: RunFacts, plan: PlacementPlan) -> OffloadPlan:
     """What a reasoning run of ``config`` on ``plan`` offloads (see the module docstring)."""
     shared = bool(_shared_gpus(plan))
-    in_actor = ProcessLayout.of(config.cluster.component_placement).shared("actor", "rollout")
+    config, in_actor = facts.config, facts.rollout_in_actor
     actor = config.actor.enable_offload
     actor_offloads = shared if actor is None else actor and shared
     rollout = config.rollout.enable_offload
@@ -76,11 +76,11 @@ def plan_offload(config: Config, plan: PlacementPlan) -> OffloadPlan:
     )
 
 
-def offload_problems(config: Config, plan: PlacementPlan) -> list[str]:
+def offload_problems(facts: RunFacts, plan: PlacementPlan) -> list[str]:
     """``enable_offload=true`` where it would make room for nothing, each with the reason."""
     problems = []
     shared = _shared_gpus(plan)
-    in_actor = ProcessLayout.of(config.cluster.component_placement).shared("actor", "rollout")
+    config, in_actor = facts.config, facts.rollout_in_actor
     for name, other in (("actor", "rollout"), ("rollout", "actor")):
         section = config.actor if name == "actor" else config.rollout
         if section.enable_offload is not True:

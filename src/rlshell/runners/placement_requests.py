@@ -16,6 +16,7 @@ from rlshell.config import (
     Config,
     PlacementEntry,
 )
+from rlshell.runners.facts import trains_critic
 
 __all__ = [
     "cluster_spec_and_problems",
@@ -39,7 +40,7 @@ def required_components(config: Config) -> tuple[str, ...]:
         needed = ["actor", "rollout", "env"]
     if runner == "reasoning" and config.algorithm.kl_coef > 0:
         needed.append("reference")  # only the reasoning runner has a KL term
-    if runner == "reasoning" and config.algorithm.adv_type == "gae":
+    if runner == "reasoning" and trains_critic(config):
         needed.append("critic")  # the embodied policies carry their own value heads
     return tuple(needed)
 

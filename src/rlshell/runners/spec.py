@@ -26,7 +26,7 @@ from attrs import frozen
 
 from rlshell.checkpoint import TrainerState
 from rlshell.config import Config
-from rlshell.runners.facts import ProcessLayout, trains_critic
+from rlshell.runners.facts import ProcessLayout, RunFacts
 from rlshell.runners.rules import TrainerRules
 from rlshell.runners.rules.embodied import CollocatedPPORules, PipelinedPPORules, SACRules
 from rlshell.runners.rules.reasoning import ReasoningRules
@@ -87,22 +87,17 @@ class Trainer(TrainerRules, Protocol):
 
 
 @frozen
-class RunSpec:
-    """A run, resolved from its config: the trainer and the facts it dispatches on.
+class RunSpec(RunFacts):
+    """A run, resolved from its config: the facts it dispatches on
+    (`rlshell.runners.facts.RunFacts`: ``layout``, ``critic``, ``rollout_in_actor``) and
+    the trainer that runs it.
 
     ``rules``: the rules of the trainer that runs it (None: the probe, which
-    checks a placement and trains nothing); `trainer` imports the trainer class
-    itself. ``critic``: a value function is trained (`rlshell.runners.facts.trains_critic`:
-    GAE, in the reasoning runner or embodied PPO).
-    ``rollout_in_actor``: the rollout runs in the actor's processes (one
-    placement key names both).
+    checks a placement and trains nothing); they read the facts from the spec
+    (``rules.problems(spec, plan)``). `trainer` imports the trainer class itself.
     """
 
-    config: Config
     rules: type[TrainerRules] | None
-    critic: bool
-    rollout_in_actor: bool
-    layout: ProcessLayout
 
     @property
     def trainer(self) -> type[Trainer] | None:
@@ -165,12 +160,11 @@ def resolve_spec(config: Config) -> RunSpec:
     Whether the config is one the chosen trainer can run is its rules'
     `rlshell.runners.rules.TrainerRules.problems`; this only picks them.
     """
-    layout = ProcessLayout.of(config.cluster.component_placement)
-    name = _trainer_name(config, layout)
+    facts = RunFacts.of(config)
+    name = _trainer_name(config, facts.layout)
     return RunSpec(
         config=config,
+        layout=facts.layout,
+        critic=facts.critic,
         rules=None if name is None else rules_of(name),
-        critic=trains_critic(config),
-        rollout_in_actor=layout.shared("actor", "rollout"),
-        layout=layout,
     )

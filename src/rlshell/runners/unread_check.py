@@ -52,7 +52,7 @@ def unread_leaves(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str,
     trainer's reason wins for a key both name)."""
     declared = unread_keys(spec, plan)
     if spec.rules is not None:
-        declared.update(spec.rules.unread(spec.config))
+        declared.update(spec.rules.unread(spec))
     return {leaf: reason for key, reason in declared.items() for leaf in _leaves(key)}
 
 

@@ -109,7 +109,7 @@ def validate(config: Config, *, for_run: bool = True) -> list[str]:
     problems += request_problems + cluster_spec_problems + plan_problems
     problems += set_unread_problems(config, unread)
     if spec.rules is not None:
-        problems += spec.rules.problems(config, plan)
+        problems += spec.rules.problems(spec, plan)
     problems += _engine_problems(config, plan, unread)
     if for_run:
         problems += run_only_problems(config)

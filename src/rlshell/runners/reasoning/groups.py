@@ -20,7 +20,7 @@ from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
 from rlshell.config import Config
 from rlshell.rollout import RolloutBatch
-from rlshell.runners.facts import trains_critic
+from rlshell.runners.facts import RunFacts
 from rlshell.runners.rules.reasoning import optimizer_steps_per_batch
 from rlshell.runners.trainer import Launch, launched_together
 from rlshell.workers.actor import ActorWorker
@@ -49,11 +49,13 @@ def launch_groups(
     cluster: Cluster,
     plan: PlacementPlan,
     config: Config,
+    facts: RunFacts,
     tokenizer_dir: str,
-    rollout_in_actor: bool,
 ) -> ReasoningGroups:
     """Every group the run needs, started on ``plan`` and initialised; each is shut down when
-    ``stack`` closes, from the moment its actors exist."""
+    ``stack`` closes, from the moment its actors exist. ``config``: ``facts.config`` with
+    the tokenizer's ids."""
+    rollout_in_actor = facts.rollout_in_actor
     updates = config.runner.max_steps * optimizer_steps_per_batch(config)
     actor = ActorWorker.create_group(config, updates, rollout_in_actor)
     reward = RewardWorker.create_group(config.reward)
@@ -72,7 +74,7 @@ def launch_groups(
         reference = ReferenceWorker.create_group(config)
         launches.append((reference, plan.component("reference")))
     critic = None
-    if trains_critic(config):
+    if facts.critic:
         critic = CriticWorker.create_group(config, updates)
         launches.append((critic, plan.component("critic")))
     launched_together(stack, cluster, config.cluster.call_timeout_s, *launches)

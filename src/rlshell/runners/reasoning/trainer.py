@@ -37,6 +37,7 @@ from rlshell.rewards.weighted import WeightedScores
 from rlshell.rollout import RolloutBatch, SamplingParams
 from rlshell.rollout.advantages import compute_advantages
 from rlshell.runners.async_rollout import AsyncRollouts, Slot, load_queue, save_queue
+from rlshell.runners.facts import RunFacts
 from rlshell.runners.loop import timed
 from rlshell.runners.offload import OffloadPlan, plan_offload
 from rlshell.runners.reasoning.generation import (
@@ -89,13 +90,13 @@ class ReasoningTrainer(ReasoningRules):
     def __init__(
         self,
         config: Config,
+        facts: RunFacts,
         tokenizer_dir: str,
-        rollout_in_actor: bool,
         offload: OffloadPlan | None = None,
     ) -> None:
-        self.config = config
+        self.config = config  # facts.config with the tokenizer's ids
+        self.facts = facts
         self.tokenizer_dir = tokenizer_dir
-        self.rollout_in_actor = rollout_in_actor
         self.offload = offload or OffloadPlan()
         self._stack = ExitStack()  # each group's shutdown, from the moment its actors exist
         self._running: _Running | None = None
@@ -125,9 +126,9 @@ class ReasoningTrainer(ReasoningRules):
             check_turns(config, load_tokenizer(tokenizer_dir))
         trainer = cls(
             with_tokenizer_ids(config, tokenizer_dir),
+            spec,
             tokenizer_dir,
-            spec.rollout_in_actor,
-            plan_offload(config, plan),
+            plan_offload(spec, plan),
         )
         try:
             trainer._launch(cluster, plan)
@@ -150,9 +151,7 @@ class ReasoningTrainer(ReasoningRules):
             self.train_set, config.runner.prompts_per_step, seed=config.runner.seed
         )
         started = time.perf_counter()
-        groups = launch_groups(
-            self._stack, cluster, plan, config, self.tokenizer_dir, self.rollout_in_actor
-        )
+        groups = launch_groups(self._stack, cluster, plan, config, self.facts, self.tokenizer_dir)
         pad_id = int(tokenizer().pad_token_id)
         turns = GpuTurns(self.offload, groups.actor, groups.rollout)
         asynchronous = config.runner.mode == "async"
@@ -161,7 +160,7 @@ class ReasoningTrainer(ReasoningRules):
             turns=turns,
             generator=Generator(config, groups.rollout, pad_id, before=turns.rollout),
             weights=WeightSync(
-                config, groups.actor, groups.rollout, self.rollout_in_actor, asynchronous
+                config, groups.actor, groups.rollout, self.facts.rollout_in_actor, asynchronous
             ),
             dynamic=DynamicSampling(config, self._sample_and_score, self._sampler().next, pad_id),
         )
@@ -169,7 +168,7 @@ class ReasoningTrainer(ReasoningRules):
             self.pipeline = AsyncRollouts(
                 config.algorithm.max_staleness, self._submit_step, self._resubmit
             )
-        where = "collocated with the actor" if self.rollout_in_actor else "in its own workers"
+        where = "collocated with the actor" if self.facts.rollout_in_actor else "in its own workers"
         print(
             f"workers up in {time.perf_counter() - started:.1f} s "
             f"(rollout {where}, weight sync '{config.rollout.weight_sync}'"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from rlshell.config import Config
+from rlshell.runners.facts import RunFacts
 
 if TYPE_CHECKING:
     from rlshell.cluster.placement import PlacementPlan
@@ -35,13 +35,13 @@ class TrainerRules(Protocol):
     registered_names: ClassVar[tuple[str, ...]]
 
     @classmethod
-    def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
-        """What this trainer cannot run in ``config`` (and, when given, ``plan``); each line
+    def problems(cls, facts: RunFacts, plan: PlacementPlan | None) -> list[str]:
+        """What this trainer cannot run in ``facts.config`` (and, when given, ``plan``); each line
         starts with the key path it concerns. Called once, before anything starts."""
         ...
 
     @classmethod
-    def unread(cls, config: Config) -> dict[str, str]:
+    def unread(cls, facts: RunFacts) -> dict[str, str]:
         """Key paths (a section names every key under it) this trainer does not read with
-        ``config``, each with the reason; validation refuses any of them set."""
+        ``facts.config``, each with the reason; validation refuses any of them set."""
         ...

@@ -15,7 +15,7 @@ import attrs
 
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.config import Config, OptimConfig
-from rlshell.runners.facts import ProcessLayout, trains_critic
+from rlshell.runners.facts import RunFacts
 from rlshell.runners.offload import not_offloading_problems
 from rlshell.runners.unread import (
     compile_unread,
@@ -53,9 +53,9 @@ def ppo_problems(config: Config, who: str) -> list[str]:
     return problems
 
 
-def ppo_unread(config: Config, who: str) -> dict[str, str]:
+def ppo_unread(facts: RunFacts, who: str) -> dict[str, str]:
     """What both embodied PPO trainers leave unread (`rlshell.runners.unread`)."""
-    critic = trains_critic(config)
+    config, critic = facts.config, facts.critic
     return {
         **embodied_unread(config, who),
         **sac_unread(who),
@@ -93,8 +93,9 @@ class CollocatedPPORules:
     registered_names: ClassVar[tuple[str, ...]] = _PPO_REGISTERED
 
     @classmethod
-    def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
-        layout = ProcessLayout.of(config.cluster.component_placement)
+    def problems(cls, facts: RunFacts, plan: PlacementPlan | None) -> list[str]:
+        config = facts.config
+        layout = facts.layout
         keys = [layout.key_of(name) for name in _TRIO]
         if None not in keys and len(set(keys)) == 2:  # a missing one is a missing placement
             grouped = next(key for key in keys if keys.count(key) == 2)
@@ -131,10 +132,11 @@ class CollocatedPPORules:
         return problems
 
     @classmethod
-    def unread(cls, config: Config) -> dict[str, str]:
-        key = ProcessLayout.of(config.cluster.component_placement).key_of("actor")
+    def unread(cls, facts: RunFacts) -> dict[str, str]:
+        config = facts.config
+        key = facts.layout.key_of("actor")
         return {
-            **ppo_unread(config, "the embodied PPO runner"),
+            **ppo_unread(facts, "the embodied PPO runner"),
             "rollout.precision": (
                 f"'{key}' places the rollout in the actor's processes, where it acts with the "
                 "actor's own module (in actor.model.precision); leave it null"
@@ -154,9 +156,10 @@ class PipelinedPPORules:
     registered_names: ClassVar[tuple[str, ...]] = _PPO_REGISTERED
 
     @classmethod
-    def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
+    def problems(cls, facts: RunFacts, plan: PlacementPlan | None) -> list[str]:
         """The hybrid placement's sizes: envs split evenly over env workers, stages and actor
         ranks, no more rollout workers than env workers, and GAE."""
+        config = facts.config
         problems = ppo_problems(config, "the pipelined embodied PPO runner")
         if config.env.on_failure == "reset":
             problems.append(
@@ -197,9 +200,10 @@ class PipelinedPPORules:
         return problems
 
     @classmethod
-    def unread(cls, config: Config) -> dict[str, str]:
+    def unread(cls, facts: RunFacts) -> dict[str, str]:
+        config = facts.config
         unread = {
-            **ppo_unread(config, "the pipelined embodied PPO runner"),
+            **ppo_unread(facts, "the pipelined embodied PPO runner"),
             **compile_unread(
                 "only the collocated placement (env, rollout and actor in the same processes, "
                 f"e.g. {COLLOCATED_EXAMPLE}) reads it; the hybrid placement runs eager"
@@ -223,8 +227,9 @@ class SACRules:
     registered_names: ClassVar[tuple[str, ...]] = ("actor.model.model_type", "env.env_type")
 
     @classmethod
-    def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
-        layout = ProcessLayout.of(config.cluster.component_placement)
+    def problems(cls, facts: RunFacts, plan: PlacementPlan | None) -> list[str]:
+        config = facts.config
+        layout = facts.layout
         problems = []
         if layout.key_of("rollout") != layout.key_of("env"):
             problems.append(
@@ -266,7 +271,8 @@ class SACRules:
         return problems
 
     @classmethod
-    def unread(cls, config: Config) -> dict[str, str]:
+    def unread(cls, facts: RunFacts) -> dict[str, str]:
+        config = facts.config
         unread = {
             **compile_unread("SAC does not read it"),
             **stages_unread(config, "SAC"),

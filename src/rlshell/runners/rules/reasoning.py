@@ -14,7 +14,7 @@ from rlshell.cluster.placement import PlacementPlan
 from rlshell.config import Config
 from rlshell.engines.rollout import ROLLOUT_ENGINES
 from rlshell.engines.training import TRAINING_BACKENDS, data_parallel_shares, pipeline_stages
-from rlshell.runners.facts import ProcessLayout, trains_critic
+from rlshell.runners.facts import RunFacts
 from rlshell.runners.offload import offload_problems, plan_offload
 from rlshell.runners.unread import (
     chat_markers_unread,
@@ -54,7 +54,8 @@ class ReasoningRules:
     )
 
     @classmethod
-    def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
+    def problems(cls, facts: RunFacts, plan: PlacementPlan | None) -> list[str]:
+        config = facts.config
         algorithm = config.algorithm
         problems = []
         for key, unsupported in UNSUPPORTED.items():
@@ -65,9 +66,9 @@ class ReasoningRules:
                     "does not compute"
                 )
         if config.rollout.weight_sync == "shared":
-            problems += _shared_weight_problems(config)
+            problems += _shared_weight_problems(facts)
         problems += _update_problems(config, plan)
-        layout = ProcessLayout.of(config.cluster.component_placement)
+        layout = facts.layout
         critic_key = layout.key_of("critic")
         if critic_key is not None and "," in critic_key:
             problems.append(
@@ -76,18 +77,19 @@ class ReasoningRules:
                 "{'critic': '0:0-1'})"
             )
         if plan is not None:
-            problems += offload_problems(config, plan)
+            problems += offload_problems(facts, plan)
         if config.runner.mode == "async":
-            problems += _async_problems(config, plan)
+            problems += _async_problems(facts, plan)
         problems += _agent_problems(config)
         problems += chat_template_problems(config)
         problems += _few_shot_problems(config)
         return problems
 
     @classmethod
-    def unread(cls, config: Config) -> dict[str, str]:
+    def unread(cls, facts: RunFacts) -> dict[str, str]:
+        config = facts.config
         who = "the reasoning runner"
-        gae = trains_critic(config)
+        gae = facts.critic
         no_critic = f"'{config.algorithm.adv_type}' (algorithm.adv_type) trains no critic"
         unread = {
             **compile_unread(f"{who} does not read it"),
@@ -198,12 +200,12 @@ class ReasoningRules:
         return unread
 
 
-def _async_problems(config: Config, plan: PlacementPlan | None) -> list[str]:
+def _async_problems(facts: RunFacts, plan: PlacementPlan | None) -> list[str]:
     """What ``runner.mode='async'`` cannot run: a rollout in the actor's processes (the
     same processes cannot generate while they train), rollout and actor taking turns on
     GPUs they share, and dynamic sampling (its extra rounds would wait for the update)."""
+    config, layout = facts.config, facts.layout
     problems = []
-    layout = ProcessLayout.of(config.cluster.component_placement)
     if layout.shared("actor", "rollout"):
         problems.append(
             f"runner.mode: 'async' generates while the actor trains, in other processes; "
@@ -211,7 +213,7 @@ def _async_problems(config: Config, plan: PlacementPlan | None) -> list[str]:
             "actor's. Give the rollout a key of its own, e.g. "
             '{"actor": "0:0", "rollout": "0:1", "reward": "0"}'
         )
-    if plan is not None and plan_offload(config, plan).any:
+    if plan is not None and plan_offload(facts, plan).any:
         problems.append(
             "runner.mode: 'async' runs the rollout during the update, and this plan has the "
             "actor and the rollout take turns on GPUs they share (rollout.offload); give them "
@@ -351,8 +353,9 @@ def _needs_proximal(loss: str) -> bool:
     return loss in POLICY_LOSSES and "proximal_logprobs" in POLICY_LOSSES.needs(loss)
 
 
-def _shared_weight_problems(config: Config) -> list[str]:
+def _shared_weight_problems(facts: RunFacts) -> list[str]:
     """``weight_sync='shared'``: the hf engine must live in the actor's processes, in its dtype."""
+    config = facts.config
     rollout, actor_dtype = config.rollout, config.actor.fsdp_config.mixed_precision
     engine_dtype = rollout.precision or config.actor.model.precision
     problems = []
@@ -364,7 +367,7 @@ def _shared_weight_problems(config: Config) -> list[str]:
             f"the {' and '.join(able)} engine can do; the {engine} engine needs 'bucket' or "
             "'patch'"
         )
-    layout = ProcessLayout.of(config.cluster.component_placement)
+    layout = facts.layout
     key = layout.key_of("rollout")
     if key is not None and not layout.shared("actor", "rollout"):
         problems.append(

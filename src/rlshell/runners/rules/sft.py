@@ -15,7 +15,7 @@ from rlshell.cluster.placement import PlacementPlan
 from rlshell.config import AgentConfig, AlgorithmConfig, Config, DataConfig
 from rlshell.engines.training import data_parallel_shares as backend_shares
 from rlshell.engines.training import pipeline_stages
-from rlshell.runners.facts import ProcessLayout
+from rlshell.runners.facts import RunFacts
 from rlshell.runners.unread import (
     chat_markers_unread,
     chat_template_problems,
@@ -40,7 +40,8 @@ class SFTRules:
     registered_names: ClassVar[tuple[str, ...]] = ("actor.model.model_type",)
 
     @classmethod
-    def problems(cls, config: Config, plan: PlacementPlan | None) -> list[str]:
+    def problems(cls, facts: RunFacts, plan: PlacementPlan | None) -> list[str]:
+        config = facts.config
         data, runner = config.data, config.runner
         problems = []
         if data.task != "conversations":
@@ -59,7 +60,7 @@ class SFTRules:
                 "held-out conversations of data.val_path, which is unset; set it, or "
                 "runner.eval_interval=0"
             )
-        layout = ProcessLayout.of(config.cluster.component_placement)
+        layout = facts.layout
         others = sorted(name for name in layout.keys if name != "actor")
         if others:
             problems.append(
@@ -83,7 +84,8 @@ class SFTRules:
         return problems
 
     @classmethod
-    def unread(cls, config: Config) -> dict[str, str]:
+    def unread(cls, facts: RunFacts) -> dict[str, str]:
+        config = facts.config
         who = "the sft runner"
         demonstrations = f"{who} trains on demonstrations (data.task='conversations')"
         unread = {
