@@ -42,6 +42,7 @@ from rlshell.metrics import tokens_per_second
 from rlshell.rollout import RolloutBatch
 from rlshell.runners.rules.sft import SFTRules, data_parallel_shares
 from rlshell.runners.spec import RunSpec
+from rlshell.runners.trainer import closed_on_failure
 from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
 from rlshell.workers.actor import ActorWorker
 
@@ -160,12 +161,7 @@ class SFTTrainer(SFTRules):
         config = spec.config
         tokenizer_dir = prepare_tokenizer(config, run_dir)
         trainer = cls(with_tokenizer_ids(config, tokenizer_dir), tokenizer_dir)
-        try:
-            trainer._launch(cluster, plan)
-        except BaseException:
-            trainer.close()
-            raise
-        return trainer
+        return closed_on_failure(trainer, lambda: trainer._launch(cluster, plan))
 
     def _launch(self, cluster: Cluster, plan: PlacementPlan) -> None:
         config = self.config

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from attrs import frozen
 
@@ -41,7 +41,15 @@ from rlshell.runners.spec import Trainer
 if TYPE_CHECKING:
     from rlshell.cluster.ray_cluster import Cluster
 
-__all__ = ["Cadence", "Launch", "Reporting", "Salvaging", "Trainer", "launched_together"]
+__all__ = [
+    "Cadence",
+    "Launch",
+    "Reporting",
+    "Salvaging",
+    "Trainer",
+    "closed_on_failure",
+    "launched_together",
+]
 
 
 @frozen
@@ -107,6 +115,20 @@ Launch = (
     | tuple[WorkerGroup[Any], ComponentPlan, Mapping[str, int] | None]
 )
 """``(group, placement)``, or with the group's Ray concurrency groups (name → threads)."""
+
+
+_Closing = TypeVar("_Closing", bound="Trainer")
+
+
+def closed_on_failure(trainer: _Closing, start: Callable[[], None]) -> _Closing:
+    """``trainer`` once ``start()`` has launched it; closed (every group it started shut
+    down) before ``start``'s error goes on."""
+    try:
+        start()
+    except BaseException:
+        trainer.close()
+        raise
+    return trainer
 
 
 def launched_together(

@@ -52,6 +52,7 @@ from rlshell.runners.reasoning.turns import GpuTurns
 from rlshell.runners.reasoning.weight_sync import WeightSync
 from rlshell.runners.rules.reasoning import ReasoningRules, optimizer_steps_per_batch
 from rlshell.runners.spec import RunSpec
+from rlshell.runners.trainer import closed_on_failure
 from rlshell.tokenizer import load_tokenizer, prepare_tokenizer, with_tokenizer_ids
 from rlshell.workers.actor import ActorWorker
 
@@ -130,12 +131,7 @@ class ReasoningTrainer(ReasoningRules):
             tokenizer_dir,
             plan_offload(spec, plan),
         )
-        try:
-            trainer._launch(cluster, plan)
-        except BaseException:
-            trainer.close()
-            raise
-        return trainer
+        return closed_on_failure(trainer, lambda: trainer._launch(cluster, plan))
 
     def _launch(self, cluster: Cluster, plan: PlacementPlan) -> None:
         config = self.config
