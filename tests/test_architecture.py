@@ -101,7 +101,17 @@ SHELL_LAYERS: list[tuple[str, frozenset[str]]] = [
     (
         "base",
         frozenset(
-            {"rlshell", "config", "extensions", "limits", "process", "process_pool", "randomness"}
+            {
+                "rlshell",
+                "config",
+                "extensions",
+                "limits",
+                "process",
+                "process_pool",
+                "randomness",
+                "isolation",
+                "debian_packages",
+            }
         ),
     ),
     ("cluster", frozenset({"cluster"})),

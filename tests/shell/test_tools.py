@@ -14,6 +14,7 @@ import ctypes
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -396,11 +397,12 @@ def _without_sys_admin() -> None:
 
 
 REFUSAL = (
-    "from rlshell.tools.sandbox import SandboxError, ToolExecutor\n"
-    "try:\n"
-    "    ToolExecutor(['calculator'])\n"
-    "except SandboxError as error:\n"
-    "    print('refused:', error)\n"
+    "from rlshell.tools.sandbox import SandboxError, ToolExecutor, ToolLimits\n"
+    "for isolation in ('sandbox', 'weak'):\n"
+    "    try:\n"
+    "        ToolExecutor(['calculator'], ToolLimits(isolation=isolation))\n"
+    "    except SandboxError as error:\n"
+    "        print('refused:', error)\n"
 )
 
 
@@ -554,7 +556,9 @@ def test_a_tool_runs_without_network(executor: ToolExecutor) -> None:
         )
         result = run_one(executor, "python", code)
         assert result.status == "error"
-        assert "Network is unreachable" in result.observation
+        # The sandbox's own network namespace: its loopback holds no listener (weak
+        # isolation: no interface up at all).
+        assert "ConnectionRefusedError" in result.observation
         assert "connected" not in result.observation
         with pytest.raises(TimeoutError):
             server.accept()
@@ -674,10 +678,26 @@ def test_pure_tools_share_a_process_and_others_never_do(executor: ToolExecutor) 
 
 
 def test_a_sandbox_process_that_dies_is_replaced(executor: ToolExecutor) -> None:
-    result = run_one(executor, "python", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")
-    assert result.status == "crashed"
-    assert "tool sandbox process (pid" in result.observation
-    assert "died of SIGKILL" in result.observation
+    # A call cannot kill its sandbox process (another uid, no capability to signal it)...
+    refused = run_one(
+        executor, "python", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)"
+    )
+    assert refused.status == "error"
+    assert "PermissionError: [Errno 1] Operation not permitted" in refused.observation
+
+    # ... but one that dies (killed from outside here) fails the call it was running, and
+    # is replaced.
+    def kill_soon() -> None:
+        time.sleep(0.5)
+        os.kill(executor.pids[0], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_soon)
+    killer.start()
+    results = executor.run([call("python", "import time\ntime.sleep(3)") for _ in range(2)])
+    killer.join()
+    (died,) = [r for r in results if r.status == "crashed"]
+    assert "tool sandbox process (pid" in died.observation
+    assert "died of SIGKILL" in died.observation
     results = executor.run([call("calculator", f"{i}*2") for i in range(20)])
     assert [r.observation for r in results] == [str(i * 2) for i in range(20)]
 
@@ -696,9 +716,18 @@ def test_without_a_network_namespace_the_executor_refuses_to_start(
 ) -> None:
     stdout, stderr = refusal_run.communicate(timeout=120)
     assert refusal_run.returncode == 0, stderr
-    assert stdout.startswith("refused: tool sandbox process")
-    assert "unshare(CLONE_NEWNET) failed with EPERM (Operation not permitted)" in stdout
-    assert "pass ToolLimits(network=True)" in stdout
+    sandbox, weak = stdout.splitlines()
+    # The sandbox names the part the host withholds, how to allow it, and the opt-out.
+    assert sandbox.startswith(
+        "refused: the tool sandbox cannot start on this host: namespaces: bubblewrap could "
+        "not start a sandbox here"
+    )
+    assert "opt out with ToolLimits(isolation='weak')" in sandbox
+    # The weak opt-out still refuses to run tools on the host's network, and says so.
+    assert weak.startswith("refused: tool sandbox process")
+    assert "unshare(CLONE_NEWNET) failed with EPERM (Operation not permitted)" in weak
+    assert "pass ToolLimits(network=True)" in weak
+    assert "run with weak isolation" in stderr
 
 
 def test_concurrent_runs_wait_for_each_other(executor: ToolExecutor) -> None:

@@ -27,12 +27,13 @@ import glob
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import attrs
+
+from rlshell.debian_packages import BOOKWORM_BACKPORTS, InstallError, fetch_packages
 
 __all__ = [
     "DIR_ENV_VAR",
@@ -51,10 +52,6 @@ LAVAPIPE_PACKAGES = (
     "mesa-vulkan-drivers/bookworm-backports",
     "libdrm2/bookworm-backports",
     "libdrm-amdgpu1/bookworm-backports",
-)
-_SOURCES = (
-    "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
-    "http://deb.debian.org/debian bookworm-backports main\n"
 )
 _SYSTEM_ICD_DIRS = ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d")
 # Software rasterisers among the system's drivers: not a Vulkan GPU.
@@ -131,10 +128,6 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-class InstallError(RuntimeError):
-    """lavapipe could not be fetched here (no apt, no network, no package)."""
-
-
 def install_lavapipe(driver_dir: Path | None = None) -> Path:
     """Fetch and unpack Mesa 25's lavapipe into ``driver_dir``; return its ICD file.
 
@@ -142,34 +135,10 @@ def install_lavapipe(driver_dir: Path | None = None) -> Path:
     are not available. The folder is replaced only once the new one is complete.
     """
     target = driver_dir or default_driver_dir()
-    for tool in ("apt-get", "dpkg"):
-        if shutil.which(tool) is None:
-            raise InstallError(f"{tool} is not on PATH (lavapipe comes from Debian's packages)")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".vulkan-", dir=target.parent) as scratch:
         work = Path(scratch)
-        for sub in ("lists/partial", "cache/archives/partial", "debs"):
-            (work / sub).mkdir(parents=True)
-        (work / "sources.list").write_text(_SOURCES)
-        apt = [
-            "apt-get",
-            "-q",
-            "-o",
-            f"Dir::Etc::sourcelist={work / 'sources.list'}",
-            "-o",
-            "Dir::Etc::sourceparts=-",
-            "-o",
-            f"Dir::State::Lists={work / 'lists'}",
-            "-o",
-            f"Dir::Cache={work / 'cache'}",
-            "-o",
-            "Debug::NoLocking=1",
-        ]
-        _run([*apt, "update"], "apt-get update (bookworm-backports)", work)
-        _run([*apt, "download", *LAVAPIPE_PACKAGES], "apt-get download", work / "debs")
-        root = work / "root"
-        for deb in sorted((work / "debs").glob("*.deb")):
-            _run(["dpkg", "-x", str(deb), str(root)], f"dpkg -x {deb.name}", work)
+        root = fetch_packages(LAVAPIPE_PACKAGES, BOOKWORM_BACKPORTS, work)
         library = root / _LIB_DIR / "libvulkan_lvp.so"
         shipped = root / "usr/share/vulkan/icd.d" / ICD_NAME
         if not library.is_file() or not shipped.is_file():
@@ -187,13 +156,6 @@ def install_lavapipe(driver_dir: Path | None = None) -> Path:
             target.rename(old)
         staged.rename(target)
     return target / ICD_NAME
-
-
-def _run(command: list[str], what: str, cwd: Path) -> None:
-    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise InstallError(f"{what} failed (exit {done.returncode}): {' / '.join(tail)}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,19 +51,23 @@ from __future__ import annotations
 import difflib
 import multiprocessing
 import os
+import secrets
 import shutil
+import sys
 import tempfile
 from collections.abc import Sequence
 from typing import Any, Literal, cast, get_args
 
+import attrs
 from attrs import frozen
 
 from rlshell.extensions import load_extensions
+from rlshell.isolation import Confinement, SandboxContext, isolation_problems
 from rlshell.process_pool import ClosedOnExit, ProcessPool, ProtocolError, Starter
 from rlshell.tools import get_tool
 from rlshell.tools.limits import ToolLimits
 from rlshell.tools.parsing import ParseError, ToolCall
-from rlshell.tools.sandbox_process import serve
+from rlshell.tools.sandbox_process import serve, serve_sandboxed
 
 __all__ = [
     "STATUSES",
@@ -177,13 +181,7 @@ class ToolExecutor(ClosedOnExit):
         self.num_processes = num_processes
         self.start_timeout_s = start_timeout_s
         self._scratch_root = tempfile.mkdtemp(prefix="rlshell-tools-")
-        starter = Starter(
-            context=multiprocessing.get_context("spawn"),
-            target=serve,
-            args=(self.names, self.limits, self._scratch_root, os.getpid()),
-            name=f"tools:{','.join(self.names)}",
-            label="tool sandbox process",
-        )
+        starter = _starter(self.names, self.limits, self._scratch_root)
         try:
             self._pool = ProcessPool(
                 starter,
@@ -239,6 +237,49 @@ class ToolExecutor(ClosedOnExit):
         close = difflib.get_close_matches(name, self.names, n=2, cutoff=0.5)
         hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
         return f"error: unknown tool {name!r}{hint}; tools: {', '.join(self.names)}"
+
+
+_checked_hosts: dict[bool, list[str]] = {}  # network → this host's isolation problems
+
+
+def _starter(names: tuple[str, ...], limits: ToolLimits, scratch_root: str) -> Starter:
+    """How a sandbox process starts: inside bubblewrap (``isolation='sandbox'``, once this
+    host is found to allow every part of it), or a spawned interpreter (``'weak'``)."""
+    name, label = f"tools:{','.join(names)}", "tool sandbox process"
+    if limits.isolation == "weak":
+        print(
+            f"warning: tool calls ({', '.join(names)}) run with weak isolation "
+            "(ToolLimits(isolation='weak'), agent.tool_isolation='weak'): as this process's "
+            "user, without a sandbox; see docs/security.md",
+            file=sys.stderr,
+            flush=True,
+        )
+        return Starter(
+            context=multiprocessing.get_context("spawn"),
+            target=serve,
+            args=(names, limits, scratch_root, os.getpid()),
+            name=name,
+            label=label,
+        )
+    if limits.network not in _checked_hosts:
+        _checked_hosts[limits.network] = isolation_problems(limits.network)
+    problems = _checked_hosts[limits.network]
+    if problems:
+        raise SandboxError(
+            "the tool sandbox cannot start on this host: "
+            + "; ".join(problems)
+            + ". Allow those parts, or opt out with ToolLimits(isolation='weak') "
+            "(agent.tool_isolation='weak'), which runs tool calls as this process's user "
+            "with weaker isolation (docs/security.md)"
+        )
+    fields = attrs.asdict(limits)
+    return Starter(
+        context=SandboxContext(Confinement(network=limits.network)),  # type: ignore[arg-type]
+        target=serve_sandboxed,
+        args=(list(names), fields, secrets.randbelow(4096)),
+        name=name,
+        label=label,
+    )
 
 
 class _ToolBatch:

@@ -48,8 +48,10 @@ import time
 import traceback
 from collections.abc import Mapping
 from multiprocessing.connection import Connection
+from typing import Any
 
 from rlshell.extensions import ENV_VAR, OBJECTS_ENV_VAR, load_extensions
+from rlshell.isolation import CallCgroup, become_call_identity, call_uid
 from rlshell.limits import limit_address_space
 from rlshell.process_pool import receive_message, send_message
 from rlshell.tools import ToolError, ToolFn, get_tool, tool_is_pure
@@ -62,6 +64,7 @@ __all__ = [
     "drop_capabilities",
     "isolate_network",
     "serve",
+    "serve_sandboxed",
 ]
 
 # A call that writes more than this (all streams) is stopped: its output was cut long before.
@@ -92,28 +95,42 @@ class SandboxSetupError(RuntimeError):
 # ---------------------------------------------------------------------------- the server
 
 
+def serve_sandboxed(
+    conn: Connection, names: list[str], limit_fields: dict[str, Any], server_slot: int
+) -> None:
+    """`serve` inside bubblewrap (`rlshell.isolation.SandboxedProcess`): the limits come as
+    JSON; calls work in the sandbox's private ``/scratch``, each as a uid of its own and in a
+    cgroup of its own (`rlshell.isolation.become_call_identity`, `CallCgroup`)."""
+    limits = ToolLimits(**limit_fields)
+    serve(conn, tuple(names), limits, "/scratch", os.getppid(), sandbox_slot=server_slot)
+
+
 def serve(
     conn: Connection,
     names: tuple[str, ...],
     limits: ToolLimits,
     scratch_root: str,
     parent_pid: int,
+    sandbox_slot: int | None = None,
 ) -> None:
     """Answer ``(name, argument)`` requests on ``conn`` with ``(status, observation, seconds)``
-    until it closes, after reporting ``("ready",)`` or ``("failed", message)``."""
+    until it closes, after reporting ``("ready",)`` or ``("failed", message)``.
+    ``sandbox_slot``: this server runs in a sandbox (`serve_sandboxed`), its calls' uids
+    numbered from this slot; None: the ``weak`` isolation, which confines itself here."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle
     try:
-        # Off the network first: extension modules are imported inside the namespace too.
-        if not limits.network:
-            isolate_network()
-        drop_capabilities()
+        if sandbox_slot is None:
+            # Off the network first: extension modules are imported inside the namespace too.
+            if not limits.network:
+                isolate_network()
+            drop_capabilities()
         load_extensions(where="tool sandbox process")
         tools = {name: get_tool(name) for name in names}
         pure = {name: tool_is_pure(name) for name in names}
     except Exception as error:
         send_message(conn, ["failed", _setup_failure(error)])
         return
-    server = _Server(tools, pure, limits, scratch_root)
+    server = _Server(tools, pure, limits, scratch_root, sandbox_slot)
     try:
         send_message(conn, ["ready"])
         while True:
@@ -121,7 +138,6 @@ def serve(
                 if not conn.poll(_ORPHAN_CHECK_S):
                     if os.getppid() != parent_pid:
                         return  # the caller is gone
-                    server.reap()
                     continue
                 _, name, argument = receive_message(conn)
             except (EOFError, OSError):
@@ -131,6 +147,7 @@ def serve(
                 send_message(conn, ["answer", status, observation, seconds])
             except OSError:
                 return
+            server.tidy()  # after the answer: the caller does not wait for it
     finally:
         server.close()
 
@@ -203,12 +220,18 @@ class _Server:
         pure: Mapping[str, bool],
         limits: ToolLimits,
         scratch_root: str,
+        sandbox_slot: int | None = None,
     ) -> None:
         self.tools, self.pure, self.limits = tools, pure, limits
         self.scratch_root = scratch_root
+        self.sandbox_slot = sandbox_slot
+        self.runners_made = 0
+        self.closing = False
         self.pure_runner: _Runner | None = None
         self.spare: _Runner | None = None  # a runner forked ahead, for the next call
-        self.exited: list[int] = []  # runners killed or done, not yet reaped
+        self.retired: list[_Runner] = []  # killed, not yet reaped and removed (`tidy`)
+        self.free_cgroups: list[CallCgroup] = []  # emptied by `tidy`, for the next runners
+        self.scratch_left: list[str] = []  # scratch directories of answered calls
 
     def call(self, name: str, argument: str) -> tuple[str, str, float]:
         """Run one call: ``(status, observation, seconds)``."""
@@ -217,10 +240,10 @@ class _Server:
         scratch = tempfile.mkdtemp(prefix="call-", dir=self.scratch_root)
         try:
             runner = self._runner_for(pure)
-            if not runner.send(name, argument, scratch):
+            if not self._send(runner, name, argument, scratch):
                 self._retire(runner)  # it died waiting (the pure runner, or the spare)
                 runner = self._runner_for(pure)
-                if not runner.send(name, argument, scratch):
+                if not self._send(runner, name, argument, scratch):
                     reading = runner.died_before_reading()
                     self._retire(runner)
                     return reading.outcome(self.limits, time.perf_counter() - start)
@@ -228,47 +251,78 @@ class _Server:
             if not pure and self.spare is None:
                 # The next call's runner is forked while this one runs (a fork of a process
                 # that imported torch takes ~10-30 ms); this call's output waits in its pipes.
-                self.spare = _Runner(self.tools, self.limits)
+                self.spare = self._new_runner()
             reading = runner.read(deadline)
             if not pure or reading.broke_runner:
                 self._retire(runner)
             return reading.outcome(self.limits, time.perf_counter() - start)
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            self.scratch_left.append(scratch)
 
     def _runner_for(self, pure: bool) -> _Runner:
         """The pure tools' runner, or a fresh one (the spare, if one is forked)."""
         if pure and self.pure_runner is not None:
             return self.pure_runner
-        runner, self.spare = self.spare or _Runner(self.tools, self.limits), None
+        runner, self.spare = self.spare or self._new_runner(), None
         if pure:
             self.pure_runner = runner
         return runner
 
+    def _new_runner(self) -> _Runner:
+        """A runner; in a sandbox, as a uid of its own in a cgroup of its own."""
+        self.runners_made += 1
+        confinement = None
+        if self.sandbox_slot is not None:
+            cgroup = self.free_cgroups.pop() if self.free_cgroups else None
+            if cgroup is None:
+                cgroup = CallCgroup(
+                    f"call-{self.runners_made}",
+                    memory_bytes=self.limits.memory_mb * 2**20 + _resident_bytes() + 2**25,
+                    max_processes=self.limits.max_processes,
+                    cpus=self.limits.cpus,
+                )
+            confinement = _Confinement(call_uid(self.sandbox_slot, self.runners_made), cgroup)
+        return _Runner(self.tools, self.limits, confinement)
+
+    @staticmethod
+    def _send(runner: _Runner, name: str, argument: str, scratch: str) -> bool:
+        if runner.confinement is not None:  # the call's own uid owns its scratch directory
+            os.chown(scratch, runner.confinement.uid, runner.confinement.uid)
+        return runner.send(name, argument, scratch)
+
     def _retire(self, runner: _Runner) -> None:
         runner.close()
-        if runner.pid not in self.exited and runner.exit_status is None:
-            self.exited.append(runner.pid)
+        if runner not in self.retired:
+            self.retired.append(runner)
         if runner is self.pure_runner:
             self.pure_runner = None
 
-    def reap(self) -> None:
-        """Collect the exit status of retired runners that have exited (no zombies)."""
-        for pid in list(self.exited):
-            with contextlib.suppress(ChildProcessError):
-                if os.waitpid(pid, os.WNOHANG)[0] == 0:
-                    continue
-            self.exited.remove(pid)
+    def tidy(self) -> None:
+        """Reap the retired runners (killed: they end at once), remove their cgroups and the
+        answered calls' scratch directories."""
+        for runner in self.retired:
+            runner.reap()
+            if runner.confinement is not None:
+                cgroup = runner.confinement.cgroup
+                if not self.closing and cgroup.reuse():
+                    self.free_cgroups.append(cgroup)
+                else:
+                    cgroup.remove()
+        self.retired = []
+        for scratch in self.scratch_left:
+            shutil.rmtree(scratch, ignore_errors=True)
+        self.scratch_left = []
 
     def close(self) -> None:
         for runner in (self.pure_runner, self.spare):
             if runner is not None:
                 self._retire(runner)
         self.spare = None
-        for pid in self.exited:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-        self.exited = []
+        self.closing = True
+        self.tidy()
+        for cgroup in self.free_cgroups:
+            cgroup.remove()
+        self.free_cgroups = []
 
 
 class _Capture:
@@ -322,6 +376,7 @@ class _Reading:
         self.timed_out = False
         self.stopped = False  # the call wrote past STOP_AFTER_BYTES and was killed
         self.death = ""  # how the runner ended, when it died before its result was in
+        self.out_of_memory = False  # it died at its cgroup's memory limit
 
     @property
     def total_bytes(self) -> int:
@@ -348,6 +403,12 @@ class _Reading:
             failure = f"the call did not finish within {limits.timeout_s:g} s and was killed"
         elif self.stopped:
             status, failure = "truncated", None
+        elif not result.complete and self.out_of_memory:
+            status = "memory"
+            failure = (
+                f"the call ran out of memory and was killed (limit: {limits.memory_mb} MB "
+                "beyond its process's own)"
+            )
         elif not result.complete:
             status = "crashed"
             failure = f"the call crashed: {self.death or 'its process ended before returning'}"
@@ -426,11 +487,35 @@ def compose_observation(
 # ---------------------------------------------------------------------------- a runner
 
 
+class _Confinement:
+    """A sandboxed runner's uid and cgroup."""
+
+    def __init__(self, uid: int, cgroup: CallCgroup) -> None:
+        self.uid, self.cgroup = uid, cgroup
+
+    def enter(self) -> None:
+        """In the forked runner, before anything else: into the cgroup, then the uid."""
+        self.cgroup.join()
+        become_call_identity(self.uid)
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory: what a fork may copy (and be charged for) at most."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 class _Runner:
     """A process forked from the server that runs calls sent on its command pipe."""
 
-    def __init__(self, tools: Mapping[str, ToolFn], limits: ToolLimits) -> None:
+    def __init__(
+        self,
+        tools: Mapping[str, ToolFn],
+        limits: ToolLimits,
+        confinement: _Confinement | None = None,
+    ) -> None:
         self.limits = limits
+        self.confinement = confinement
         command_read, self.command = os.pipe()
         self.result, result_write = os.pipe()
         self.stdout, stdout_write = os.pipe()
@@ -450,6 +535,7 @@ class _Runner:
                     tools,
                     limits,
                     server_pid,
+                    confinement,
                 )
             except BaseException:
                 # To the runner's stderr (the call's, once it is set up), then the exit code.
@@ -514,6 +600,8 @@ class _Runner:
             self._drain(fd, captures[fd], until=time.monotonic() + _DRAIN_S)
         if not (reading.timed_out or reading.stopped):
             reading.death = self._death()
+            confinement = self.confinement
+            reading.out_of_memory = confinement is not None and confinement.cgroup.memory_hit()
         return reading
 
     def died_before_reading(self) -> _Reading:
@@ -571,10 +659,13 @@ class _Runner:
         return f"its process exited with code {code} before returning"
 
     def kill(self) -> None:
-        """SIGKILL the runner and its process group (idempotent; not yet reaped)."""
+        """SIGKILL the runner and its process group, and in a sandbox every process of its
+        cgroup (idempotent; not yet reaped)."""
         for kill in (os.killpg, os.kill):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 kill(self.pid, signal.SIGKILL)
+        if self.confinement is not None:
+            self.confinement.cgroup.kill()
 
     def close(self) -> None:
         """Kill the runner and close its pipes (idempotent)."""
@@ -583,6 +674,12 @@ class _Runner:
             self.closed = True
             for fd in (self.command, self.result, self.stdout, self.stderr):
                 os.close(fd)
+
+    def reap(self) -> None:
+        """Once killed: collect its exit status (no zombie)."""
+        if self.exit_status is None:
+            with contextlib.suppress(ChildProcessError):
+                _, self.exit_status = os.waitpid(self.pid, 0)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -603,8 +700,11 @@ def _run_calls(
     tools: Mapping[str, ToolFn],
     limits: ToolLimits,
     server_pid: int,
+    confinement: _Confinement | None = None,
 ) -> None:
     """The runner's loop: it ends with its command pipe, or is killed."""
+    if confinement is not None:
+        confinement.enter()  # before the death signal below: a change of uid clears it
     os.setpgid(0, 0)
     # A runner dies with its server (killed by the executor), even in the middle of a call.
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
