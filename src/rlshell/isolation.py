@@ -339,13 +339,18 @@ class CgroupTree:
         self.remove()
 
     def remove(self) -> None:
+        """Remove the directories, deepest first; processes just killed take a moment to
+        leave, so each removal is retried for up to two seconds."""
+        deadline = time.monotonic() + 2.0
         for path in self.dirs.values():
-            for child in sorted(path.rglob("*"), key=lambda p: -len(p.parts)):
-                if child.is_dir():
-                    with contextlib.suppress(OSError):
+            for child in [*sorted(path.rglob("*"), key=lambda p: -len(p.parts)), path]:
+                while child.is_dir():
+                    try:
                         child.rmdir()
-            with contextlib.suppress(OSError):
-                path.rmdir()
+                    except OSError:
+                        if time.monotonic() > deadline:
+                            break
+                        time.sleep(0.01)
         self.dirs = {}
 
 

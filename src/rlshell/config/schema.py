@@ -468,7 +468,10 @@ class AgentConfig:
 
     Tools run in sandbox processes (``num_tool_processes`` of them), each call
     under ``tool_timeout_s``, ``tool_memory_mb`` of address space, no network
-    unless ``tool_network``, in a scratch directory; at most
+    unless ``tool_network``, in a scratch directory, at most
+    ``tool_max_processes`` processes at once; ``tool_isolation``: ``sandbox``
+    (bubblewrap, seccomp, a uid and a cgroup per call: `rlshell.isolation`) or
+    ``weak``, the opt-out for hosts that withhold namespaces (docs/security.md); at most
     ``tool_max_output_chars`` of its output is shown to the model. A call
     that fails (malformed, unknown tool, error, crash, time-out, memory) is an
     observation saying so, counted in ``tools/`` metrics, and scored
@@ -494,6 +497,8 @@ class AgentConfig:
     tool_memory_mb: int = field(default=512, metadata=POSITIVE_INT)
     tool_max_output_chars: int = field(default=1024, metadata=POSITIVE_INT)
     tool_network: bool = False
+    tool_max_processes: int = field(default=32, metadata=POSITIVE_INT)
+    tool_isolation: Literal["sandbox", "weak"] = "sandbox"
     num_tool_processes: int = field(default=1, metadata=POSITIVE_INT)
     tool_error_reward: float = 0.0
 

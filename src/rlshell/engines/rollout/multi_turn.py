@@ -176,6 +176,8 @@ class AgentLoop:
                 memory_mb=agent.tool_memory_mb,
                 max_output_chars=agent.tool_max_output_chars,
                 network=agent.tool_network,
+                max_processes=agent.tool_max_processes,
+                isolation=agent.tool_isolation,
             ),
             num_processes=agent.num_tool_processes,
         )
