@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -140,7 +139,8 @@ def test_secrets_in_the_environment_are_not_there(tools: ToolExecutor, trainer: 
         """,
     )
     assert SECRET not in result.observation
-    assert "WANDB_API_KEY" not in result.observation and "HF_TOKEN" not in result.observation
+    assert "WANDB_API_KEY" not in result.observation
+    assert "HF_TOKEN" not in result.observation
     assert result.observation.splitlines()[-1] == "False"
 
 
@@ -157,8 +157,7 @@ def test_another_process_environment_cannot_be_read(tools: ToolExecutor, trainer
     )
     assert "sk-test" not in result.observation
     assert all(
-        line in ("FileNotFoundError", "PermissionError")
-        for line in result.observation.splitlines()
+        line in ("FileNotFoundError", "PermissionError") for line in result.observation.splitlines()
     ), result.observation
 
 
@@ -202,7 +201,8 @@ def test_no_other_namespace_can_be_entered_or_made(tools: ToolExecutor, trainer:
     )
     lines = result.observation.splitlines()
     assert "setns -1 1" in lines  # its own namespace: opened, but setns is refused (EPERM)
-    assert "unshare -1 1" in lines and "mount -1 1" in lines
+    assert "unshare -1 1" in lines
+    assert "mount -1 1" in lines
     assert not any(line.startswith("setns 0") for line in lines)
 
 
@@ -229,9 +229,7 @@ def test_no_process_outside_the_call_can_be_traced_or_signalled(
         """,
     )
     assert "killed" not in result.observation
-    assert all(
-        line.endswith(" -1") for line in result.observation.splitlines() if "ptrace" in line
-    )
+    assert all(line.endswith(" -1") for line in result.observation.splitlines() if "ptrace" in line)
     assert trainer.process.poll() is None
     assert attack(tools, "print('still serving')").observation == "still serving\n"
 
@@ -332,7 +330,8 @@ def test_forks_cannot_pass_the_memory_or_process_limit(tools: ToolExecutor) -> N
         """,
     )
     name, made = forks.observation.split()
-    assert name == "BlockingIOError" and int(made) < 16
+    assert name == "BlockingIOError"
+    assert int(made) < 16
 
 
 def test_a_setsid_daemon_does_not_outlive_its_call(tools: ToolExecutor) -> None:
