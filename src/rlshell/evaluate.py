@@ -201,7 +201,11 @@ def _score(
     reward = config.reward
     answers = [e.answer for e in examples for _ in range(params.n)]
     with RewardPool(
-        reward.reward_type, timeout_s=reward.timeout_s, num_processes=reward.num_processes
+        reward.reward_type,
+        timeout_s=reward.timeout_s,
+        num_processes=reward.num_processes,
+        memory_mb=reward.memory_mb,
+        isolation=reward.isolation,
     ) as pool:
         result = pool.score(texts, answers)
         # Shown, never stopped on: an evaluation is one batch, and its figures say what failed.

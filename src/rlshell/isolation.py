@@ -315,6 +315,11 @@ class CgroupTree:
                 f"{', '.join(str(p) for p in layout.own.values())}: {error}"
             ) from error
 
+    def limit_processes(self, count: int) -> None:
+        """At most ``count`` processes in the whole tree."""
+        controller = "pids" if self.layout.version == "v1" else "unified"
+        (self.dirs[controller] / "pids.max").write_text(str(count))
+
     @property
     def procs_files(self) -> list[str]:
         return [str(path / "cgroup.procs") for path in self.dirs.values()]
@@ -551,11 +556,20 @@ def become_call_identity(uid: int) -> None:
 class Confinement:
     """How a sandboxed process is confined: ``network`` (share the host's), the size of its
     in-memory ``/scratch`` and ``/tmp`` (``scratch_mb``), and the environment variables
-    let through (`allowed_env`)."""
+    let through (`allowed_env`).
+
+    ``single_identity``: the process runs untrusted code itself (a reward process), so it
+    becomes one fresh unprivileged identity before its target runs (`become_call_identity`),
+    keeping no capability, and its whole cgroup holds at most ``max_processes`` processes.
+    Otherwise it is a server that gives each call an identity and a cgroup of its own
+    (`confine_server`, `CallCgroup`).
+    """
 
     network: bool = False
     scratch_mb: int = 256
     env: tuple[str, ...] = ()
+    single_identity: bool = False
+    max_processes: int = 64
 
 
 _ALWAYS_ALLOWED_ENV = (
@@ -645,6 +659,8 @@ def _bwrap_arguments(
     size = str(confinement.scratch_mb * 2**20)
     args += ["--proc", "/proc", "--dev", "/dev"]
     args += ["--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/scratch"]
+    if confinement.single_identity:  # its one unprivileged identity writes here
+        args += ["--chmod", "1777", "/tmp", "--chmod", "1777", "/scratch"]
     if cgroups is not None:
         args += cgroups.binds()
     for name, value in allowed_env(confinement.env).items():
@@ -660,7 +676,10 @@ def sandbox_main() -> None:
     with the connection on descriptor ``FD``, after `confine_server`."""
     fd, spec = int(sys.argv[1]), json.loads(sys.argv[2])
     sys.path[:] = spec["path"]
-    confine_server()
+    if spec["single_identity"]:
+        become_call_identity(call_uid(secrets.randbelow(4096), 0))
+    else:
+        confine_server()
     module_name, function_name = spec["target"].split(":")
     module = __import__(module_name, fromlist=[function_name])
     target = getattr(module, function_name)
@@ -698,12 +717,19 @@ class SandboxedProcess:
         if isinstance(layout, str):
             raise IsolationError(f"cgroups: {layout}")
         self._cgroups = CgroupTree(layout, f"rlstack-sandbox-{secrets.token_hex(6)}")
+        if self.confinement.single_identity:
+            self._cgroups.limit_processes(self.confinement.max_processes)
         with tempfile.TemporaryDirectory(prefix="rlshell-seccomp-") as scratch:
             filter_path = Path(scratch) / "filter.bpf"
             write_seccomp_filter(filter_path)
             seccomp_fd = os.open(filter_path, os.O_RDONLY)
         try:
-            spec = {"path": [p for p in sys.path if p], "target": self.target, "args": self.args}
+            spec = {
+                "path": [p for p in sys.path if p],
+                "target": self.target,
+                "args": self.args,
+                "single_identity": self.confinement.single_identity,
+            }
             command = [
                 str(bwrap),
                 *_bwrap_arguments(self.confinement, self._cgroups, seccomp_fd),

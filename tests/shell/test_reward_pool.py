@@ -263,13 +263,18 @@ def test_reward_processes_end_when_the_pools_process_is_killed_even_mid_call(
 def test_a_reward_process_sees_the_pools_environment_when_it_started(
     chaos_extension: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Processes fork from a fork server started by an earlier pool; each still sees the
-    environment of the pool that started it, as a spawned process would."""
-    with RewardPool("chaos", timeout_s=30.0, num_processes=1, failure_score=FAILED) as first:
+    """``isolation='weak'``: processes fork from a fork server started by an earlier pool;
+    each still sees the environment of the pool that started it, as a spawned process
+    would. In a sandbox (the default) a reward process sees none of it: the environment is
+    cleared but for extension modules, thread counts and the locale."""
+    weak = {"timeout_s": 30.0, "num_processes": 1, "failure_score": FAILED, "isolation": "weak"}
+    with RewardPool("chaos", **weak) as first:  # type: ignore[arg-type]
         assert first.score(["ENV:RLSHELL_TEST_REWARD_ENV"], ["unset"]).scores == (1.0,)
     monkeypatch.setenv("RLSHELL_TEST_REWARD_ENV", "set later")
-    with RewardPool("chaos", timeout_s=30.0, num_processes=1, failure_score=FAILED) as second:
+    with RewardPool("chaos", **weak) as second:  # type: ignore[arg-type]
         assert second.score(["ENV:RLSHELL_TEST_REWARD_ENV"], ["set later"]).scores == (1.0,)
+    with RewardPool("chaos", timeout_s=30.0, num_processes=1, failure_score=FAILED) as boxed:
+        assert boxed.score(["ENV:RLSHELL_TEST_REWARD_ENV"], ["unset"]).scores == (1.0,)
 
 
 # ------------------------------------------------------------- several rewards in one pool

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from rlshell.isolation import isolation_problems
+from rlshell.rewards.pool import RewardPool
 from rlshell.tools.parsing import ToolCall
 from rlshell.tools.sandbox import ToolExecutor, ToolLimits, ToolResult
 
@@ -417,3 +418,118 @@ def test_the_trainer_saw_nothing(tools: ToolExecutor, trainer: Trainer) -> None:
     assert trainer.reached() == []
     assert _digest(trainer.watched) == trainer.before
     assert not (trainer.site / "rlstack_attack.pth").exists()
+
+
+# ------------------------------------------------ reward functions that run the model's code
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def rewards(trainer: Trainer) -> Iterator[RewardPool]:
+    """A reward pool (default isolation) whose reward runs each response as Python. (With
+    ``isolation='weak'`` the first attack below that works, ptrace, stops this process.)"""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WANDB_API_KEY", SECRET)
+        patch.setenv("HF_TOKEN", SECRET)
+        patch.setenv("RLSHELL_EXT_MODULE", "reward_exec_ext")
+        patch.syspath_prepend(str(HERE))
+        with RewardPool("run_code", timeout_s=10.0, num_processes=1, failure_score=-1.0) as pool:
+            yield pool
+
+
+def reward_attacks(trainer: Trainer) -> dict[str, str]:
+    """Each attack's code: ``score = 1.0`` where it succeeded."""
+    port, abstract = trainer.info["port"], trainer.info["abstract"]
+    sock = trainer.state / "trainer.sock"
+    return {
+        "secrets": "import os\nscore = float(any('sk-test' in v for v in os.environ.values()))",
+        "environ": textwrap.dedent(
+            f"""
+            for pid in ({trainer.pid}, {os.getpid()}, 1):
+                try:
+                    if b'sk-test' in open(f'/proc/{{pid}}/environ', 'rb').read():
+                        score = 1.0
+                except OSError:
+                    pass
+            """
+        ),
+        "capabilities": textwrap.dedent(
+            """
+            words = [line.split()[1] for line in open('/proc/self/status')
+                     if line.split(':')[0] in ('CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb')]
+            score = float(any(int(word, 16) for word in words))
+            """
+        ),
+        "namespaces": textwrap.dedent(
+            """
+            import ctypes, os
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open('/proc/self/ns/net', os.O_RDONLY)
+            score = float(libc.setns(fd, 0) == 0 or libc.unshare(0x10000000) == 0)
+            """
+        ),
+        "ptrace and signals": textwrap.dedent(
+            f"""
+            import ctypes, os, signal
+            libc = ctypes.CDLL(None, use_errno=True)
+            for pid in ({trainer.pid}, {os.getpid()}, os.getppid(), 1):
+                if libc.ptrace(16, pid, 0, 0) == 0:
+                    score = 1.0
+                try:
+                    os.kill(pid, 0)
+                    score = 1.0 if pid in ({trainer.pid}, {os.getpid()}) else score
+                except OSError:
+                    pass
+            """
+        ),
+        "sockets": textwrap.dedent(
+            f"""
+            import socket
+            for family, address in ((socket.AF_INET, ('127.0.0.1', {port})),
+                                    (socket.AF_UNIX, {str(sock)!r}),
+                                    (socket.AF_UNIX, '\\0' + {abstract!r})):
+                try:
+                    socket.socket(family).connect(address)
+                    score = 1.0
+                except OSError:
+                    pass
+            """
+        ),
+        "writes": textwrap.dedent(
+            f"""
+            targets = ({str(trainer.checkpoint)!r}, {str(trainer.site / "rlstack_attack.pth")!r})
+            for path in targets:
+                try:
+                    open(path, 'ab').write(b'x')
+                    score = 1.0
+                except OSError:
+                    pass
+            """
+        ),
+        "fork bomb": textwrap.dedent(
+            """
+            import os, time
+            made = 0
+            try:
+                for _ in range(300):
+                    if os.fork() == 0:
+                        time.sleep(3)
+                        os._exit(0)
+                    made += 1
+            except OSError:
+                pass
+            score = float(made >= 300)
+            """
+        ),
+    }
+
+
+def test_reward_code_cannot_break_out_either(rewards: RewardPool, trainer: Trainer) -> None:
+    attacks = reward_attacks(trainer)
+    result = rewards.score_each(list(attacks.values()), [""] * len(attacks))["run_code"]
+    outcome = dict(zip(attacks, result.scores, strict=True))
+    assert outcome == dict.fromkeys(attacks, 0.0), result.error_examples
+    assert trainer.process.poll() is None
+    assert trainer.reached() == []
+    assert _digest(trainer.watched) == trainer.before

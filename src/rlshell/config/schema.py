@@ -437,7 +437,11 @@ class RewardConfig:
     ``memory_mb``: how far each reward process's address space may grow past
     its size after start-up (null: no limit); a call that allocates past it
     fails as a reward error (MemoryError) or, if the process dies of it, a
-    crash, and is scored and counted like any other failure.
+    crash, and is scored and counted like any other failure. ``isolation``:
+    ``sandbox`` (each reward process in a bubblewrap sandbox as a fresh
+    unprivileged uid without network or writable files: `rlshell.isolation`;
+    reward functions that run the model's code need it) or ``weak`` (processes
+    of the trainer's user, with its environment; docs/security.md).
     """
 
     reward_type: str = "math"
@@ -447,6 +451,7 @@ class RewardConfig:
     cpus_per_worker: float = field(default=0.25, metadata=POSITIVE)
     max_failed_steps: int = field(default=3, metadata=NON_NEGATIVE_INT)
     memory_mb: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)
+    isolation: Literal["sandbox", "weak"] = "sandbox"
 
 
 @frozen

@@ -66,11 +66,12 @@ import time
 import traceback
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Literal
 
 from attrs import frozen
 
 from rlshell.extensions import ENV_VAR, load_extensions
+from rlshell.isolation import Confinement, SandboxContext, isolation_problems
 from rlshell.limits import limit_address_space
 from rlshell.process_pool import (
     ClosedOnExit,
@@ -166,6 +167,7 @@ class RewardPool(ClosedOnExit):
         failure_score: float = 0.0,
         start_timeout_s: float = 120.0,
         memory_mb: int | None = None,
+        isolation: Literal["sandbox", "weak"] = "sandbox",
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s}")
@@ -187,16 +189,8 @@ class RewardPool(ClosedOnExit):
         self.failure_score = float(failure_score)
         self.start_timeout_s = start_timeout_s
         self.memory_mb = memory_mb
-        context = multiprocessing.get_context("forkserver")
-        # Imported once, by the fork server, when it starts (the first pool of a process).
-        context.set_forkserver_preload([__name__, *_PRELOAD])
-        starter = Starter(
-            context=context,
-            target=_serve,
-            args=(names, os.getpid(), memory_mb, dict(os.environ)),
-            name=f"reward:{','.join(names)}",
-            label="reward process",
-        )
+        self.isolation = isolation
+        starter = _starter(names, memory_mb, isolation)
         self._pool = ProcessPool(
             starter,
             num_processes,
@@ -413,6 +407,45 @@ class _Batch:
 # -- the reward process
 
 
+_checked_hosts: list[list[str]] = []  # this host's isolation problems, once found
+
+
+def _starter(names: tuple[str, ...], memory_mb: int | None, isolation: str) -> Starter:
+    """Reward processes in a sandbox of their own each (`rlshell.isolation`: a fresh
+    unprivileged uid, no capability, no network, a read-only file system but for an
+    in-memory ``/tmp``, the caller's environment cleared but for extension modules), or
+    forked by a fork server as this process's user (``isolation='weak'``)."""
+    name, label = f"reward:{','.join(names)}", "reward process"
+    if isolation == "weak":
+        context = multiprocessing.get_context("forkserver")
+        # Imported once, by the fork server, when it starts (the first pool of a process).
+        context.set_forkserver_preload([__name__, *_PRELOAD])
+        return Starter(
+            context=context,
+            target=_serve,
+            args=(names, os.getpid(), memory_mb, dict(os.environ)),
+            name=name,
+            label=label,
+        )
+    if not _checked_hosts:
+        _checked_hosts.append(isolation_problems())
+    if _checked_hosts[0]:
+        raise RewardPoolError(
+            "reward processes cannot start in their sandbox on this host: "
+            + "; ".join(_checked_hosts[0])
+            + ". Allow those parts, or opt out with reward.isolation='weak' "
+            "(RewardPool(isolation='weak')), which runs reward functions as this process's "
+            "user (docs/security.md)"
+        )
+    return Starter(
+        context=SandboxContext(Confinement(single_identity=True)),  # type: ignore[arg-type]
+        target=_serve,
+        args=(list(names), 0, memory_mb, None),
+        name=name,
+        label=label,
+    )
+
+
 def _serve(
     conn: Connection,
     reward_types: tuple[str, ...],
@@ -424,12 +457,14 @@ def _serve(
     closes; the slot is the reward's position in ``reward_types``. ``memory_mb`` caps how
     far the process may grow once its rewards are loaded. ``environ``: the pool's
     environment when it started this process (a fork server's children have the server's,
-    which may be older), extension modules and objects included."""
+    which may be older), extension modules and objects included. ``parent_pid`` 0: in a
+    sandbox, which ends with the pool's process (bubblewrap's ``--die-with-parent``)."""
     if environ is not None:
         os.environ.clear()
         os.environ.update(environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    threading.Thread(target=exit_when_orphaned, args=(parent_pid,), daemon=True).start()
+    if parent_pid:
+        threading.Thread(target=exit_when_orphaned, args=(parent_pid,), daemon=True).start()
     try:
         load_extensions(where="reward process")
         rewards = [get_reward(name) for name in reward_types]

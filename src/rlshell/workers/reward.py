@@ -34,6 +34,7 @@ class RewardWorker(Worker):
             timeout_s=cfg.timeout_s,
             num_processes=cfg.num_processes,
             memory_mb=cfg.memory_mb,
+            isolation=cfg.isolation,
         )
 
     def score(
