@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from rlshell.checkpoint import list_checkpoints, verify_checkpoint
-from rlshell.cluster.ray_cluster import NODE_RANK_LABEL
+from rlshell.cluster.ray_cluster import NODE_RANK_LABEL, _loopback_only
 from rlshell.metrics import read_metrics
 from tests.shell.test_run import ROOT, cli_env, train
 
@@ -36,6 +36,10 @@ class Nodes:
 
     def __init__(self, temp_dir: Path) -> None:
         self.temp_dir = temp_dir
+        # Nodes on loopback, as this process's own embedded cluster is (`_loopback_only`):
+        # Ray here resolves its node address to 127.0.0.1, and every node, and the runs that
+        # attach, must agree with it.
+        self._restore = _loopback_only()
         self.cluster = cluster_utils.Cluster(
             initialize_head=True,
             head_node_args=self._args(0, "learner"),
@@ -67,6 +71,7 @@ class Nodes:
 
     def shutdown(self) -> None:
         self.cluster.shutdown()
+        self._restore()
 
 
 @pytest.fixture

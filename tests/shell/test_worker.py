@@ -394,8 +394,32 @@ def test_gloo_process_group_all_reduces_across_ranks(
         group.init_process_group("gloo", timeout_s=60).wait(timeout=120)
         assert group.all_reduce_rank().wait(timeout=60) == [3.0, 3.0]
         assert group.torch_threads().wait() == [1, 1]  # max(1, int(0.25 CPUs))
+        # The embedded cluster keeps to loopback: Ray's GCS, raylet, workers and agents,
+        # and the gloo group's pairs and rendezvous (a file, no TCP store) listen nowhere
+        # else, so that nothing on another machine can reach them.
+        assert open_listeners() == []
     finally:
         group.shutdown()
+
+
+def open_listeners() -> list[str]:
+    """The TCP sockets this process and its descendants (Ray's daemons and workers among
+    them) listen on, other than on a loopback address: ``"address:port (process)"``."""
+    import ipaddress
+
+    import psutil
+
+    mine = {psutil.Process().pid, *(p.pid for p in psutil.Process().children(recursive=True))}
+    found = []
+    for connection in psutil.net_connections(kind="inet"):
+        if connection.status != psutil.CONN_LISTEN or connection.pid not in mine:
+            continue
+        address = ipaddress.ip_address(connection.laddr.ip)
+        mapped = getattr(address, "ipv4_mapped", None)
+        if not (address.is_loopback or (mapped is not None and mapped.is_loopback)):
+            name = psutil.Process(connection.pid).name()
+            found.append(f"{connection.laddr.ip}:{connection.laddr.port} ({name})")
+    return sorted(found)
 
 
 # ------------------------------------------------------------- extensions

@@ -38,6 +38,7 @@ from rlshell.cluster.placement import ComponentPlan
 from rlshell.cluster.worker_base import (
     HOOK_FILE,
     HOOK_FRAMES,
+    RENDEZVOUS_FILE_ENV_VAR,
     WorkerBase,
     WorkerContext,
     WorkerInfo,
@@ -396,6 +397,8 @@ class WorkerGroup(Generic[W]):
             self._check_pinning(reservation)
             ((address, port),) = self._startup_call((0,), "_rlshell_rendezvous_address", deadline)
             rendezvous = {"MASTER_ADDR": str(address), "MASTER_PORT": str(port)}
+            if cluster.embedded:
+                rendezvous[RENDEZVOUS_FILE_ENV_VAR] = cluster.rendezvous_file(self._name)
             self._startup_call(everyone, "_rlshell_set_env", deadline, rendezvous)
         except BaseException:
             self._stop()

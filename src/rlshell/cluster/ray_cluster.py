@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import secrets
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, cast
@@ -205,11 +208,20 @@ class Cluster:
         self._closed = False
         start = time.perf_counter()
         self.owns_ray = not ray.is_initialized()
+        self._rendezvous_dir: str | None = None
         if self.owns_ray:
             if embedded:
-                _start_embedded_ray(num_cpus, namespace, temp_dir)
+                # An embedded cluster listens on loopback only (`_loopback_only`).
+                restore = _loopback_only()
+                try:
+                    _start_embedded_ray(num_cpus, namespace, temp_dir)
+                finally:
+                    restore()  # its daemons, started, keep the setting; nothing else gets it
             else:
                 ray.init(address=address, namespace=namespace, log_to_driver=True)
+        # This process's local Ray, on loopback only: its groups meet through files.
+        node_ip = cast(Callable[[], str], ray.util.get_node_ip_address)()
+        self.embedded = embedded and ipaddress.ip_address(node_ip).is_loopback
         self.startup_seconds = time.perf_counter() - start
 
     def __enter__(self) -> Cluster:
@@ -436,6 +448,10 @@ class Cluster:
         ):
             if name in os.environ:
                 env[name] = os.environ[name]
+        if self.embedded:
+            # Gloo's pairs on the loopback interface, as the embedded Ray itself.
+            env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
+            env[LOOPBACK_ENV_VAR] = "0"
         env.update(self.runtime_env_vars)
         env.update(
             RANK=str(worker.rank),
@@ -482,6 +498,43 @@ class Cluster:
             reservation.release()
         if self.owns_ray and ray.is_initialized():
             ray.shutdown()
+        if self._rendezvous_dir is not None:
+            shutil.rmtree(self._rendezvous_dir, ignore_errors=True)
+            self._rendezvous_dir = None
+
+    def rendezvous_file(self, group: str) -> str:
+        """A fresh file for one launch of ``group`` to meet through (an embedded cluster's
+        ranks share this machine: torch's FileStore, no listening socket)."""
+        if self._rendezvous_dir is None:
+            self._rendezvous_dir = tempfile.mkdtemp(prefix="rlshell-rendezvous-")
+        return os.path.join(self._rendezvous_dir, f"{group}-{secrets.token_hex(6)}")
+
+
+LOOPBACK_ENV_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch (`ray._private.services.get_node_ip_address`) between a node reachable from
+other machines and one on loopback only; despite its name it applies on Linux too."""
+
+
+def _loopback_only() -> Callable[[], None]:
+    """Make the embedded Ray about to start a loopback-only one: its node address
+    127.0.0.1, so that the GCS, the raylet, the workers and the agents listen on loopback
+    and nowhere else. Ray reads the switch when its module loads (here, long ago) and its
+    processes read it from their environment: both are set. Returns what undoes it."""
+    from ray._private import ray_constants
+
+    before_env = os.environ.get(LOOPBACK_ENV_VAR)
+    before_constant = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[LOOPBACK_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+    def restore() -> None:
+        ray_constants.ENABLE_RAY_CLUSTER = before_constant
+        if before_env is None:
+            os.environ.pop(LOOPBACK_ENV_VAR, None)
+        else:
+            os.environ[LOOPBACK_ENV_VAR] = before_env
+
+    return restore
 
 
 # What Ray raises when its node's raylet has not registered with the GCS within its fixed 30 s

@@ -93,6 +93,16 @@ class WorkerBase:
 
         if dist.is_initialized():
             return
+        rendezvous_file = os.environ.get(RENDEZVOUS_FILE_ENV_VAR)
+        if rendezvous_file:  # an embedded cluster: one machine, no listening socket
+            dist.init_process_group(
+                backend=backend,
+                init_method=f"file://{rendezvous_file}",
+                rank=self.rank,
+                world_size=self.world_size,
+                timeout=timedelta(seconds=timeout_s),
+            )
+            return
         missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
         if missing:
             raise RuntimeError(
@@ -147,6 +157,11 @@ class WorkerBase:
 
     def _rlshell_set_env(self, env: dict[str, str]) -> None:
         os.environ.update(env)
+
+
+RENDEZVOUS_FILE_ENV_VAR = "RLSHELL_RENDEZVOUS_FILE"
+"""Set by an embedded cluster's groups: ranks meet through this file (torch's FileStore)
+rather than a TCP store, which would listen on every interface."""
 
 
 def rendezvous_port(
