@@ -119,6 +119,10 @@ WORKER_READ_WHEN_USED = frozenset(
         "RAY_LD_PRELOAD_ON_WORKERS",
         "RAY_JOB_CONFIG_JSON_ENV_VAR",
         "CUDA_VISIBLE_DEVICES",
+        # An embedded cluster's loopback switch (rlshell.cluster.ray_cluster._loopback_only),
+        # which the raylet hands its workers: ray reads it when the fork imports ray (the
+        # zygote withholds ray).
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",
     }
 )
 # Ray's own way to give a driver a job config (`ray.init` reads it): how runs on the shared

@@ -183,6 +183,8 @@ class Cluster:
     call `shutdown`.
     """
 
+    embedded = False  # set by __init__: this process's local Ray, on loopback only
+
     def __init__(
         self,
         address: str | None = None,
@@ -450,8 +452,8 @@ class Cluster:
                 env[name] = os.environ[name]
         if self.embedded:
             # Gloo's pairs on the loopback interface, as the embedded Ray itself.
+            # (Ray's loopback switch they inherit from the daemons that start them.)
             env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
-            env[LOOPBACK_ENV_VAR] = "0"
         env.update(self.runtime_env_vars)
         env.update(
             RANK=str(worker.rank),
