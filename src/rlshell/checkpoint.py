@@ -357,6 +357,74 @@ def clean_partials(run_dir: Path) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------
+# DCP's .metadata, read without running code
+
+# What torch.distributed.checkpoint's .metadata pickle holds (its records, torch's sizes,
+# dtypes and layouts, a path): the classes its reader may build. Anything else in that
+# pickle is a checkpoint altered to run code when read.
+_DCP_METADATA_CLASSES = {
+    ("torch.distributed.checkpoint.metadata", name)
+    for name in (
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorProperties",
+        "TensorStorageMetadata",
+        "ChunkStorageMetadata",
+        "BytesStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+    )
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+def read_dcp_metadata(path: Path) -> Any:
+    """DCP's ``.metadata`` at ``path``, unpickled with only `_DCP_METADATA_CLASSES` and
+    torch's dtypes allowed: a `CheckpointError` naming the class for anything else, before
+    it is built (its code never runs)."""
+    import pickle
+
+    import torch
+
+    class _Allowed(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+            if (module, name) not in _DCP_METADATA_CLASSES and not dtype:
+                raise CheckpointError(
+                    f"{path}: refused to read it: its pickle asks for {module}.{name}, which "
+                    "torch.distributed.checkpoint's metadata never holds (a checkpoint "
+                    "altered to run code when loaded)"
+                )
+            return super().find_class(module, name)
+
+    with path.open("rb") as stream:
+        return _Allowed(stream).load()
+
+
+def dcp_reader(directory: Path) -> Any:
+    """A ``FileSystemReader`` for the DCP checkpoint in ``directory`` whose ``.metadata`` is
+    read by `read_dcp_metadata`; pass it to ``dcp.load(..., storage_reader=...)``."""
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class _VerifiedReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            rank = kwargs.get("rank")
+            metadata = read_dcp_metadata(Path(self._get_metadata_path(rank)))
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return _VerifiedReader(str(directory))
+
+
+# ---------------------------------------------------------------------------
 # A checkpoint's policy weights
 
 
@@ -377,7 +445,8 @@ def _load_fsdp_actor(checkpoint: Path, policy: nn.Module) -> None:
     with warnings.catch_warnings():
         # Reading shards in one process without a process group is the intent here.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp_load(state, checkpoint_id=str(checkpoint / "actor"), no_dist=True)
+        actor = checkpoint / "actor"
+        dcp_load(state, checkpoint_id=str(actor), storage_reader=dcp_reader(actor), no_dist=True)
     policy.load_state_dict(state["model"], strict=not frozen)  # the keys are its own
 
 

@@ -496,6 +496,15 @@ def test_a_damaged_or_altered_checkpoint_is_refused_before_any_byte_is_read(
     assert "the manifest says" in err
     assert not marker.exists()
     assert not (tmp_path / "out").exists()
+    # The same with the manifest recomputed over the forged file (a run directory from
+    # someone else): the manifest passes, and the metadata's reader refuses the class its
+    # pickle asks for before building it.
+    write_manifest(copy)
+    status, _, err = export_here(capsys, copy, tmp_path / "out")
+    assert status == 1
+    assert "refused to read it: its pickle asks for pathlib.Path.write_text" in err
+    assert not marker.exists()
+    assert not (tmp_path / "out").exists()
 
 
 class _WritesAFile:

@@ -51,6 +51,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
+from rlshell.checkpoint import dcp_reader
 from rlshell.config import ActorConfig, OptimConfig, WrapPolicyConfig
 from rlshell.models import get_model, torch_dtype
 from rlshell.models.lora import frozen_fingerprint
@@ -405,7 +406,11 @@ class FSDPModelManager:
         self._check_frozen_base(path, extra.get("frozen_fingerprint"))
         options = self._state_dict_options(loading=True)
         model_state, optim_state = get_state_dict(self.module, self.optimizer, options=options)
-        dcp_load({"model": model_state, "optim": optim_state}, checkpoint_id=str(path))
+        dcp_load(
+            {"model": model_state, "optim": optim_state},
+            checkpoint_id=str(path),
+            storage_reader=dcp_reader(path),
+        )
         set_state_dict(
             self.module,
             self.optimizer,

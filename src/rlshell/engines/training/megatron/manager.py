@@ -43,6 +43,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from rlshell.checkpoint import dcp_reader
 from rlshell.config import ActorConfig
 from rlshell.engines.training.fsdp import (
     build_adamw,
@@ -369,7 +370,7 @@ class MegatronModelManager:
                 "same actor placement and actor.megatron sizes"
             )
         model_state = {"model": self.host.state_dict()}
-        dcp_load(model_state, checkpoint_id=str(path))
+        dcp_load(model_state, checkpoint_id=str(path), storage_reader=dcp_reader(path))
         self.host.load_state_dict(model_state["model"])
         with torch.no_grad():
             self._load_stage(self.stage, model_state["model"])
