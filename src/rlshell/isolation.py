@@ -647,7 +647,13 @@ def _bwrap_arguments(
     for link in ("/lib", "/lib64", "/bin", "/sbin"):  # merged /usr: links into it
         if os.path.islink(link):
             args += ["--symlink", os.readlink(link), link]
-    made: set[str] = set()
+    # The in-memory /tmp first: binds made after it stay visible (a venv under /tmp).
+    size = str(confinement.scratch_mb * 2**20)
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/scratch"]
+    if confinement.single_identity:  # its one unprivileged identity writes here
+        args += ["--chmod", "1777", "/tmp", "--chmod", "1777", "/scratch"]
+    made: set[str] = {"/tmp"}
     for path in _read_only_paths():
         parts = Path(path).parts[1:-1]
         for depth in range(1, len(parts) + 1):
@@ -656,11 +662,7 @@ def _bwrap_arguments(
                 made.add(parent)
                 args += ["--perms", "0755", "--dir", parent]
         args += ["--ro-bind", path, path]
-    size = str(confinement.scratch_mb * 2**20)
-    args += ["--proc", "/proc", "--dev", "/dev"]
-    args += ["--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/scratch"]
-    if confinement.single_identity:  # its one unprivileged identity writes here
-        args += ["--chmod", "1777", "/tmp", "--chmod", "1777", "/scratch"]
+
     if cgroups is not None:
         args += cgroups.binds()
     for name, value in allowed_env(confinement.env).items():
