@@ -55,7 +55,9 @@ from rlshell.debian_packages import BOOKWORM, InstallError, fetch_packages, shar
 
 __all__ = [
     "BWRAP_ENV_VAR",
+    "CALL_NAMESPACES",
     "DENIED_SYSCALLS",
+    "SERVER_ALLOWED_SYSCALLS",
     "SERVER_CAPABILITIES",
     "CallCgroup",
     "CgroupTree",
@@ -63,10 +65,13 @@ __all__ = [
     "IsolationError",
     "SandboxContext",
     "SandboxedProcess",
+    "SeccompProgram",
     "become_call_identity",
     "bwrap_path",
     "call_uid",
     "cgroup_layout",
+    "enter_call_namespaces",
+    "fork_into_call_pid_namespace",
     "install_bubblewrap",
     "isolation_problems",
     "sandbox_main",
@@ -137,15 +142,28 @@ SERVER_CAPABILITIES = {
     "CAP_SETGID": 6,
     "CAP_SETUID": 7,
     "CAP_SETPCAP": 8,
+    "CAP_SYS_ADMIN": 21,
 }
 """What the server in a sandbox keeps (its calls keep none): to give each call a uid, a
-scratch directory and a cgroup of its own, and to kill and clean up after it."""
+scratch directory, a cgroup and namespaces of its own (``CAP_SYS_ADMIN``: unshare, and
+mount the call's ``/proc``), and to kill and clean up after it."""
+
+SERVER_ALLOWED_SYSCALLS = ("unshare", "setns", "mount")
+"""Of `DENIED_SYSCALLS`, what the server's own filter lets through, to make each call's
+namespaces (`enter_call_namespaces`); never a user namespace or a cgroup namespace. Each
+call loads the whole filter (`SeccompProgram`) before it runs anything."""
+
+CALL_NAMESPACES = ("mnt", "pid", "net", "ipc", "uts")
+"""The namespaces each call of a server has of its own (beside the sandbox's, which the
+server and its calls are all in)."""
 
 # Fresh identities: uids no user of a system has (above systemd's dynamic and container ranges).
 _UID_BASE = 1_800_000_000
 _UIDS_PER_SERVER = 1 << 16
 
 _PR_SET_DUMPABLE = 4
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+_PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_KEEPCAPS = 8
 _PR_CAPBSET_DROP = 24
 _PR_CAP_AMBIENT = 47
@@ -207,19 +225,57 @@ def install_bubblewrap(target: Path | None = None) -> Path:
 # ---------------------------------------------------------------------------- seccomp
 
 
-def write_seccomp_filter(path: Path) -> None:
-    """The BPF program of `DENIED_SYSCALLS` (libseccomp, through ``pyseccomp``) at ``path``."""
+def _seccomp_rules(server: bool) -> Any:
+    """`DENIED_SYSCALLS` refused (EPERM) as a libseccomp filter (``pyseccomp``); for a
+    ``server``, all but `SERVER_ALLOWED_SYSCALLS`, and namespaces only of the calls' kinds."""
     import pyseccomp as seccomp
 
     refused = seccomp.ERRNO(errno.EPERM)
     rules = seccomp.SyscallFilter(seccomp.ALLOW)
     for name in DENIED_SYSCALLS:
-        rules.add_rule(refused, name)
-    for flag in _CLONE_NAMESPACES.values():
-        rules.add_rule(refused, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+        if not (server and name in SERVER_ALLOWED_SYSCALLS):
+            rules.add_rule(refused, name)
+    never = ("CLONE_NEWUSER", "CLONE_NEWCGROUP")
+    for name, flag in _CLONE_NAMESPACES.items():
+        if not server or name in never:
+            rules.add_rule(refused, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+        if server and name in never:
+            rules.add_rule(refused, "unshare", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
     rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    return rules
+
+
+def write_seccomp_filter(path: Path, server: bool = False) -> None:
+    """The BPF program of `DENIED_SYSCALLS` (the server's, with ``server``) at ``path``."""
     with path.open("wb") as out:
-        rules.export_bpf(out)
+        _seccomp_rules(server).export_bpf(out)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class SeccompProgram:
+    """The whole filter as a BPF program, built once by a server (libseccomp); each call
+    `load`s it last, after `enter_call_namespaces` and `become_call_identity` (a system
+    call: nothing is compiled in the call)."""
+
+    def __init__(self) -> None:
+        with tempfile.TemporaryFile() as out:
+            _seccomp_rules(server=False).export_bpf(out)
+            out.seek(0)
+            program = out.read()
+        self._buffer = ctypes.create_string_buffer(program, len(program))
+        self._program = _SockFprog(len(program) // 8, ctypes.addressof(self._buffer))
+
+    def load(self) -> None:
+        """Into this process, for good, with ``no_new_privs``."""
+        libc = _libc()
+        _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
+        _check(
+            libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(self._program), 0, 0),
+            "loading the seccomp filter",
+        )
 
 
 # ---------------------------------------------------------------------------- cgroups
@@ -412,9 +468,9 @@ class CallCgroup:
     def pids(self) -> list[int]:
         return [int(p) for p in (self.dirs[0] / "cgroup.procs").read_text().split()]
 
-    def kill(self) -> None:
+    def kill(self, wait: bool = True) -> None:
         """SIGKILL every process in the cgroup, frozen first (v1) so that none forks past it;
-        returns once the cgroup is empty (or after a second)."""
+        returns once the cgroup is empty (or after a second), at once without ``wait``."""
         self.killed = True
         if self.version == "v2":
             with contextlib.suppress(OSError):
@@ -429,6 +485,8 @@ class CallCgroup:
                         os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(OSError):
                 (freezer / "freezer.state").write_text("THAWED")
+        if not wait:
+            return
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError):
@@ -547,6 +605,55 @@ def become_call_identity(uid: int) -> None:
     left = {name: word for name, word in _capability_words().items() if word}
     if left or os.getuid() != uid or os.getgroups():
         raise IsolationError(f"the call kept capabilities or groups: {left or os.getgroups()}")
+
+
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+_NAMESPACE_FLAGS = {
+    "mnt": _CLONE_NAMESPACES["CLONE_NEWNS"],
+    "pid": _CLONE_NAMESPACES["CLONE_NEWPID"],
+    "net": _CLONE_NAMESPACES["CLONE_NEWNET"],
+    "ipc": _CLONE_NAMESPACES["CLONE_NEWIPC"],
+    "uts": _CLONE_NAMESPACES["CLONE_NEWUTS"],
+}
+
+
+_own_pid_namespace: int | None = None  # a descriptor of the server's PID namespace
+
+
+def fork_into_call_pid_namespace() -> int:
+    """In a server: `os.fork` with the child as pid 1 of a PID namespace of its own (the
+    server then takes its own namespace back for the children it makes next)."""
+    global _own_pid_namespace
+    libc = _libc()
+    if _own_pid_namespace is None:
+        _own_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    _check(libc.unshare(_NAMESPACE_FLAGS["pid"]), "unshare of the call's PID namespace")
+    child = -1
+    try:
+        child = os.fork()
+    finally:
+        if child != 0:  # the server (also when the fork failed)
+            _check(libc.setns(_own_pid_namespace, _NAMESPACE_FLAGS["pid"]), "setns (own PID)")
+    return child
+
+
+def enter_call_namespaces() -> None:
+    """In a call forked by `fork_into_call_pid_namespace`, after it joined its cgroup and
+    before it drops its capabilities: the rest of `CALL_NAMESPACES` of its own, and a
+    ``/proc`` that shows its own processes only. Its network namespace has nothing but a
+    loopback that is down. When the call's pid 1 ends, the kernel kills every process left
+    in its namespace."""
+    libc = _libc()
+    flags = 0
+    for name in CALL_NAMESPACES:
+        if name != "pid":
+            flags |= _NAMESPACE_FLAGS[name]
+    _check(libc.unshare(flags), f"unshare of the call's namespaces ({', '.join(CALL_NAMESPACES)})")
+    _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount (making / private)")
+    _check(
+        libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None),
+        "mount of the call's /proc",
+    )
 
 
 # ---------------------------------------------------------------------------- the sandbox
@@ -723,7 +830,7 @@ class SandboxedProcess:
             self._cgroups.limit_processes(self.confinement.max_processes)
         with tempfile.TemporaryDirectory(prefix="rlshell-seccomp-") as scratch:
             filter_path = Path(scratch) / "filter.bpf"
-            write_seccomp_filter(filter_path)
+            write_seccomp_filter(filter_path, server=not self.confinement.single_identity)
             seccomp_fd = os.open(filter_path, os.O_RDONLY)
         try:
             spec = {

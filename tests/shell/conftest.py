@@ -10,9 +10,7 @@ default 0.25) so that tests never wait on each other for resources.
 from __future__ import annotations
 
 import itertools
-import os
 import signal
-import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -78,18 +76,23 @@ def plan_component() -> PlanFactory:
 
 @contextmanager
 def single_rank_group() -> Iterator[None]:
-    """A gloo process group of this process alone, for `FSDPModelManager` outside Ray."""
+    """A gloo process group of this process alone, for `FSDPModelManager` outside Ray.
+
+    Its rendezvous is a file, as the workers' is: a TCP store would listen on every
+    interface for as long as this test process lives (tests/shell/test_worker.py checks
+    that nothing of a run does)."""
+    import tempfile
+
     import torch.distributed as dist
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+    with tempfile.TemporaryDirectory(prefix="rlshell-rendezvous-") as directory:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{directory}/store", rank=0, world_size=1
+        )
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ The executor's own process (this one) holds the same credentials.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -210,29 +211,81 @@ def test_no_other_namespace_can_be_entered_or_made(tools: ToolExecutor, trainer:
 def test_no_process_outside_the_call_can_be_traced_or_signalled(
     tools: ToolExecutor, trainer: Trainer
 ) -> None:
+    # The call is pid 1 of a PID namespace of its own: its parent (the sandbox's server) is
+    # out of sight and no pid of the machine's names anything there.
+    outside = (trainer.pid, os.getpid(), *tools.pids)
     result = attack(
         tools,
         f"""
         import ctypes, os, signal
         libc = ctypes.CDLL(None, use_errno=True)
-        parent = os.getppid()
-        for pid in (parent, 1, {trainer.pid}, {os.getpid()}):
-            print('ptrace', pid == parent, libc.ptrace(16, pid, 0, 0))
+        print('me', os.getpid(), 'parent', os.getppid())
+        for pid in {outside}:
+            print('ptrace', libc.ptrace(16, pid, 0, 0))
             try:
                 os.kill(pid, signal.SIGKILL)
                 print('killed', pid)
             except OSError as error:
                 print('kill', type(error).__name__)
         try:
-            os.kill(-1, signal.SIGKILL)  # every process it may signal: only its own
+            os.kill(-1, signal.SIGKILL)  # every process it may signal: none but itself
         except OSError as error:
             print('kill -1', type(error).__name__)
         """,
     )
+    lines = result.observation.splitlines()
+    assert lines[0] == "me 1 parent 0", result.observation
     assert "killed" not in result.observation
-    assert all(line.endswith(" -1") for line in result.observation.splitlines() if "ptrace" in line)
+    assert all(line == "ptrace -1" for line in lines if "ptrace" in line)
+    assert lines.count("kill ProcessLookupError") == len(outside)
     assert trainer.process.poll() is None
     assert attack(tools, "print('still serving')").observation == "still serving\n"
+
+
+NAMESPACES = ("pid", "net", "mnt", "ipc", "uts")
+
+
+def test_each_call_has_namespaces_of_its_own(tools: ToolExecutor, trainer: Trainer) -> None:
+    # A call could otherwise leave something behind for a later call (of another rollout)
+    # to find: here a System V shared-memory segment, world-readable, under a known key.
+    code = f"""
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        print('processes', sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))
+        for name in {NAMESPACES}:
+            print(name, os.readlink('/proc/self/ns/' + name))
+        print('found', libc.shmget(0x5EC2E7, 0, 0) >= 0)
+        print('left', libc.shmget(0x5EC2E7, 4096, 0o1000 | 0o666) >= 0)  # IPC_CREAT
+        """
+    first, second = (attack(tools, code).observation.splitlines() for _ in range(2))
+    seen: dict[str, set[str]] = {name: set() for name in NAMESPACES}
+    for lines in (first, second):
+        assert lines[0] == "processes [1]", lines  # only itself
+        assert lines[-2:] == ["found False", "left True"], lines
+        for line in lines[1:-2]:
+            name, namespace = line.split()
+            seen[name].add(namespace)
+    import psutil
+
+    sandboxes = [psutil.Process(pid) for pid in tools.pids]
+    # The servers (root: the runner forked ahead for the next call has its uid already).
+    servers = [
+        child.pid
+        for sandbox in sandboxes
+        for child in sandbox.children(recursive=True)
+        if child.uids().real == 0
+    ]
+    outsiders: dict[str, set[str]] = {name: set() for name in NAMESPACES}
+    for pid in (trainer.pid, *tools.pids, *servers):
+        for name in NAMESPACES:
+            with contextlib.suppress(FileNotFoundError):  # a runner ending meanwhile
+                outsiders[name].add(os.readlink(f"/proc/{pid}/ns/{name}"))
+    # Neither the trainer's nor the sandbox's (its server's), which live on; two calls one
+    # after the other may show the same number, the first's freed and handed out again, so
+    # that the calls' own are told apart by what the first one left (above), not by number.
+    for name in NAMESPACES:
+        assert seen[name], name
+        assert not seen[name] & outsiders[name], name
 
 
 def test_loopback_tcp_and_unix_sockets_are_out_of_reach(

@@ -84,6 +84,13 @@ class EchoWorker(Worker):
         time.sleep(slow_seconds)
         return self.rank
 
+    def die_or_fail(self, dying_rank: int) -> None:
+        """``dying_rank``'s process ends; the others then fail as a collective with it would."""
+        if self.rank == dying_rank:
+            os._exit(1)
+        time.sleep(0.05)
+        raise ConnectionError(f"rank {dying_rank} closed the connection")
+
     def fail_coded(self) -> None:
         raise CodedError(42, "no answer")
 
@@ -315,6 +322,24 @@ def test_a_killed_worker_raises_worker_died_error(
         assert "died while running pid()" in message
         assert group.dead_ranks == (1,)
         assert group.execute_on(0).rank_plus(0).wait() == [0]  # rank 0 still answers
+    finally:
+        group.shutdown()
+
+
+def test_a_rank_that_died_is_named_before_the_peers_that_failed_because_of_it(
+    ray_cluster: Cluster, plan_component: PlanFactory
+) -> None:
+    # Its peers' errors (a collective whose other end closed) come back first; Ray takes a
+    # moment to declare the death. The error names the cause, then the consequences.
+    group = EchoWorker.create_group(0).launch(ray_cluster, plan_component("dying"))
+    try:
+        with pytest.raises(WorkerDiedError) as info:
+            group.die_or_fail(1).wait(timeout=30)
+        message = str(info.value)
+        assert f"component '{group.name}' rank 1" in message
+        assert "died while running die_or_fail()" in message
+        assert "Also failed: rank 0 (ConnectionError: rank 1 closed the connection)" in message
+        assert group.dead_ranks == (1,)
     finally:
         group.shutdown()
 

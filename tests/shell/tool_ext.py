@@ -3,8 +3,9 @@
 ``RLSHELL_EXT_MODULE=tool_ext`` (with this directory on the path) registers
 them in every process: ``shout`` (the argument upper-cased), ``not_text``
 (returns an int, which is an error), and ``runner_pid``, a pure tool that
-answers the pid of the process it ran in (or hangs on ``hang``), to tell
-whether calls shared a process.
+answers which process it ran in (its PID namespace and its pid there: in a
+sandbox each runner is pid 1 of a namespace of its own), or hangs on
+``hang``, to tell whether calls shared a process.
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ def not_text(argument: str) -> str:
 def runner_pid(argument: str) -> str:
     if argument == "hang":
         time.sleep(10_000)
-    return str(os.getpid())
+    return process_identity()
+
+
+def process_identity() -> str:
+    return f"{os.readlink('/proc/self/ns/pid')}/{os.getpid()}"
 
 
 def register() -> None:

@@ -166,30 +166,45 @@ class GroupCall:
                 try:
                     self._values[slot] = ray.get(ref)
                 except RayError as error:
-                    raised = self.group._translate(error, self.ranks[slot], self.method)
-                    raised.extend_message(self._other_failures())
-                    self._error = raised
-                    raise raised from None
+                    self._error = self._first_failure(self.ranks[slot], error)
+                    raise self._error from None
         return list(self._values)
 
-    def _other_failures(self) -> str:
-        """A note on other ranks that have already failed too (fetching them also
-        keeps Ray from logging them as unhandled errors)."""
-        if not self._pending:
-            return ""
-        ready, self._pending = ray.wait(self._pending, num_returns=len(self._pending), timeout=0)
+    # How long a failure waits for the other ranks' news before it is reported: a rank
+    # that died takes Ray a moment to declare, while its peers' collectives fail at once.
+    FAILURE_GRACE_S = 1.0
+
+    def _first_failure(self, rank: int, error: RayError) -> WorkerError:
+        """The error to raise for a failed call: a rank that died is named first (its peers'
+        errors in a shared collective are the consequence, not the cause), the other
+        failures already known are listed after it; fetching them also keeps Ray from
+        logging them as unhandled errors."""
+        failures = [(rank, error)]
+        if self._pending:
+            ready, self._pending = ray.wait(
+                self._pending, num_returns=len(self._pending), timeout=self.FAILURE_GRACE_S
+            )
+            for ref in ready:
+                try:
+                    self._values[self._slot[ref]] = ray.get(ref)
+                except RayError as failed:
+                    failures.append((self.ranks[self._slot[ref]], failed))
+        deaths = [f for f in failures if _is_death(f[1])]
+        first = deaths[0] if deaths else failures[0]
+        raised = self.group._translate(first[1], first[0], self.method)
         notes = []
-        for ref in ready:
-            rank = self.ranks[self._slot[ref]]
-            try:
-                self._values[self._slot[ref]] = ray.get(ref)
-            except RayTaskError as error:
-                notes.append(f"rank {rank} ({type(error.cause).__name__}: {error.cause})")
-            except RayError as error:
-                if isinstance(error, RayActorError):
-                    self.group._dead.add(rank)
-                notes.append(f"rank {rank} ({type(error).__name__})")
-        return f"\n\nAlso failed: {', '.join(notes)}" if notes else ""
+        for other_rank, other in failures:
+            if other is first[1]:
+                continue
+            if _is_death(other):
+                self.group._dead.add(other_rank)
+            if isinstance(other, RayTaskError) and not isinstance(other.cause, RayActorError):
+                notes.append(f"rank {other_rank} ({type(other.cause).__name__}: {other.cause})")
+            else:
+                notes.append(f"rank {other_rank} ({type(other).__name__})")
+        if notes:
+            raised.extend_message(f"\n\nAlso failed: {', '.join(notes)}")
+        return raised
 
     def _timeout_error(self, limit: float) -> WorkerTimeoutError:
         pending = tuple(self.ranks[self._slot[ref]] for ref in self._pending)
@@ -202,6 +217,13 @@ class GroupCall:
             pending_ranks=pending,
             timeout_s=limit,
         )
+
+
+def _is_death(error: RayError) -> bool:
+    """Whether a rank's failure is its process's end (directly, or seen through a nested call)."""
+    if isinstance(error, RayTaskError):
+        return isinstance(error.cause, RayActorError)
+    return isinstance(error, RayActorError)
 
 
 class _GroupMethod:

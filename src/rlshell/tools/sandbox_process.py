@@ -51,7 +51,14 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from rlshell.extensions import ENV_VAR, OBJECTS_ENV_VAR, load_extensions
-from rlshell.isolation import CallCgroup, become_call_identity, call_uid
+from rlshell.isolation import (
+    CallCgroup,
+    SeccompProgram,
+    become_call_identity,
+    call_uid,
+    enter_call_namespaces,
+    fork_into_call_pid_namespace,
+)
 from rlshell.limits import limit_address_space
 from rlshell.process_pool import receive_message, send_message
 from rlshell.tools import ToolError, ToolFn, get_tool, tool_is_pure
@@ -71,6 +78,8 @@ __all__ = [
 STOP_AFTER_BYTES = 64 * 2**20
 _READ_CHUNK = 2**16
 _ORPHAN_CHECK_S = 1.0
+# While runners killed are still ending, how often the idle server looks again.
+_TIDY_AGAIN_S = 0.005
 # After a runner is killed or its result is in: how long output still in flight is awaited.
 _DRAIN_S = 0.2
 _CLONE_NEWNET = 0x40000000
@@ -135,7 +144,8 @@ def serve(
         send_message(conn, ["ready"])
         while True:
             try:
-                if not conn.poll(_ORPHAN_CHECK_S):
+                if not conn.poll(_TIDY_AGAIN_S if server.retired else _ORPHAN_CHECK_S):
+                    server.tidy()
                     if os.getppid() != parent_pid:
                         return  # the caller is gone
                     continue
@@ -232,6 +242,7 @@ class _Server:
         self.retired: list[_Runner] = []  # killed, not yet reaped and removed (`tidy`)
         self.free_cgroups: list[CallCgroup] = []  # emptied by `tidy`, for the next runners
         self.scratch_left: list[str] = []  # scratch directories of answered calls
+        self.seccomp_filter: SeccompProgram | None = None  # what each call loads last
 
     def call(self, name: str, argument: str) -> tuple[str, str, float]:
         """Run one call: ``(status, observation, seconds)``."""
@@ -281,7 +292,11 @@ class _Server:
                     max_processes=self.limits.max_processes,
                     cpus=self.limits.cpus,
                 )
-            confinement = _Confinement(call_uid(self.sandbox_slot, self.runners_made), cgroup)
+            if self.seccomp_filter is None:
+                self.seccomp_filter = SeccompProgram()
+            confinement = _Confinement(
+                call_uid(self.sandbox_slot, self.runners_made), cgroup, self.seccomp_filter
+            )
         return _Runner(self.tools, self.limits, confinement)
 
     @staticmethod
@@ -297,18 +312,23 @@ class _Server:
         if runner is self.pure_runner:
             self.pure_runner = None
 
-    def tidy(self) -> None:
-        """Reap the retired runners (killed: they end at once), remove their cgroups and the
-        answered calls' scratch directories."""
+    def tidy(self, block: bool = False) -> None:
+        """Reap the retired runners that have ended (killed, they end within a few ms; with
+        ``block``, wait for each), free or remove their cgroups, and remove the answered
+        calls' scratch directories. The server tidies after each answer and again while it
+        waits for the next call, so that no call waits for another one's end."""
+        ending = []
         for runner in self.retired:
-            runner.reap()
+            if not runner.reap(block):
+                ending.append(runner)
+                continue
             if runner.confinement is not None:
                 cgroup = runner.confinement.cgroup
                 if not self.closing and cgroup.reuse():
                     self.free_cgroups.append(cgroup)
                 else:
                     cgroup.remove()
-        self.retired = []
+        self.retired = ending
         for scratch in self.scratch_left:
             shutil.rmtree(scratch, ignore_errors=True)
         self.scratch_left = []
@@ -319,7 +339,7 @@ class _Server:
                 self._retire(runner)
         self.spare = None
         self.closing = True
-        self.tidy()
+        self.tidy(block=True)
         for cgroup in self.free_cgroups:
             cgroup.remove()
         self.free_cgroups = []
@@ -488,15 +508,18 @@ def compose_observation(
 
 
 class _Confinement:
-    """A sandboxed runner's uid and cgroup."""
+    """A sandboxed runner's uid, cgroup and seccomp filter."""
 
-    def __init__(self, uid: int, cgroup: CallCgroup) -> None:
-        self.uid, self.cgroup = uid, cgroup
+    def __init__(self, uid: int, cgroup: CallCgroup, seccomp_filter: SeccompProgram) -> None:
+        self.uid, self.cgroup, self.seccomp_filter = uid, cgroup, seccomp_filter
 
     def enter(self) -> None:
-        """In the forked runner, before anything else: into the cgroup, then the uid."""
+        """In the forked runner, before anything else: into the cgroup and namespaces of its
+        own (where it is pid 1), then the uid; the whole seccomp filter last."""
         self.cgroup.join()
+        enter_call_namespaces()
         become_call_identity(self.uid)
+        self.seccomp_filter.load()
 
 
 def _resident_bytes() -> int:
@@ -524,7 +547,7 @@ class _Runner:
             if stream is not None:
                 stream.flush()  # else the runner would print what this process buffered
         server_pid = os.getpid()
-        pid = os.fork()
+        pid = os.fork() if confinement is None else fork_into_call_pid_namespace()
         if pid == 0:
             try:
                 _run_calls(
@@ -660,12 +683,14 @@ class _Runner:
 
     def kill(self) -> None:
         """SIGKILL the runner and its process group, and in a sandbox every process of its
-        cgroup (idempotent; not yet reaped)."""
+        cgroup (idempotent; not yet reaped). A sandbox's runner is pid 1 of its namespace:
+        the kernel kills everything else in it as it dies, and `reap` returns once all of
+        it is gone, so nothing waits here for its cgroup to empty."""
         for kill in (os.killpg, os.kill):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 kill(self.pid, signal.SIGKILL)
         if self.confinement is not None:
-            self.confinement.cgroup.kill()
+            self.confinement.cgroup.kill(wait=False)
 
     def close(self) -> None:
         """Kill the runner and close its pipes (idempotent)."""
@@ -675,11 +700,18 @@ class _Runner:
             for fd in (self.command, self.result, self.stdout, self.stderr):
                 os.close(fd)
 
-    def reap(self) -> None:
-        """Once killed: collect its exit status (no zombie)."""
+    def reap(self, block: bool = True) -> bool:
+        """Once killed: collect its exit status (no zombie); whether it has ended (without
+        ``block``, it may not have yet: a sandbox's pid 1 takes its namespaces down first)."""
         if self.exit_status is None:
-            with contextlib.suppress(ChildProcessError):
-                _, self.exit_status = os.waitpid(self.pid, 0)
+            try:
+                pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                return True
+            if pid == 0:
+                return False
+            self.exit_status = status
+        return True
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -704,11 +736,13 @@ def _run_calls(
 ) -> None:
     """The runner's loop: it ends with its command pipe, or is killed."""
     if confinement is not None:
+        # Pid 1 of its own PID namespace: its parent is out of sight (getppid() is 0), and
+        # when the server dies the sandbox's namespace ends, and every call's nested in it.
         confinement.enter()  # before the death signal below: a change of uid clears it
     os.setpgid(0, 0)
     # A runner dies with its server (killed by the executor), even in the middle of a call.
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != server_pid:
+    if confinement is None and os.getppid() != server_pid:
         os._exit(_RUNNER_BROKEN)  # the server died before the line above
     devnull = os.open(os.devnull, os.O_RDONLY)
     # Lift every descriptor above the targets first, so that no dup2 overwrites a source.
