@@ -16,7 +16,6 @@ STAMP := $(VENV)/.installed
 # Tests use every core; hypothesis uses the fast CI profile unless told otherwise.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 export HYPOTHESIS_PROFILE ?= ci
-export RAY_AUTH_MODE ?= disabled
 
 .PHONY: install test lint typecheck pytest bench clean
 

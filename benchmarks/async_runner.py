@@ -30,7 +30,7 @@ mean nothing.
 ``--timeline PATH`` draws the async run's busy periods (generation on the rollout worker,
 the step's update on the actor) over ten steps from its metrics into a PNG.
 
-    RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/async_runner.py [--quick] \\
+    .venv/bin/python benchmarks/async_runner.py [--quick] \\
         [--partial] [--timeline docs/async_timeline.png]
 """
 
@@ -87,7 +87,6 @@ def train(mode: str, spec: dict[str, Any], out: Path) -> list[dict[str, float]]:
         *spec.get("extra", []),
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.setdefault("RAY_AUTH_MODE", "disabled")
     env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ra", dir=env.get("RAY_TMPDIR", "/tmp"))
     done = subprocess.run(
         [sys.executable, "-m", "rlshell.train", *args],

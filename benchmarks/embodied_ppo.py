@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rlshell.cluster.ray_cluster import Cluster
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "ppo_cartpole.py"

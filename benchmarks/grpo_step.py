@@ -67,7 +67,7 @@ Prints one JSON object. ``--quick`` is a smoke run (the small model, a small
 batch, one timed step each; its figures mean nothing). ``--sync-only`` runs part (2)
 alone (about a minute).
 
-    RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/grpo_step.py [--quick] [--sync-only] \\
+    .venv/bin/python benchmarks/grpo_step.py [--quick] [--sync-only] \\
         [--sizes 135M ...]
 """
 
@@ -94,7 +94,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 # A throwaway local cluster needs no auth token (Ray would write one under ~/.ray).
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "grpo.py"

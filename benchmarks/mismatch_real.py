@@ -21,7 +21,7 @@ fp32 row, whose gap is vLLM's kernels against the actor's eager forward alone.
 
 Prints one JSON object. ``--quick``: two steps a row, fp32 and bf16 only (a smoke run).
 
-    RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/mismatch_real.py [--quick] [--steps N]
+    .venv/bin/python benchmarks/mismatch_real.py [--quick] [--steps N]
 """
 
 from __future__ import annotations

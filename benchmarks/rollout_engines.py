@@ -29,7 +29,7 @@
 Prints one JSON object. ``--quick`` is a smoke run (the small model, a small
 batch, a few calls; its figures mean nothing).
 
-    RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/rollout_engines.py [--quick] \\
+    .venv/bin/python benchmarks/rollout_engines.py [--quick] \\
         [--sizes 135M ...] [--sampling-only] [--alone]
 
 ``--alone`` adds part (1) with each engine alone in a fresh process of its own, HF then
@@ -56,7 +56,6 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is the JSON
 
 ROOT = Path(__file__).resolve().parents[1]

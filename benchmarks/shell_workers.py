@@ -32,7 +32,6 @@ from collections.abc import Callable
 from typing import Any
 
 # A throwaway local cluster needs no auth token (Ray would write one under ~/.ray).
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import ray
 

@@ -16,7 +16,7 @@ run's final held-out accuracy (``eval/accuracy`` at its last step) with their di
 Not run in CI (it takes minutes by design); ``--steps``, ``--eval-interval`` and
 ``--checkpoint-interval`` size it.
 
-    RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/soak.py [--minutes 10] [--kill-every 30]
+    .venv/bin/python benchmarks/soak.py [--minutes 10] [--kill-every 30]
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def main() -> None:
     parser.add_argument("--checkpoint-interval", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     with tempfile.TemporaryDirectory(prefix="soak") as tmp:
         env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rs", dir="/tmp")
         base = undisturbed(args, Path(tmp) / "undisturbed", env)

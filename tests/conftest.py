@@ -7,6 +7,7 @@ deterministic; ``dev`` runs more examples; ``thorough`` many more.
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Iterator
 
 import pytest
@@ -29,8 +30,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 # oversubscribed threads make small torch ops orders of magnitude slower.
 torch.set_num_threads(1)
 
-# Ray writes an auth token under ~/.ray unless told not to (shared/ENVIRONMENT.md).
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Ray's token authentication, as in runs: one token for the session, drawn here, so that
+# the pytest processes, the runs they start and the clusters they share agree on it, and
+# Ray writes none under ~/.ray (rlshell.cluster.ray_cluster._token_auth).
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 
 # Runs of the command-line tools forked from a warm interpreter, on one Ray cluster per
 # pytest process (tests/launcher.py); imported once the environment above is set.

@@ -801,7 +801,6 @@ def record_modules() -> list[str]:
         "PYTHONPATH": str(folder),
         "RLSTACK_RECORD_MODULES": str(folder),
         "RAY_TMPDIR": tempfile.mkdtemp(prefix="rm", dir="/tmp"),
-        "RAY_AUTH_MODE": "disabled",
     }
     commands = [
         [sys.executable, "-m", "rlshell.train", *run, f"runner.output_dir={out}"]

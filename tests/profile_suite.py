@@ -227,7 +227,6 @@ def main(argv: list[str] | None = None) -> int:
     installed = install_probe(folder)
     env = {**os.environ, "RLSTACK_SUITE_PROBE": str(folder)}
     env.setdefault("HYPOTHESIS_PROFILE", "ci")
-    env.setdefault("RAY_AUTH_MODE", "disabled")
     start = time.monotonic()
     try:
         process = subprocess.Popen(

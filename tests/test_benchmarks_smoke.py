@@ -30,7 +30,7 @@ def quick_run(script: str, ray: bool = False) -> dict[str, Any]:
     env = dict(os.environ)
     ray_tmpdir = tempfile.mkdtemp(prefix="rb", dir="/tmp") if ray else None
     if ray_tmpdir is not None:
-        env.update(RAY_TMPDIR=ray_tmpdir, RAY_AUTH_MODE="disabled")
+        env.update(RAY_TMPDIR=ray_tmpdir)
         # Its Ray workers (and those of the runs it starts) are forked from the workers'
         # zygote, as the shared cluster's are; `tests/worker_client.py` starts one cold where
         # its environment would make a fork differ. A smoke run's start-up figures mean

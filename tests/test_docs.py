@@ -175,7 +175,7 @@ COVERED_ELSEWHERE = {
         "trains this config's trainer with partial rollouts (3 steps, then a request "
         "interrupted by new weights); benchmarks/async_runner.py --partial runs it in full"
     ),
-    "RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/async_runner.py --quick": (
+    ".venv/bin/python benchmarks/async_runner.py --quick": (
         "tests/test_benchmarks_smoke.py::test_async_runner_quick_run_prints_the_expected_json"
     ),
     ".venv/bin/python -m rlshell.train configs/ppo_cartpole.py": (
@@ -308,7 +308,7 @@ COVERED_ELSEWHERE = {
         "tests/test_benchmarks_smoke.py::test_actor_backends_quick_run_prints_the_expected_json"
     ),
     "make bench": "minutes of benchmarks; their --quick forms below are run by tests",
-    "RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/soak.py --steps 500 --eval-interval 250 "
+    ".venv/bin/python benchmarks/soak.py --steps 500 --eval-interval 250 "
     "--checkpoint-interval 25 --kill-every 30 --minutes 10": (
         "minutes by design (two quickstart runs, one killed every 30 s), so not in CI; run by "
         "hand for the figures docs/reliability.md gives, its pieces (kills, resume=auto, "

@@ -25,7 +25,7 @@ def test_the_example_trains_evaluates_exports_and_loads_back_with_its_own_reward
     # Ray's socket paths must stay under 107 characters: a short temp dir of its own.
     ray_tmp = Path(tempfile.mkdtemp(prefix="pa", dir="/tmp"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLSHELL_EXT_")}
-    env.update(RAY_TMPDIR=str(ray_tmp), RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1")
+    env.update(RAY_TMPDIR=str(ray_tmp), PYTHONUNBUFFERED="1")
     try:
         # Run from an empty directory: the example needs no file of the repository.
         # Forked from the warm interpreter, on the shared cluster (tests/launcher.py).

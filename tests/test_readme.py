@@ -48,7 +48,7 @@ def test_readme_shell_commands_after_the_setup_run(tmp_path: Path) -> None:
     ]
     assert commands, "the README shows no command after the setup block"
     ray_tmpdir = tempfile.mkdtemp(prefix="rm", dir="/tmp")  # Ray's socket paths must stay short
-    env = {**os.environ, "RAY_TMPDIR": ray_tmpdir, "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, "RAY_TMPDIR": ray_tmpdir}
     for command in commands:
         assert command.startswith(".venv/bin/"), command
         argv = command.replace(".venv/bin/python", sys.executable, 1).split()

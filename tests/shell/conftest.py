@@ -30,8 +30,8 @@ _names = itertools.count()
 @pytest.fixture(scope="session")
 def ray_cluster() -> Cluster:
     """This pytest process's embedded 2-CPU Ray cluster (`tests.launcher.shared_cluster`: the
-    one runs started by `tests.launcher` attach to; RAY_AUTH_MODE=disabled comes from
-    tests/conftest.py)."""
+    one runs started by `tests.launcher` attach to), with Ray's token authentication on and
+    the session's token from tests/conftest.py."""
     from tests import launcher
 
     cluster: Cluster = launcher.shared_cluster()

@@ -42,7 +42,7 @@ def ray_tmpdir() -> Iterator[Path]:
 
 def cli_env(ray_tmpdir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "RLSHELL_EXT_MODULE"}
-    env.update(RAY_TMPDIR=str(ray_tmpdir), RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1")
+    env.update(RAY_TMPDIR=str(ray_tmpdir), PYTHONUNBUFFERED="1")
     env.update(extra)
     return env
 

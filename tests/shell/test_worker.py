@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
 from ray.util import placement_group_table
 
 from rlshell.cluster.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
@@ -425,6 +427,35 @@ def test_gloo_process_group_all_reduces_across_ranks(
         assert open_listeners() == []
     finally:
         group.shutdown()
+
+
+def test_the_cluster_refuses_a_client_without_its_token(ray_cluster: Cluster) -> None:
+    # Token authentication is on in the tests as in runs (tests/conftest.py): a process of
+    # this machine that reaches the loopback ports still needs the token to do anything.
+    # Asked here of the GCS, where every driver and worker starts (Ray's own client of it).
+    address = ray.get_runtime_context().gcs_address
+    code = (
+        "from ray._raylet import GcsClient\n"
+        "try:\n"
+        f"    GcsClient(address={address!r}).internal_kv_keys(b'', namespace=None, timeout=30)\n"
+        "    print('answered')\n"
+        "except Exception as error:\n"
+        "    print(type(error).__name__, str(error).split(':')[1].strip())"
+    )
+    tries = {
+        "its token": {},
+        "another token": {"RAY_AUTH_TOKEN": "0" * 64},
+        "no token": {"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": ""},
+    }
+    outcomes = {}
+    for name, change in tries.items():
+        env = {**os.environ, **change}
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
+        outcomes[name] = done.stdout.strip()
+    refused = "AuthenticationError InvalidAuthToken"
+    assert outcomes == {"its token": "answered", "another token": refused, "no token": refused}
 
 
 def open_listeners() -> list[str]:

@@ -539,6 +539,30 @@ def _loopback_only() -> Callable[[], None]:
     return restore
 
 
+AUTH_MODE_ENV_VAR = "RAY_AUTH_MODE"
+AUTH_TOKEN_ENV_VARS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def _token_auth() -> None:
+    """Ray's token authentication for the embedded cluster about to start: every
+    connection to its GCS, raylet and workers must carry the token. Unless this process
+    was given one (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``), the token is drawn
+    here, for this run alone, and handed to Ray's processes through the environment (Ray's
+    own default writes one to ``~/.ray/auth_token``, for every later cluster of the user).
+    ``RAY_AUTH_MODE=disabled`` set by the user is respected (Ray warns on start)."""
+    mode = os.environ.get(AUTH_MODE_ENV_VAR)
+    if mode is not None and mode.lower() != "token":
+        return
+    if not any(os.environ.get(name) for name in AUTH_TOKEN_ENV_VARS):
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    os.environ[AUTH_MODE_ENV_VAR] = "token"
+    # Ray read the mode when it loaded (its C++ configuration): read again, as Ray does
+    # when it turns token authentication on by default.
+    from ray._raylet import Config  # type: ignore[attr-defined]  # (Cython, untyped)
+
+    Config.initialize("")
+
+
 # What Ray raises when its node's raylet has not registered with the GCS within its fixed 30 s
 # (ray._private.node): on a machine loaded by other work, not a broken installation.
 _STARTUP_TIMEOUT = "timed out during startup"
@@ -552,6 +576,7 @@ def _start_embedded_ray(num_cpus: int | None, namespace: str, temp_dir: str | No
     pause in which the load that slowed the first may pass, gets another 30 s; a second
     time-out is raised as Ray raised it.
     """
+    _token_auth()
     for attempt in (1, 2):
         try:
             # "local" (not None): never attach to a cluster Ray finds on its own
