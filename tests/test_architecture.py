@@ -111,6 +111,7 @@ SHELL_LAYERS: list[tuple[str, frozenset[str]]] = [
                 "randomness",
                 "isolation",
                 "debian_packages",
+                "signing",
             }
         ),
     ),

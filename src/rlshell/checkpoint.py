@@ -47,6 +47,8 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import Factory, asdict, frozen
 
+from rlshell.signing import SigningError, check_signature, load_key, signature_for
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -59,6 +61,7 @@ __all__ = [
     "CheckpointError",
     "PolicyLayout",
     "TrainerState",
+    "UnsignedCheckpointError",
     "checkpoint_dir",
     "clean_partials",
     "commit",
@@ -88,6 +91,11 @@ QUEUE_FILE = "rollout_queue.pt"
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or does not belong to this run."""
+
+
+class UnsignedCheckpointError(CheckpointError):
+    """With a signing key (`rlshell.signing`), a checkpoint not signed with it: unsigned,
+    signed with another key, or its file list changed after signing."""
 
 
 @frozen
@@ -183,14 +191,19 @@ def _files(directory: Path) -> list[str]:
 
 def write_manifest(directory: Path) -> dict[str, dict[str, int | str]]:
     """``manifest.json``: the size and SHA-256 of every file under ``directory`` (the
-    workers' shards included), each flushed to disk as it is read; returns its entries."""
+    workers' shards included), each flushed to disk as it is read, signed with the key
+    ``RLSHELL_SIGNING_KEY`` names if it is set (`rlshell.signing`); returns its entries."""
+    key = load_key()
     entries: dict[str, dict[str, int | str]] = {
         name: {"size": (directory / name).stat().st_size, "sha256": _digest(directory / name)}
         for name in _files(directory)
     }
+    manifest: dict[str, Any] = {"files": entries}
+    if key is not None:
+        manifest["signature"] = signature_for(key, entries)
     temporary = directory / (MANIFEST + ".tmp")
     with temporary.open("w") as file:
-        file.write(json.dumps({"files": entries}, indent=1, sort_keys=True) + "\n")
+        file.write(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         file.flush()
         os.fsync(file.fileno())
     os.replace(temporary, directory / MANIFEST)
@@ -203,18 +216,28 @@ def verify_checkpoint(directory: Path, *, digests: bool = True) -> None:
     (``digests=False``: present and of its size, which reads no file's bytes).
 
     CheckpointError names the first that is not, or a file the manifest does
-    not list, or a missing or unreadable manifest.
+    not list, or a missing or unreadable manifest. With a signing key
+    (``RLSHELL_SIGNING_KEY``), the manifest's signature is checked first, before any
+    file (`UnsignedCheckpointError`); a key that cannot be used raises
+    `rlshell.signing.SigningError`.
     """
+    key = load_key()
     path = directory / MANIFEST
     if not path.is_file():
         raise CheckpointError(
             f"{directory} has no {MANIFEST}: it was not written by a complete rlshell save"
         )
     try:
-        entries = json.loads(path.read_text())["files"]
+        manifest = json.loads(path.read_text())
+        entries = manifest["files"]
         expected = {str(name): (int(e["size"]), str(e["sha256"])) for name, e in entries.items()}
     except (ValueError, TypeError, KeyError, AttributeError) as error:
         raise CheckpointError(f"{path} is unreadable ({type(error).__name__}: {error})") from error
+    if key is not None:
+        try:
+            check_signature(manifest, key, directory)
+        except SigningError as error:
+            raise UnsignedCheckpointError(str(error)) from None
     for name, (size, sha256) in sorted(expected.items()):
         file = directory / name
         if not file.is_file():
@@ -305,8 +328,13 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
                 read_trainer_state(path)
             except CheckpointError as error:
                 skipped.append(f"{path.name}: {error}")
+                what = (
+                    "not signed with your key"
+                    if isinstance(error, UnsignedCheckpointError)
+                    else "damaged"
+                )
                 print(
-                    f"checkpoint.resume=auto: skipped {path.name}, which is damaged: {error}",
+                    f"checkpoint.resume=auto: skipped {path.name}, which is {what}: {error}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -535,3 +563,27 @@ def load_policy_weights(checkpoint: Path, policy: nn.Module) -> None:
             f"checkpoint {checkpoint}: {layout.marker} does not fit the {type(policy).__name__} "
             f"that actor.model builds ({detail})"
         ) from error
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rlshell.checkpoint verify CHECKPOINT``: its files against its manifest,
+    and its signature with the key ``RLSHELL_SIGNING_KEY`` names, if set."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m rlshell.checkpoint")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("verify", help="check a checkpoint").add_argument("checkpoint", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        key = load_key()
+        verify_checkpoint(args.checkpoint)
+    except (SigningError, CheckpointError) as error:
+        print(error, file=sys.stderr)
+        return 1
+    signed = "and its signature with your key" if key is not None else "(no signing key set)"
+    print(f"{args.checkpoint}: every file matches its manifest {signed}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -350,7 +350,13 @@ def cgroup_layout() -> CgroupLayout | str:
 class CgroupTree:
     """The cgroup of one sandboxed process, made outside it (one directory per v1
     controller, or one v2 directory with the controllers enabled below it) and bound into
-    its sandbox at ``/sys/fs/cgroup/<controller>`` (v1) or ``/sys/fs/cgroup`` (v2)."""
+    its sandbox at ``/sys/fs/cgroup/<controller>`` (v1) or ``/sys/fs/cgroup`` (v2).
+
+    On v2 a cgroup that hands controllers to its children holds no process itself (the
+    kernel's "no internal processes" rule): the sandboxed process lives in a leaf of the
+    tree (`V2_LEAF`), its calls' cgroups beside it."""
+
+    V2_LEAF = "server"
 
     def __init__(self, layout: CgroupLayout, name: str) -> None:
         self.layout = layout
@@ -364,6 +370,7 @@ class CgroupTree:
                 path = self.dirs["unified"]
                 enable = " ".join(f"+{c}" for c in _V2_CONTROLLERS)
                 (path / "cgroup.subtree_control").write_text(enable)
+                (path / self.V2_LEAF).mkdir()
         except OSError as error:
             self.remove()
             raise IsolationError(
@@ -378,6 +385,9 @@ class CgroupTree:
 
     @property
     def procs_files(self) -> list[str]:
+        """Where the sandboxed process joins its tree (v2: the tree's leaf)."""
+        if self.layout.version == "v2":
+            return [str(self.dirs["unified"] / self.V2_LEAF / "cgroup.procs")]
         return [str(path / "cgroup.procs") for path in self.dirs.values()]
 
     def binds(self) -> list[str]:
@@ -738,7 +748,6 @@ def _bwrap_arguments(
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
-        "--unshare-cgroup-try",
         "--die-with-parent",
         "--new-session",
         "--clearenv",
@@ -749,6 +758,11 @@ def _bwrap_arguments(
     ]
     if not confinement.network:
         args.append("--unshare-net")
+    if cgroups is None or cgroups.layout.version == "v1":
+        # Not on v2: a cgroup namespace would be rooted at the tree's leaf, and a process
+        # inside may move processes only below its namespace's root, not into the leaf's
+        # siblings where the calls' cgroups are (its /sys/fs/cgroup is the tree anyway).
+        args.append("--unshare-cgroup-try")
     for name in SERVER_CAPABILITIES:
         args += ["--cap-add", name]
     for link in ("/lib", "/lib64", "/bin", "/sbin"):  # merged /usr: links into it

@@ -20,6 +20,7 @@ from rlshell.engines.plugins import Package, missing_packages
 from rlshell.engines.rollout import ROLLOUT_ENGINES
 from rlshell.engines.training import TRAINING_BACKENDS
 from rlshell.rundir import run_dir_of
+from rlshell.signing import SigningError, load_key
 
 __all__ = [
     "run_only_problems",
@@ -99,6 +100,10 @@ def _initial_checkpoint_problems(config: Config) -> list[str]:
 
 
 def run_only_problems(config: Config) -> list[str]:
+    try:
+        load_key()  # saves sign with it, loads check it: a key that cannot be used stops here
+    except SigningError as error:
+        return [str(error)]
     problems = _data_problems(config)
     problems += _package_problems(config)
     engine = config.rollout.backend
