@@ -239,6 +239,7 @@ class _Server:
         self.closing = False
         self.pure_runner: _Runner | None = None
         self.spare: _Runner | None = None  # a runner forked ahead, for the next call
+        self.answered: list[_Runner] = []  # runners whose call is answered, to kill (`tidy`)
         self.retired: list[_Runner] = []  # killed, not yet reaped and removed (`tidy`)
         self.free_cgroups: list[CallCgroup] = []  # emptied by `tidy`, for the next runners
         self.scratch_left: list[str] = []  # scratch directories of answered calls
@@ -264,8 +265,11 @@ class _Server:
                 # that imported torch takes ~10-30 ms); this call's output waits in its pipes.
                 self.spare = self._new_runner()
             reading = runner.read(deadline)
-            if not pure or reading.broke_runner:
+            if reading.broke_runner:
                 self._retire(runner)
+            elif not pure:
+                # Its result is in: killed after the answer is sent (`tidy`), not before.
+                self.answered.append(runner)
             return reading.outcome(self.limits, time.perf_counter() - start)
         finally:
             self.scratch_left.append(scratch)
@@ -313,10 +317,14 @@ class _Server:
             self.pure_runner = None
 
     def tidy(self, block: bool = False) -> None:
-        """Reap the retired runners that have ended (killed, they end within a few ms; with
-        ``block``, wait for each), free or remove their cgroups, and remove the answered
-        calls' scratch directories. The server tidies after each answer and again while it
-        waits for the next call, so that no call waits for another one's end."""
+        """Kill the runners whose calls were answered, reap the retired runners that have
+        ended (killed, they end within a few ms; with ``block``, wait for each), free or
+        remove their cgroups, and remove the answered calls' scratch directories. The
+        server tidies after each answer and again while it waits for the next call, so
+        that no call waits for another one's end."""
+        for runner in self.answered:
+            self._retire(runner)
+        self.answered = []
         ending = []
         for runner in self.retired:
             if not runner.reap(block):
