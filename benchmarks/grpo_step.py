@@ -93,8 +93,6 @@ from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import Any, NoReturn
 
-# A throwaway local cluster needs no auth token (Ray would write one under ~/.ray).
-
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "grpo.py"
 

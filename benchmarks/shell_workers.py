@@ -31,8 +31,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-# A throwaway local cluster needs no auth token (Ray would write one under ~/.ray).
-
 import ray
 
 from rlshell.cluster.placement import (

@@ -117,6 +117,17 @@ RUN_HERE = {
     ".venv/bin/python -m rlshell.train configs/grpo_smollm2_lora.py --dry-run",
 }
 COVERED_ELSEWHERE = {
+    ".venv/bin/python -m rlshell.signing keygen ~/.rlstack-signing-key": (
+        "tests/shell/test_signing.py::test_keygen_writes_a_private_key_and_never_overwrites_one "
+        "runs it with a key path of its own (not the user's home)"
+    ),
+    "export RLSHELL_SIGNING_KEY=~/.rlstack-signing-key": (
+        "tests/shell/test_signing.py sets the variable for saves, loads and runs"
+    ),
+    ".venv/bin/python -m rlshell.checkpoint verify outputs/grpo/checkpoints/global_step_10": (
+        "tests/shell/test_signing.py::test_verify_names_the_checkpoint_and_the_reason runs it "
+        "on a checkpoint of its own, with and without the key"
+    ),
     "RLSHELL_EXT_MODULE=recording_engine PYTHONPATH=examples .venv/bin/python -m rlshell.train "
     "configs/grpo.py rollout.backend=recording_hf rollout.engine_options.record_path="
     "/tmp/calls.jsonl": (

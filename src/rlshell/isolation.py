@@ -647,16 +647,16 @@ def fork_into_call_pid_namespace() -> int:
     return child
 
 
-def enter_call_namespaces() -> None:
+def enter_call_namespaces(network: bool = False) -> None:
     """In a call forked by `fork_into_call_pid_namespace`, after it joined its cgroup and
     before it drops its capabilities: the rest of `CALL_NAMESPACES` of its own, and a
     ``/proc`` that shows its own processes only. Its network namespace has nothing but a
-    loopback that is down. When the call's pid 1 ends, the kernel kills every process left
-    in its namespace."""
+    loopback that is down (with ``network``, it keeps the sandbox's, which is the host's).
+    When the call's pid 1 ends, the kernel kills every process left in its namespace."""
     libc = _libc()
     flags = 0
     for name in CALL_NAMESPACES:
-        if name != "pid":
+        if name != "pid" and not (network and name == "net"):
             flags |= _NAMESPACE_FLAGS[name]
     _check(libc.unshare(flags), f"unshare of the call's namespaces ({', '.join(CALL_NAMESPACES)})")
     _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount (making / private)")

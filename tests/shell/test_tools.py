@@ -566,6 +566,17 @@ def test_a_tool_runs_without_network(executor: ToolExecutor) -> None:
             server.accept()[0].close()
 
 
+def test_with_network_true_a_call_reaches_the_machines_network() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=5)\n'up'"
+        with ToolExecutor(["python"], ToolLimits(network=True)) as tools:
+            result = run_one(tools, "python", code)
+        assert (result.status, result.observation) == ("ok", "'up'")
+        server.settimeout(5)
+        server.accept()[0].close()
+
+
 def test_a_tool_cannot_undo_its_limits(executor: ToolExecutor) -> None:
     code = (
         "import ctypes, os, resource\n"

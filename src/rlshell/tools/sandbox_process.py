@@ -299,7 +299,10 @@ class _Server:
             if self.seccomp_filter is None:
                 self.seccomp_filter = SeccompProgram()
             confinement = _Confinement(
-                call_uid(self.sandbox_slot, self.runners_made), cgroup, self.seccomp_filter
+                call_uid(self.sandbox_slot, self.runners_made),
+                cgroup,
+                self.seccomp_filter,
+                network=self.limits.network,
             )
         return _Runner(self.tools, self.limits, confinement)
 
@@ -518,14 +521,17 @@ def compose_observation(
 class _Confinement:
     """A sandboxed runner's uid, cgroup and seccomp filter."""
 
-    def __init__(self, uid: int, cgroup: CallCgroup, seccomp_filter: SeccompProgram) -> None:
+    def __init__(
+        self, uid: int, cgroup: CallCgroup, seccomp_filter: SeccompProgram, network: bool
+    ) -> None:
         self.uid, self.cgroup, self.seccomp_filter = uid, cgroup, seccomp_filter
+        self.network = network
 
     def enter(self) -> None:
         """In the forked runner, before anything else: into the cgroup and namespaces of its
         own (where it is pid 1), then the uid; the whole seccomp filter last."""
         self.cgroup.join()
-        enter_call_namespaces()
+        enter_call_namespaces(self.network)
         become_call_identity(self.uid)
         self.seccomp_filter.load()
 
