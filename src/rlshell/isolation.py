@@ -981,10 +981,29 @@ def isolation_problems(network: bool = False) -> list[str]:
     return problems
 
 
+# Run inside the probe sandbox: what a server does for each call (`fork_into_call_pid_namespace`,
+# `enter_call_namespaces`), the child's exit status telling whether the host allows it.
+_CALL_PROBE = """
+import os, sys
+sys.path[:0] = {path!r}
+from rlshell.isolation import enter_call_namespaces, fork_into_call_pid_namespace
+child = fork_into_call_pid_namespace()
+if child == 0:
+    try:
+        enter_call_namespaces({network!r})
+    except BaseException as error:
+        print(f"{{type(error).__name__}}: {{error}}", file=sys.stderr, flush=True)
+        os._exit(1)
+    os._exit(0)
+_, status = os.waitpid(child, 0)
+sys.exit(0 if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 else 3)
+"""
+
+
 def _probe_bwrap(bwrap: Path, network: bool) -> str:
     with tempfile.TemporaryDirectory(prefix="rlshell-seccomp-") as scratch:
         filter_path = Path(scratch) / "filter.bpf"
-        write_seccomp_filter(filter_path)
+        write_seccomp_filter(filter_path, server=True)
         fd = os.open(filter_path, os.O_RDONLY)
     try:
         done = subprocess.run(
@@ -995,7 +1014,7 @@ def _probe_bwrap(bwrap: Path, network: bool) -> str:
                 sys.executable,
                 "-I",
                 "-c",
-                "import os; print(os.getpid())",
+                _CALL_PROBE.format(path=[p for p in sys.path if p], network=network),
             ],
             pass_fds=(fd,),
             capture_output=True,
@@ -1005,6 +1024,15 @@ def _probe_bwrap(bwrap: Path, network: bool) -> str:
         )
     finally:
         os.close(fd)
+    if done.returncode == 3:
+        why = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        return (
+            f"call namespaces: the sandbox started, but could not give a call PID, mount, "
+            f"network, IPC and UTS namespaces of its own and its own /proc ({why[0]}); the "
+            "host must let a process with CAP_SYS_ADMIN in the sandbox unshare them and "
+            "mount procfs (a container whose /proc is partly masked refuses the mount: run "
+            "it with --privileged or an unmasked /proc), or opt out with isolation='weak'"
+        )
     if done.returncode != 0:
         why = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         return (

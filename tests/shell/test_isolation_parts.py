@@ -1,12 +1,18 @@
-"""The cgroup files the sandbox writes, on both kernels' layouts, against a directory laid
-out as each hierarchy is (`rlshell.isolation`): v1 is what these machines run, and the
-sandbox tests (tests/shell/test_sandbox_attacks.py) use it for real; v2 is checked here by
-what it writes, where, and in which order, since no machine here offers its controllers."""
+"""Parts of the sandbox (`rlshell.isolation`) checked one by one.
+
+The cgroup files the sandbox writes, on both kernels' layouts, against a directory laid
+out as each hierarchy is: v1 is what these machines run, and the sandbox tests
+(tests/shell/test_sandbox_attacks.py) use it for real; v2 is checked here by what it
+writes, where, and in which order, since no machine here offers its controllers. And the
+host check's probe of the calls' own namespaces, on a sandbox that withholds them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from rlshell import isolation
 from rlshell.isolation import CallCgroup, CgroupLayout, CgroupTree, Confinement, _bwrap_arguments
 
 
@@ -62,3 +68,25 @@ def test_a_call_cgroup_on_v2_sets_its_limits_and_is_killed_as_a_whole(tmp_path: 
     assert call.memory_hit()
     assert call.reuse()  # empty: ready for the next call, its count of hits taken anew
     assert not call.memory_hit()
+
+
+def test_a_sandbox_that_cannot_give_calls_their_namespaces_is_refused_naming_the_part(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert isolation.isolation_problems() == []
+    # The probe's call loses CAP_SYS_ADMIN first, as in a sandbox whose host withholds it
+    # from the server: the real namespace setup then fails, and the host check says so.
+    without = (
+        "from rlshell.isolation import SERVER_CAPABILITIES as CAPS, _capset\n"
+        "        keep = sum(1 << b for n, b in CAPS.items() if n != 'CAP_SYS_ADMIN')\n"
+        "        _capset(keep, keep, 0)\n"
+        "        enter_call_namespaces("
+    )
+    probe = isolation._CALL_PROBE.replace("enter_call_namespaces({", without + "{", 1)
+    assert probe != isolation._CALL_PROBE
+    monkeypatch.setattr(isolation, "_CALL_PROBE", probe)
+    (problem,) = isolation.isolation_problems()
+    assert problem.startswith("call namespaces: the sandbox started, but could not give a call")
+    assert "unshare of the call's namespaces (mnt, pid, net, ipc, uts) failed" in problem
+    assert "Operation not permitted" in problem
+    assert "or opt out with isolation='weak'" in problem
