@@ -16,18 +16,23 @@ plain child:
   credentials;
 - ``no_new_privs`` and a seccomp filter (`DENIED_SYSCALLS`: ptrace,
   process_vm_*, pidfd_getfd, kexec, mounting, setns, unshare and namespace
-  flags to clone, keyrings, bpf, ...) that it and everything it starts keep;
+  flags to clone, keyrings, bpf, ...) that it and everything it starts keep
+  (a server's lets through `SERVER_ALLOWED_SYSCALLS`, to make its calls'
+  namespaces; each call loads the whole filter, `SeccompProgram`);
 - the capabilities `SERVER_CAPABILITIES` only (to hand each call an identity
-  of its own, put it in a cgroup and clean up after it), every other one
-  gone from every set, the bounding set included;
+  and namespaces of its own, put it in a cgroup and clean up after it), every
+  other one gone from every set, the bounding set included;
 - a cgroup of its own (`CgroupTree`), under which it makes one per call
   (`CallCgroup`: memory, process count and CPU limits; killed as a whole).
 
-Inside, `become_call_identity` is what a forked call does before it runs
-anything: join its cgroup, drop every capability from every set, and
-switch to a fresh unprivileged uid and gid no other process has
-(`call_uid`), not dumpable. `isolation_problems` says, part by part, what
-this host withholds and how to allow it.
+Inside, a server forks each call as pid 1 of a PID namespace of its own
+(`fork_into_call_pid_namespace`), and the call, before it runs anything, joins
+its cgroup, makes `CALL_NAMESPACES` of its own with its own ``/proc``
+(`enter_call_namespaces`), drops every capability from every set and switches
+to a fresh unprivileged uid and gid no other process has (`call_uid`,
+`become_call_identity`), not dumpable, and loads the whole seccomp filter.
+`isolation_problems` says, part by part, what this host withholds and how to
+allow it.
 """
 
 from __future__ import annotations
