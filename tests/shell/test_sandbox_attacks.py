@@ -267,13 +267,23 @@ def test_each_call_has_namespaces_of_its_own(tools: ToolExecutor, trainer: Train
             seen[name].add(namespace)
     import psutil
 
+    def pid_namespace(pid: int) -> str:
+        try:
+            return os.readlink(f"/proc/{pid}/ns/pid")
+        except FileNotFoundError:  # a runner ending meanwhile (a zombie has no namespaces)
+            return "gone"
+
     sandboxes = [psutil.Process(pid) for pid in tools.pids]
-    # The servers (root: the runner forked ahead for the next call has its uid already).
+    # The servers: in the sandbox's PID namespace (that of bubblewrap's child, its pid 1).
+    # Not a runner forked ahead for the next call: it is in a PID namespace of its own and,
+    # while it sets up, may already hold a mount namespace under the number the first call's
+    # had (freed and handed out again), so it is no outsider.
+    inside = {pid_namespace(child.pid) for sandbox in sandboxes for child in sandbox.children()}
     servers = [
         child.pid
         for sandbox in sandboxes
         for child in sandbox.children(recursive=True)
-        if child.uids().real == 0
+        if pid_namespace(child.pid) in inside
     ]
     outsiders: dict[str, set[str]] = {name: set() for name in NAMESPACES}
     for pid in (trainer.pid, *tools.pids, *servers):
