@@ -247,3 +247,37 @@ def test_tool_call_rate_quick_run_prints_the_expected_json() -> None:
         assert row["samples"] == 4
         assert 0 <= row["calls"] <= 4
         assert row["rate_95"][0] <= row["rate"] <= row["rate_95"][1]
+
+
+def test_seeds_summarises_runs_already_made(tmp_path: Path) -> None:
+    # Two runs' metrics as `rlshell.train` writes them: seed 0 reaches 0.9 in its rolling
+    # mean at step 4 and ends at 1.0; seed 1 ends at 0.5.
+    successes = {0: [0.0, 0.5, 1.0, 1.0, 1.0, 1.0], 1: [0.0, 0.0, 0.5, 0.5, 0.5, 0.5]}
+    run_dirs = []
+    for seed, values in successes.items():
+        run_dir = tmp_path / f"seed_{seed}" / "ppo"
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.json").write_text(json.dumps({"runner": {"seed": seed}}))
+        rows = [{"step": 1, "train/loss": 0.0}]  # a step without the metric is skipped
+        rows += [
+            {"step": i + 1, "env/success": v, "env/total_steps": 200.0 * (i + 1)}
+            for i, v in enumerate(values)
+        ]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        run_dirs.append(str(run_dir))
+    completed = launcher.run(
+        [sys.executable, str(BENCHMARKS / "seeds.py"), "--last", "2", "--window", "2"]
+        + ["--runs", *run_dirs],
+        env=dict(os.environ),
+        timeout=60,
+        shared_ray=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    report = json.loads(completed.stdout)
+    first, second = report["by_seed"]["0"], report["by_seed"]["1"]
+    assert first["last_mean"] == 1.0 and second["last_mean"] == 0.5
+    assert first["first_reached"] == {"step": 4, "env_steps": 800.0, "elapsed_s": None}
+    assert second["first_reached"] is None
+    over = report["over_seeds"]
+    assert over["last_mean"]["mean"] == 0.75 and over["last_mean"]["min"] == 0.5
+    assert over["every_seed_reached"] is False

@@ -1,4 +1,4 @@
-"""Action distributions of embodied policies: categorical, diagonal Gaussian, tanh-Gaussian.
+"""Action distributions of embodied policies: categorical, Gaussian, tanh-Gaussian, flow chains.
 
 Log-probabilities, entropies and samples of the three action distributions
 an embodied policy head parameterises, each summed over the action
@@ -6,7 +6,10 @@ dimensions so that one row (one env step) gets one number:
 
 - categorical over ``actions`` choices with logits z:  π(a) = softmax(z)ₐ;
 - diagonal Gaussian N(μ, diag σ²) with σ = exp(log σ), over ``dim`` dimensions;
-- tanh-Gaussian: a = tanh(u), u ~ N(μ, diag σ²), the squashed Gaussian of SAC.
+- tanh-Gaussian: a = tanh(u), u ~ N(μ, diag σ²), the squashed Gaussian of SAC;
+- flow-matching action chains (π0's flow, πRL's Flow-SDE and Flow-Noise): the
+  Gaussian steps of a denoising chain over an action chunk ``[*batch, horizon,
+  dim]``, each summed over the whole chunk (the section at the end).
 
 Shapes are batch first, the action axis last: logits ``[*batch, actions]``,
 Gaussian parameters ``[*batch, dim]``; a state-independent log σ (PPO's
@@ -30,6 +33,12 @@ __all__ = [
     "categorical_entropy",
     "categorical_log_prob",
     "categorical_sample",
+    "flow_euler_step",
+    "flow_interpolate",
+    "flow_matching_loss",
+    "flow_sde_sigma",
+    "flow_sde_step",
+    "flow_step_log_prob",
     "gaussian_entropy",
     "gaussian_log_prob",
     "gaussian_sample",
@@ -169,3 +178,121 @@ def tanh_gaussian_log_prob(
     v = -2.0 * u32
     log_det = 2.0 * (_LOG_2 - u32 - torch.logaddexp(v, torch.zeros_like(v)))
     return _gaussian_log_prob(u32, mean, log_std) - log_det.sum(-1)
+
+
+# ---------------------------------------------------------------------------
+# Flow-matching action chains (π0's convention; πRL's Flow-SDE and Flow-Noise)
+#
+# An action chunk a ∈ R^{horizon×dim} and a noise ε ~ N(0, I) of its shape are joined by
+# the straight path x_t = t·ε + (1 − t)·a, t ∈ [0, 1] (t = 1 is noise, t = 0 the action:
+# π0's convention, Black et al. 2024, arXiv:2410.24164), whose velocity is v = ε − a. A
+# network v_θ(x, t | observation) learns E[ε − a | x_t = x] (flow matching, Lipman et al.
+# 2023, arXiv:2210.02747), and an action is sampled by integrating dx/dt = v_θ from t = 1 to
+# t = 0 in K steps of δ = 1/K: x_{t−δ} = x_t − δ·v_θ(x_t, t). The chain x_1 (noise), ...,
+# x_0 (the action) is deterministic given the noise, so it has no tractable log-likelihood.
+#
+# πRL (Chen et al. 2025, arXiv:2510.25889) makes some or all of the K steps Gaussian
+# transitions x_{t−δ} ~ N(μ_θ, σ²) whose log-likelihood is exact:
+# - Flow-SDE: the SDE with the ODE's marginals (Flow-GRPO, Liu et al. 2025,
+#   arXiv:2505.05470), one Euler–Maruyama step of it (`flow_sde_step`);
+# - Flow-Noise: the ODE step's mean with a σ a network predicts (`flow_euler_step`).
+# A chain's log-likelihood is the sum of its Gaussian transitions' (`flow_step_log_prob`):
+# the deterministic steps contribute nothing, and the initial N(0, I) nothing that depends
+# on θ. Shapes: chunks ``[*batch, horizon, dim]``, times and step sizes ``[*batch]``.
+
+
+@typecheck
+def flow_interpolate(
+    actions: Float[Tensor, "*batch horizon dim"],
+    noise: Float[Tensor, "*batch horizon dim"],
+    t: Float[Tensor, "*batch"],
+) -> Float[Tensor, "*batch horizon dim"]:
+    """x_t = t·ε + (1 − t)·a, the straight path from the action a (t = 0) to the noise ε (t = 1)."""
+    t = t[..., None, None]
+    return t * noise + (1.0 - t) * actions
+
+
+@typecheck
+def flow_matching_loss(
+    velocity: Float[Tensor, "*batch horizon dim"],
+    noise: Float[Tensor, "*batch horizon dim"],
+    actions: Float[Tensor, "*batch horizon dim"],
+) -> Float[Tensor, ""]:
+    """The flow-matching (behaviour-cloning) loss, mean over every element:
+
+    L = mean ‖v_θ(x_t, t) − (ε − a)‖²,  x_t = `flow_interpolate`(a, ε, t)
+
+    ``velocity`` is v_θ at x_t; minimised by v_θ(x, t) = E[ε − a | x_t = x] (Lipman et al.
+    2023, arXiv:2210.02747, Thm. 2), the field whose ODE carries N(0, I) to the actions.
+    """
+    target = _at_least_float32(noise) - _at_least_float32(actions)
+    return (_at_least_float32(velocity) - target).square().mean()
+
+
+@typecheck
+def flow_euler_step(
+    x: Float[Tensor, "*batch horizon dim"],
+    velocity: Float[Tensor, "*batch horizon dim"],
+    delta: Float[Tensor, "*batch"],
+) -> Float[Tensor, "*batch horizon dim"]:
+    """x_{t−δ} = x_t − δ·v: one Euler step of the flow's ODE from t towards the action.
+
+    Also Flow-Noise's transition mean (its σ comes from a network).
+    """
+    return x - delta[..., None, None] * velocity
+
+
+@typecheck
+def flow_sde_sigma(
+    t: Float[Tensor, "*batch"], delta: Float[Tensor, "*batch"], noise_level: float
+) -> Float[Tensor, "*batch"]:
+    """Flow-SDE's diffusion coefficient σ_t = a·√(t / max(1 − t, δ)), a = ``noise_level``.
+
+    Flow-GRPO's schedule a·√(t/(1 − t)), more noise near the noise end; at t = 1, where it
+    is infinite, 1 − t is replaced by the step δ (on the uniform grid, 1 − t of the next
+    time, as RLinf's OpenPI policy does).
+    """
+    return noise_level * torch.sqrt(t / torch.maximum(1.0 - t, delta))
+
+
+@typecheck
+def flow_sde_step(
+    x: Float[Tensor, "*batch horizon dim"],
+    velocity: Float[Tensor, "*batch horizon dim"],
+    t: Float[Tensor, "*batch"],
+    delta: Float[Tensor, "*batch"],
+    noise_level: float,
+) -> tuple[Float[Tensor, "*batch horizon dim"], Float[Tensor, "*batch"]]:
+    """Flow-SDE's transition from t to t − δ as (mean μ, log σ_step), x_{t−δ} ~ N(μ, σ_step² I):
+
+    μ = x_t − δ·v − (σ_t² δ / 2t)·(x_t + (1 − t)·v),   σ_step = σ_t √δ,  σ_t = `flow_sde_sigma`
+
+    Why: for the straight path, E[ε | x_t = x] = x + (1 − t)·v(x, t) (solve x = tε + (1 − t)a
+    and v = E[ε − a | x] for E[ε | x]), so the score is ∇log p_t(x) = −(x + (1 − t)·v)/t.
+    For any σ_t, dx = [v + ½σ_t² ∇log p_t] dt + σ_t dW has the ODE's marginals p_t (the
+    extra drift's and the diffusion's terms cancel in the Fokker–Planck equation); its
+    reverse in time, run from t to t − δ, is dx = −[v − ½σ_t² ∇log p_t] δ + σ_t √δ ε', whose
+    Euler–Maruyama step is the line above. With a = 0 it is `flow_euler_step`. For an exact
+    velocity the step keeps the marginal to O(δ²) (tests/core/test_distributions.py).
+    """
+    sigma = flow_sde_sigma(t, delta, noise_level)
+    t_, d_, s_ = t[..., None, None], delta[..., None, None], sigma[..., None, None]
+    mean = x - d_ * velocity - (s_.square() * d_ / (2.0 * t_)) * (x + (1.0 - t_) * velocity)
+    return mean, torch.log(sigma) + 0.5 * torch.log(delta)
+
+
+@typecheck
+def flow_step_log_prob(
+    x_next: Float[Tensor, "*batch horizon dim"],
+    mean: Float[Tensor, "*batch horizon dim"],
+    log_std: Float[Tensor, "*#batch #horizon #dim"],
+) -> Float[Tensor, "*batch"]:
+    """log N(x_{t−δ}; μ, diag σ²) of one Gaussian transition, summed over the whole chunk:
+
+    Σ_{h,d} −(x − μ)²/(2σ²) − log σ − ½ log 2π
+
+    ``log_std`` broadcasts: Flow-SDE's one σ per row as ``[*batch, 1, 1]``, Flow-Noise's
+    per element. A chain's log-likelihood is the sum of this over its Gaussian steps.
+    """
+    log_std = log_std.expand(mean.shape)
+    return _gaussian_log_prob(x_next.flatten(-2), mean.flatten(-2), log_std.flatten(-2))

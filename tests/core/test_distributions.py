@@ -26,6 +26,12 @@ from rlcore.distributions import (
     categorical_entropy,
     categorical_log_prob,
     categorical_sample,
+    flow_euler_step,
+    flow_interpolate,
+    flow_matching_loss,
+    flow_sde_sigma,
+    flow_sde_step,
+    flow_step_log_prob,
     gaussian_entropy,
     gaussian_log_prob,
     gaussian_sample,
@@ -406,4 +412,161 @@ def test_half_precision_inputs_are_computed_in_float32() -> None:
     ],
 )
 def test_wrong_shapes_are_explained(name: str, call: object, fragments: list[str]) -> None:
+    assert_shape_error("rlcore.distributions", name, call, fragments)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------
+# Flow-matching chains
+
+
+@st.composite
+def flow_chunks(draw: st.DrawFn) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(actions, noise, t, δ) in float64: a batch of chunks, times in (0, 1], steps ≤ t."""
+    batch, horizon, dim = draw(st.integers(1, 4)), draw(st.integers(1, 5)), draw(st.integers(1, 4))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    actions = torch.randn(batch, horizon, dim, generator=generator, dtype=torch.float64)
+    noise = torch.randn(batch, horizon, dim, generator=generator, dtype=torch.float64)
+    steps = draw(st.integers(1, 20))
+    k = torch.randint(0, steps, (batch,), generator=generator)
+    t = 1.0 - k.double() / steps  # a time of the uniform grid, as a sampler visits
+    return actions, noise, t, torch.full((batch,), 1.0 / steps, dtype=torch.float64)
+
+
+@given(chunk=flow_chunks())
+def test_the_straight_path_runs_from_the_action_to_the_noise(
+    chunk: tuple[Tensor, Tensor, Tensor, Tensor],
+) -> None:
+    actions, noise, t, _ = chunk
+    torch.testing.assert_close(flow_interpolate(actions, noise, torch.zeros_like(t)), actions)
+    torch.testing.assert_close(flow_interpolate(actions, noise, torch.ones_like(t)), noise)
+    # Its velocity dx/dt is ε − a everywhere (the flow-matching target).
+    tangent = torch.func.jvp(
+        lambda s: flow_interpolate(actions, noise, s), (t,), (torch.ones_like(t),)
+    )
+    torch.testing.assert_close(tangent[1], noise - actions, **F64)
+
+
+@given(chunk=flow_chunks())
+def test_an_euler_step_with_the_exact_velocity_stays_on_the_path(
+    chunk: tuple[Tensor, Tensor, Tensor, Tensor],
+) -> None:
+    actions, noise, t, delta = chunk
+    x = flow_interpolate(actions, noise, t)
+    stepped = flow_euler_step(x, noise - actions, delta)
+    torch.testing.assert_close(stepped, flow_interpolate(actions, noise, t - delta), **F64)
+
+
+@given(chunk=flow_chunks())
+def test_flow_matching_loss_is_the_mean_squared_velocity_error_and_zero_when_exact(
+    chunk: tuple[Tensor, Tensor, Tensor, Tensor],
+) -> None:
+    actions, noise, _, _ = chunk
+    assert flow_matching_loss(noise - actions, noise, actions) == 0.0
+    velocity = noise.flip(0) + 0.5
+    expected = ((velocity - (noise - actions)) ** 2).mean()
+    torch.testing.assert_close(flow_matching_loss(velocity, noise, actions), expected, **F64)
+    velocity.requires_grad_(True)
+    (gradient,) = torch.autograd.grad(flow_matching_loss(velocity, noise, actions), velocity)
+    torch.testing.assert_close(gradient, 2 * (velocity - (noise - actions)) / velocity.numel())
+
+
+@given(chunk=flow_chunks(), level=st.floats(0.01, 2.0))
+def test_flow_sde_sigma_follows_its_schedule(
+    chunk: tuple[Tensor, Tensor, Tensor, Tensor], level: float
+) -> None:
+    _, _, t, delta = chunk
+    sigma = flow_sde_sigma(t, delta, level)
+    inside = t < 1.0
+    torch.testing.assert_close(
+        sigma[inside], level * torch.sqrt(t[inside] / (1.0 - t[inside])), **F64
+    )
+    torch.testing.assert_close(sigma[~inside], level / torch.sqrt(delta[~inside]), **F64)
+    grid = torch.linspace(1.0, 0.1, 10, dtype=torch.float64)
+    on_grid = flow_sde_sigma(grid, torch.full_like(grid, 0.1), level)
+    assert torch.all(on_grid[1:] < on_grid[:-1])  # less noise towards the action
+
+
+@given(chunk=flow_chunks())
+def test_flow_sde_without_noise_is_the_euler_step(
+    chunk: tuple[Tensor, Tensor, Tensor, Tensor],
+) -> None:
+    actions, noise, t, delta = chunk
+    x, velocity = flow_interpolate(actions, noise, t), noise.flip(-1)
+    mean, log_std = flow_sde_step(x, velocity, t, delta, 0.0)
+    torch.testing.assert_close(mean, flow_euler_step(x, velocity, delta), **F64)
+    assert torch.all(log_std == -math.inf)
+
+
+@given(
+    data=st.floats(-3.0, 3.0),
+    steps=st.integers(2, 50),
+    k=st.integers(0, 49),
+    level=st.floats(0.05, 1.5),
+)
+def test_flow_sde_keeps_the_marginal_to_second_order_in_the_step(
+    data: float, steps: int, k: int, level: float
+) -> None:
+    # One data point a: x_t = tε + (1 − t)a ~ N((1 − t)a, t²), and the exact velocity is
+    # v(x, t) = (x − a)/t. The step is affine in ε: x' = c_a·a + c_ε·ε + σ√δ ε'. Its law must
+    # be the marginal at t − δ, N((1 − t + δ)a, (t − δ)²): the mean exactly, the variance up
+    # to σ²δ²/t + σ⁴δ²/(4t²), which the expansion of the step gives.
+    t = torch.tensor([1.0 - (k % steps) / steps], dtype=torch.float64)
+    delta = torch.tensor([1.0 / steps], dtype=torch.float64)
+    a = torch.full((1, 1, 1), data, dtype=torch.float64)
+
+    def step(eps: float) -> tuple[Tensor, Tensor]:
+        x = flow_interpolate(a, torch.full_like(a, eps), t)
+        return flow_sde_step(x, (x - a) / t[:, None, None], t, delta, level)
+
+    (at_zero, log_std), (at_one, _) = step(0.0), step(1.0)
+    c_eps = (at_one - at_zero).item()
+    torch.testing.assert_close(at_zero.flatten(), (1.0 - t + delta) * data, **F64)
+    sigma = flow_sde_sigma(t, delta, level).item()
+    variance = c_eps**2 + math.exp(2 * log_std.item())
+    tt, dd = t.item(), delta.item()
+    expected_error = sigma**2 * dd**2 / tt + sigma**4 * dd**2 / (4 * tt**2)
+    assert math.isclose(variance - (tt - dd) ** 2, expected_error, rel_tol=1e-9, abs_tol=1e-12)
+
+
+@given(chunk=flow_chunks(), per_element=st.booleans())
+def test_flow_step_log_prob_is_the_gaussian_summed_over_the_chunk(
+    chunk: tuple[Tensor, Tensor, Tensor, Tensor], per_element: bool
+) -> None:
+    actions, noise, t, delta = chunk
+    mean, row_log_std = flow_sde_step(actions, noise, t, delta, 0.7)
+    log_std = noise.tanh() - 1.0 if per_element else row_log_std[:, None, None]
+    x_next = mean + log_std.exp() * noise.flip(-1)
+    expected = Normal(mean, log_std.exp().expand_as(mean)).log_prob(x_next).sum((-2, -1))
+    torch.testing.assert_close(flow_step_log_prob(x_next, mean, log_std), expected, **F64)
+    # The mean is the most likely next point.
+    assert torch.all(flow_step_log_prob(mean, mean, log_std) >= expected)
+
+
+def test_a_flow_sde_step_by_hand() -> None:
+    # t = 0.5, δ = 0.25, a = 0.5: σ = 0.5·√(0.5/0.5) = 0.5; x = 1, v = 2:
+    # μ = 1 − 0.5 − (0.25·0.25/1)(1 + 0.5·2) = 0.375; log σ_step = log(0.5·0.5) = log 0.25.
+    one = torch.ones(1, 1, 1)
+    mean, log_std = flow_sde_step(one, 2 * one, torch.tensor([0.5]), torch.tensor([0.25]), 0.5)
+    torch.testing.assert_close(mean, torch.full((1, 1, 1), 0.375))
+    torch.testing.assert_close(log_std, torch.log(torch.tensor([0.25])))
+
+
+@pytest.mark.parametrize(
+    ("name", "call", "fragments"),
+    [
+        (
+            "flow_sde_step",
+            lambda: flow_sde_step(
+                torch.zeros(4, 3, 2), torch.zeros(4, 2, 2), torch.ones(4), torch.ones(4), 0.5
+            ),
+            ["'velocity' has shape (4, 2, 2)", "'horizon' is 2 but 'x' bound it to 3"],
+        ),
+        (
+            "flow_step_log_prob",
+            lambda: flow_step_log_prob(torch.zeros(4, 3, 2), torch.zeros(4, 3, 2), torch.zeros(4)),
+            ["'log_std' has shape (4,)"],
+        ),
+    ],
+)
+def test_wrong_flow_shapes_are_explained(name: str, call: object, fragments: list[str]) -> None:
     assert_shape_error("rlcore.distributions", name, call, fragments)  # type: ignore[arg-type]

@@ -940,6 +940,86 @@ def test_gaussian_and_tanh_gaussian(
             gradients_agree(reference, twin, [x, mean, log_std], "gaussian")
 
 
+@PRECISIONS
+@FIXED_SHAPE
+@given(
+    seed=st.integers(0, 2**16),
+    steps=st.integers(1, 10),
+    level=st.floats(0.05, 1.5),
+    gradients=st.booleans(),
+)
+def test_flow_chains(
+    dtype: torch.dtype, seed: int, steps: int, level: float, gradients: bool
+) -> None:
+    batch, horizon, dim = ACTION_SHAPES[0][0], 3, 2
+    generator = torch.Generator().manual_seed(seed)
+    with precision(dtype):
+        actions, noise, velocity, log_std = (
+            cast(torch.randn(batch, horizon, dim, generator=generator, dtype=F64), dtype)
+            for _ in range(4)
+        )
+        k = torch.randint(0, steps, (batch,), generator=generator)
+        t = cast(1.0 - k.to(F64) / steps, dtype)
+        delta = torch.full((batch,), 1.0 / steps, dtype=dtype)
+        ja, jn, jv, jl, jt, jd = (to_jax(x) for x in (actions, noise, velocity, log_std, t, delta))
+        x = distributions.flow_interpolate(actions, noise, t)
+        agree(jdistributions.flow_interpolate(ja, jn, jt), x, dtype, "flow_interpolate")
+        jx = to_jax(x)
+        agree(
+            jdistributions.flow_matching_loss(jv, jn, ja),
+            distributions.flow_matching_loss(velocity, noise, actions),
+            dtype,
+            "flow_matching_loss",
+        )
+        agree(
+            jdistributions.flow_euler_step(jx, jv, jd),
+            distributions.flow_euler_step(x, velocity, delta),
+            dtype,
+            "flow_euler_step",
+        )
+        agree(
+            jdistributions.flow_sde_sigma(jt, jd, level),
+            distributions.flow_sde_sigma(t, delta, level),
+            dtype,
+            "flow_sde_sigma",
+        )
+        mean, row_log_std = distributions.flow_sde_step(x, velocity, t, delta, level)
+        jmean, jrow_log_std = jdistributions.flow_sde_step(jx, jv, jt, jd, level)
+        agree(jmean, mean, dtype, "flow_sde_step mean")
+        agree(jrow_log_std, row_log_std, dtype, "flow_sde_step log_std")
+        agree(
+            jdistributions.flow_step_log_prob(jn, jmean, jl),
+            distributions.flow_step_log_prob(noise, mean, log_std),
+            dtype,
+            "flow_step_log_prob",
+        )
+        if dtype == F64 and gradients:
+            w = weights((batch,), dtype)
+            jw = to_jax(w)
+
+            def reference(v: Tensor, s: Tensor) -> Tensor:
+                m, row = distributions.flow_sde_step(x, v, t, delta, level)
+                chain = distributions.flow_step_log_prob(noise, m, row[:, None, None])
+                noisy = distributions.flow_step_log_prob(
+                    noise, distributions.flow_euler_step(x, v, delta), s
+                )
+                return (w * chain + w.flip(-1) * noisy).sum() + distributions.flow_matching_loss(
+                    v, noise, actions
+                )
+
+            def twin(v: jax.Array, s: jax.Array) -> jax.Array:
+                m, row = jdistributions.flow_sde_step(jx, v, jt, jd, level)
+                chain = jdistributions.flow_step_log_prob(jn, m, row[:, None, None])
+                noisy = jdistributions.flow_step_log_prob(
+                    jn, jdistributions.flow_euler_step(jx, v, jd), s
+                )
+                return (
+                    jw * chain + jnp.flip(jw, -1) * noisy
+                ).sum() + jdistributions.flow_matching_loss(v, jn, ja)
+
+            gradients_agree(reference, twin, [velocity, log_std], "flow")
+
+
 @FIXED_SHAPE
 @given(batch=categorical_cases(), seed=st.integers(0, 2**16))
 def test_the_categorical_samplers_draw_the_same_frequencies(

@@ -256,6 +256,18 @@ def _cases() -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
         "distributions.gaussian_entropy": ((f(B, 2),), {}),
         "distributions.gaussian_sample": ((f(B, 2), f(B, 2)), {"key": jax.random.PRNGKey(1)}),
         "distributions.tanh_gaussian_log_prob": ((f(B, 2, low=-30, high=30), f(B, 2), f(B, 2)), {}),
+        "distributions.flow_interpolate": ((f(B, 3, 2), f(B, 3, 2), f(B, low=0.0, high=1.0)), {}),
+        "distributions.flow_matching_loss": ((f(B, 3, 2), f(B, 3, 2), f(B, 3, 2)), {}),
+        "distributions.flow_euler_step": ((f(B, 3, 2), f(B, 3, 2), f(B, low=0.1, high=0.5)), {}),
+        "distributions.flow_sde_sigma": (
+            (f(B, low=0.2, high=1.0), f(B, low=0.1, high=0.2), 0.5),
+            {},
+        ),
+        "distributions.flow_sde_step": (
+            (f(B, 3, 2), f(B, 3, 2), f(B, low=0.2, high=1.0), f(B, low=0.1, high=0.2), 0.5),
+            {},
+        ),
+        "distributions.flow_step_log_prob": ((f(B, 3, 2), f(B, 3, 2), f(B, 1, 1)), {}),
         "normalize.init": (((H,),), {}),
         "normalize.merge": ((state(), state()), {}),
         "normalize.update": ((state(), f(5, H)), {}),

@@ -1,4 +1,4 @@
-"""JAX twins of `rlcore.distributions`: categorical, diagonal Gaussian, tanh-Gaussian.
+"""JAX twins of `rlcore.distributions`: categorical, Gaussian, tanh-Gaussian, flow chains.
 
     log π(a) = zₐ − log Σᵥ exp zᵥ,                     H = −Σᵥ π(v) log π(v)
     log N(x; μ, σ²) = Σᵢ −(xᵢ − μᵢ)²/(2σᵢ²) − log σᵢ − ½ log 2π,   H = Σᵢ ½ log(2πe σᵢ²)
@@ -31,6 +31,12 @@ __all__ = [
     "categorical_entropy",
     "categorical_log_prob",
     "categorical_sample",
+    "flow_euler_step",
+    "flow_interpolate",
+    "flow_matching_loss",
+    "flow_sde_sigma",
+    "flow_sde_step",
+    "flow_step_log_prob",
     "gaussian_entropy",
     "gaussian_log_prob",
     "gaussian_sample",
@@ -122,3 +128,73 @@ def tanh_gaussian_log_prob(
     u32 = _at_least_float32(u)
     log_det = 2.0 * (_LOG_2 - u32 - jax.nn.softplus(-2.0 * u32))
     return _gaussian_log_prob(u32, mean, log_std) - log_det.sum(axis=-1)
+
+
+# Flow-matching action chains: x_t = t·ε + (1 − t)·a, v = ε − a (π0's convention).
+
+
+@typecheck
+def flow_interpolate(
+    actions: Float[Array, "*batch horizon dim"],
+    noise: Float[Array, "*batch horizon dim"],
+    t: Float[Array, "*batch"],
+) -> Float[Array, "*batch horizon dim"]:
+    """x_t = t·ε + (1 − t)·a."""
+    t = t[..., None, None]
+    return t * noise + (1.0 - t) * actions
+
+
+@typecheck
+def flow_matching_loss(
+    velocity: Float[Array, "*batch horizon dim"],
+    noise: Float[Array, "*batch horizon dim"],
+    actions: Float[Array, "*batch horizon dim"],
+) -> Float[Array, ""]:
+    """mean ‖v_θ(x_t, t) − (ε − a)‖² over every element."""
+    target = _at_least_float32(noise) - _at_least_float32(actions)
+    return jnp.square(_at_least_float32(velocity) - target).mean()
+
+
+@typecheck
+def flow_euler_step(
+    x: Float[Array, "*batch horizon dim"],
+    velocity: Float[Array, "*batch horizon dim"],
+    delta: Float[Array, "*batch"],
+) -> Float[Array, "*batch horizon dim"]:
+    """x_{t−δ} = x_t − δ·v."""
+    return x - delta[..., None, None] * velocity
+
+
+@typecheck
+def flow_sde_sigma(
+    t: Float[Array, "*batch"], delta: Float[Array, "*batch"], noise_level: float
+) -> Float[Array, "*batch"]:
+    """σ_t = a·√(t / max(1 − t, δ))."""
+    return noise_level * jnp.sqrt(t / jnp.maximum(1.0 - t, delta))
+
+
+@typecheck
+def flow_sde_step(
+    x: Float[Array, "*batch horizon dim"],
+    velocity: Float[Array, "*batch horizon dim"],
+    t: Float[Array, "*batch"],
+    delta: Float[Array, "*batch"],
+    noise_level: float,
+) -> tuple[Float[Array, "*batch horizon dim"], Float[Array, "*batch"]]:
+    """(μ, log σ_step): μ = x − δv − (σ_t²δ/2t)(x + (1 − t)v), σ_step = σ_t √δ."""
+    sigma = flow_sde_sigma(t, delta, noise_level)
+    t_, d_, s_ = t[..., None, None], delta[..., None, None], sigma[..., None, None]
+    mean = x - d_ * velocity - (jnp.square(s_) * d_ / (2.0 * t_)) * (x + (1.0 - t_) * velocity)
+    return mean, jnp.log(sigma) + 0.5 * jnp.log(delta)
+
+
+@typecheck
+def flow_step_log_prob(
+    x_next: Float[Array, "*batch horizon dim"],
+    mean: Float[Array, "*batch horizon dim"],
+    log_std: Float[Array, "*#batch #horizon #dim"],
+) -> Float[Array, "*batch"]:
+    """Σ_{h,d} log N(x_{t−δ}; μ, σ²) over the chunk."""
+    shape = (*mean.shape[:-2], -1)
+    log_std = jnp.broadcast_to(log_std, mean.shape)
+    return _gaussian_log_prob(x_next.reshape(shape), mean.reshape(shape), log_std.reshape(shape))
