@@ -266,8 +266,16 @@ def test_seeds_summarises_runs_already_made(tmp_path: Path) -> None:
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         run_dirs.append(str(run_dir))
     completed = launcher.run(
-        [sys.executable, str(BENCHMARKS / "seeds.py"), "--last", "2", "--window", "2"]
-        + ["--runs", *run_dirs],
+        [
+            sys.executable,
+            str(BENCHMARKS / "seeds.py"),
+            "--last",
+            "2",
+            "--window",
+            "2",
+            "--runs",
+            *run_dirs,
+        ],
         env=dict(os.environ),
         timeout=60,
         shared_ray=False,
@@ -275,9 +283,11 @@ def test_seeds_summarises_runs_already_made(tmp_path: Path) -> None:
     assert completed.returncode == 0, completed.stderr[-2000:]
     report = json.loads(completed.stdout)
     first, second = report["by_seed"]["0"], report["by_seed"]["1"]
-    assert first["last_mean"] == 1.0 and second["last_mean"] == 0.5
+    assert first["last_mean"] == 1.0
+    assert second["last_mean"] == 0.5
     assert first["first_reached"] == {"step": 4, "env_steps": 800.0, "elapsed_s": None}
     assert second["first_reached"] is None
     over = report["over_seeds"]
-    assert over["last_mean"]["mean"] == 0.75 and over["last_mean"]["min"] == 0.5
+    assert over["last_mean"]["mean"] == 0.75
+    assert over["last_mean"]["min"] == 0.5
     assert over["every_seed_reached"] is False

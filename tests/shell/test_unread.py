@@ -246,3 +246,11 @@ def test_lora_target_modules_are_suffixes_or_all_linear_alone(targets: str) -> N
         "actor.model.lora_target_modules: expected module-name suffixes (e.g. ['q_proj', "
         "'v_proj']), or ['all-linear'] alone, got"
     )
+
+
+def test_embodied_ppo_refuses_a_flow_policy_whose_actions_come_in_chunks() -> None:
+    flow = "configs/ppo_flow_pushcube_cpu.py"
+    assert refusals(flow) == []
+    (problem,) = refusals(flow, "actor.model.model_kwargs.action_chunk=4")
+    assert problem.startswith("actor.model.model_kwargs.action_chunk: the embodied PPO runner")
+    assert "chunk of 4 actions is not built yet" in problem

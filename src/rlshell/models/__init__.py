@@ -140,6 +140,7 @@ def build_tiny_vla(cfg: ModelConfig, dtype: torch.dtype) -> nn.Module:
 
 def _register_builtins() -> None:
     from rlshell.models.cnn_policy import build_cnn_policy
+    from rlshell.models.flow_policy import build_flow_policy
     from rlshell.models.hf_causal_lm import build_hf_causal_lm, build_hf_value_model
     from rlshell.models.mlp_policy import build_mlp_policy
 
@@ -148,6 +149,7 @@ def _register_builtins() -> None:
     register_model("mlp_policy", build_mlp_policy, category="embodied")
     register_model("cnn_policy", build_cnn_policy, category="embodied")
     register_model("tiny_vla", build_tiny_vla, category="embodied")
+    register_model("flow_policy", build_flow_policy, category="embodied")
 
 
 _register_builtins()

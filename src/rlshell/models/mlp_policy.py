@@ -47,7 +47,7 @@ from rlshell.config import ModelConfig
 from rlshell.models.base import ActionInfo, BasePolicy, ForwardType
 from rlshell.models.model_kwargs import KwargsReader, Scalar
 
-__all__ = ["ActionType", "MLPPolicy", "MLPPolicySpec", "build_mlp_policy"]
+__all__ = ["ActionType", "MLPPolicy", "MLPPolicySpec", "build_mlp_policy", "normalized_states"]
 
 ActionType = Literal["discrete", "gaussian", "tanh_gaussian"]
 Activation = Literal["tanh", "relu"]
@@ -311,17 +311,9 @@ class MLPPolicy(BasePolicy):
         return x.to(self.action_dtype)
 
     def _normalized(self, states: Tensor, observe: bool) -> Tensor:
-        """s̃ under the running statistics, folding ``states`` into them first if ``observe``."""
         if not self.spec.normalize_obs:
             return states
-        stats = running_stats.RunningStats(self.obs_count, self.obs_mean, self.obs_m2)
-        if observe:
-            stats = running_stats.update(stats, states.to(torch.float64))
-            self.obs_count.copy_(stats.count)
-            self.obs_mean.copy_(stats.mean)
-            self.obs_m2.copy_(stats.m2)
-        scaled = running_stats.normalize(stats, states.to(torch.float64), clip=OBS_CLIP)
-        return scaled.to(torch.float32)
+        return normalized_states(self, states, observe)
 
     @property
     def action_dtype(self) -> torch.dtype:
@@ -347,6 +339,21 @@ class MLPPolicy(BasePolicy):
     def _value(self, states: Tensor) -> Tensor:
         assert self.critic is not None
         return self.critic(self._cast(states)).squeeze(-1).float()  # type: ignore[no-any-return]
+
+
+def normalized_states(policy: nn.Module, states: Tensor, observe: bool) -> Tensor:
+    """s̃ = clip((s − μ) / √(σ² + 10⁻⁸), ±10) in fp32 under ``policy``'s running statistics
+    (its ``obs_count``, ``obs_mean`` and ``obs_m2`` buffers, `rlcore.normalize`), folding
+    ``states`` into them first if ``observe``."""
+    buffers = dict(policy.named_buffers(recurse=False))
+    stats = running_stats.RunningStats(buffers["obs_count"], buffers["obs_mean"], buffers["obs_m2"])
+    if observe:
+        stats = running_stats.update(stats, states.to(torch.float64))
+        buffers["obs_count"].copy_(stats.count)
+        buffers["obs_mean"].copy_(stats.mean)
+        buffers["obs_m2"].copy_(stats.m2)
+    scaled = running_stats.normalize(stats, states.to(torch.float64), clip=OBS_CLIP)
+    return scaled.to(torch.float32)
 
 
 def build_mlp_policy(cfg: ModelConfig, dtype: torch.dtype) -> MLPPolicy:

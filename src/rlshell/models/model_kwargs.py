@@ -44,14 +44,16 @@ class KwargsReader:
                 f"{', '.join(sorted(allowed))}"
             )
 
-    def variant(self, key: str, keys_by_variant: Mapping[V, Sequence[str]]) -> V:
-        """``key``'s value, one of ``keys_by_variant`` (read as `choice` reads it), once every
-        entry is one that value reads.
+    def variant(
+        self, key: str, keys_by_variant: Mapping[V, Sequence[str]], default: V | None = None
+    ) -> V:
+        """``key``'s value, one of ``keys_by_variant`` (read as `choice` reads it; ``default``
+        when absent, else it is required), once every entry is one that value reads.
 
         A key that only other values read gets ``not read with {key} '{value}' (only with
         ...)``; any other is unknown, with the closest key of any variant.
         """
-        chosen = self.choice(key, tuple(keys_by_variant))
+        chosen = self.choice(key, tuple(keys_by_variant), default)
         value = next(variant for variant in keys_by_variant if variant == chosen)
         allowed = keys_by_variant[value]
         every = sorted({name for names in keys_by_variant.values() for name in names})

@@ -1,0 +1,400 @@
+"""The built-in ``flow_policy`` model type: a flow-matching action policy under OpenPI's contract.
+
+π0's action expert (Black et al. 2024, arXiv:2410.24164) made small enough for a CPU: an
+observation encoder gives a context c, and a velocity network v_θ(x, t | c) carries a
+noise chunk ε ~ N(0, I) of shape ``[action_chunk, action_dim]`` to an action chunk in
+``num_steps`` = K steps of δ = 1/K, from t = 1 (noise) to t = 0 (the action), on the
+straight path x_t = t·ε + (1 − t)·a (`rlcore.distributions`' flow section has the maths).
+
+To give PPO a likelihood, some steps of the chain are Gaussian transitions (πRL, Chen et
+al. 2025, arXiv:2510.25889), chosen by ``noise_method``:
+
+- ``flow_sde`` (the default): Flow-SDE. The step from t to t − δ is one Euler–Maruyama
+  step of the SDE with the ODE's marginals (`rlcore.distributions.flow_sde_step`, noise
+  ``noise_level``); by default one step per sample, drawn uniformly, is stochastic and the
+  others follow the ODE (πRL's hybrid ODE–SDE sampling); ``joint_logprob`` makes every step
+  stochastic.
+- ``flow_noise``: Flow-Noise. Every step is the ODE's Euler step plus Gaussian noise whose
+  σ a head predicts from the velocity network's last hidden layer, bounded to
+  ``noise_std_range`` (``"low,high"``, RLinf's default 0.08–0.16).
+
+``prev_logprobs`` (and ``default_forward``'s ``logprobs``) is the log-likelihood of the
+recorded chain: the sum over its stochastic steps of `flow_step_log_prob`, one number per
+sample, as PPO's ratio needs (RLinf averages over steps instead; a sum is the chain's
+likelihood, whose ratio is the chain's likelihood ratio). ``entropy`` is the mean over
+the stochastic steps of each Gaussian transition's entropy, summed over the chunk (for
+Flow-SDE a constant: its σ has no parameters). ``"eval"`` is deterministic: the ODE from
+ε = 0, the noise's mode, so an evaluation plays the same actions every time.
+
+``forward_inputs`` is OpenPI's (RLinf's `OpenPi0ForRLActionPrediction`): ``chains``
+``[batch, K + 1, chunk, dim]`` (x at t = 1, 1 − δ, ..., 0), ``denoise_inds`` ``[batch, S]``
+(the stochastic steps' indices k, step k going from chains[:, k] to chains[:, k + 1]; S = 1
+for Flow-SDE's hybrid sampling, K with ``joint_logprob`` or Flow-Noise: RLinf stores a
+``[batch, K]`` row repeating its one index instead), ``model_action`` (x at t = 0),
+``action`` (what the env received: the model action clipped to ``action_low`` /
+``action_high`` where given) and the observation (``states``, normalised with
+``normalize_obs`` as `rlshell.models.mlp_policy` does). ``default_forward`` recomputes the
+log-probabilities from them, bitwise equal to the rollout's in fp32 on the same batch.
+
+``sft_forward(states=..., actions=...)`` is the flow-matching behaviour-cloning loss
+(`rlcore.distributions.flow_matching_loss`) at t ~ 0.001 + 0.999·Beta(1.5, 1) (π0's
+emphasis on the noisy end) and a fresh ε.
+
+The env receives ``[batch, action_dim]`` when ``action_chunk`` is 1; a longer chunk gives
+``[batch, action_chunk, action_dim]``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from typing import Any, Literal, cast
+
+import torch
+from attrs import frozen
+from torch import Tensor, nn
+
+from rlcore import normalize as running_stats
+from rlcore.distributions import (
+    flow_euler_step,
+    flow_interpolate,
+    flow_matching_loss,
+    flow_sde_step,
+    flow_step_log_prob,
+    gaussian_entropy,
+)
+from rlshell.config import ModelConfig
+from rlshell.models.base import ActionInfo, BasePolicy
+from rlshell.models.mlp_policy import normalized_states
+from rlshell.models.model_kwargs import KwargsReader, Scalar
+
+__all__ = ["FlowPolicy", "FlowPolicySpec", "NoiseMethod", "build_flow_policy"]
+
+NoiseMethod = Literal["flow_sde", "flow_noise"]
+
+_COMMON_KEYS = (
+    "obs_dim",
+    "action_dim",
+    "action_chunk",
+    "num_steps",
+    "noise_method",
+    "hidden_sizes",
+    "time_embed_dim",
+    "action_low",
+    "action_high",
+    "normalize_obs",
+)
+_KEYS_BY_METHOD: dict[NoiseMethod, tuple[str, ...]] = {
+    "flow_sde": (*_COMMON_KEYS, "noise_level", "joint_logprob"),
+    "flow_noise": (*_COMMON_KEYS, "noise_std_range"),
+}
+# Sine–cosine features of t with periods from 4e-3 to 4 (π0's time embedding's range).
+_MIN_PERIOD, _MAX_PERIOD = 4e-3, 4.0
+
+
+@frozen
+class FlowPolicySpec:
+    """A `FlowPolicy`'s shape, read from ``model_kwargs`` by `FlowPolicySpec.from_kwargs`."""
+
+    obs_dim: int
+    action_dim: int
+    action_chunk: int = 1
+    num_steps: int = 5
+    noise_method: NoiseMethod = "flow_sde"
+    noise_level: float = 0.5
+    joint_logprob: bool = False
+    noise_std_range: tuple[float, float] = (0.08, 0.16)
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    time_embed_dim: int = 32
+    action_low: tuple[float, ...] = ()
+    action_high: tuple[float, ...] = ()
+    normalize_obs: bool = False
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Scalar]) -> FlowPolicySpec:
+        """Parse ``model_kwargs``; a bad or missing entry raises ValueError naming its key."""
+        read = KwargsReader(kwargs, "flow_policy")
+        method = read.variant("noise_method", _KEYS_BY_METHOD, "flow_sde")
+        action_dim = read.positive_int("action_dim")
+        bounded = "action_low" in kwargs or "action_high" in kwargs
+        low, high = read.action_bounds(action_dim) if bounded else ((), ())
+        std_range = (0.08, 0.16)
+        if method == "flow_noise":
+            text = read.string("noise_std_range", "0.08,0.16")
+            std_range = _std_range(str(text))
+        embed = read.positive_int("time_embed_dim", 32)
+        if embed % 2:
+            raise ValueError(
+                f"actor.model.model_kwargs.time_embed_dim: sine and cosine features come in "
+                f"pairs, so it must be even; got {embed}"
+            )
+        return cls(
+            obs_dim=read.positive_int("obs_dim"),
+            action_dim=action_dim,
+            action_chunk=read.positive_int("action_chunk", 1),
+            num_steps=read.positive_int("num_steps", 5),
+            noise_method=method,
+            noise_level=read.positive_float("noise_level", 0.5),
+            joint_logprob=read.bool_("joint_logprob", False),
+            noise_std_range=std_range,
+            hidden_sizes=read.int_list("hidden_sizes", "256,256"),
+            time_embed_dim=embed,
+            action_low=low,
+            action_high=high,
+            normalize_obs=read.bool_("normalize_obs", False),
+        )
+
+    @property
+    def stochastic_steps(self) -> int:
+        """S: the Gaussian steps of a training chain (one, or every one)."""
+        if self.noise_method == "flow_noise" or self.joint_logprob:
+            return self.num_steps
+        return 1
+
+
+def _std_range(text: str) -> tuple[float, float]:
+    key = "actor.model.model_kwargs.noise_std_range"
+    try:
+        low, high = (float(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"{key}: expected 'low,high' (two numbers), got {text!r}") from None
+    if not 0.0 < low <= high:
+        raise ValueError(f"{key}: expected 0 < low <= high, got {text!r}")
+    return low, high
+
+
+def _mlp(sizes: tuple[int, ...]) -> nn.Sequential:
+    """Linear layers through ``sizes`` with SiLU between them (none after the last)."""
+    layers: list[nn.Module] = []
+    for index, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
+        if index:
+            layers.append(nn.SiLU())
+        layers.append(nn.Linear(fan_in, fan_out))
+    return nn.Sequential(*layers)
+
+
+class FlowPolicy(BasePolicy):
+    """Encoder, velocity network (and, for Flow-Noise, a σ head) and a value head.
+
+    c = encoder(s);  h = body([x_t ; time features of t ; c]);  v = velocity_out(h);
+    σ = low + (high − low)·sigmoid(noise_head(h)) (Flow-Noise);  V(s) = value_head(c).
+    """
+
+    obs_count: Tensor
+    obs_mean: Tensor
+    obs_m2: Tensor
+    action_low: Tensor
+    action_high: Tensor
+    frequencies: Tensor
+    times: Tensor
+
+    def __init__(self, spec: FlowPolicySpec, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.spec = spec
+        width = spec.hidden_sizes[-1]
+        flat = spec.action_chunk * spec.action_dim
+        self.encoder = nn.Sequential(_mlp((spec.obs_dim, *spec.hidden_sizes)), nn.SiLU())
+        self.body = nn.Sequential(
+            _mlp((flat + spec.time_embed_dim + width, *spec.hidden_sizes)), nn.SiLU()
+        )
+        self.velocity_out = nn.Linear(width, flat)
+        self.noise_head = nn.Linear(width, flat) if spec.noise_method == "flow_noise" else None
+        self.value_head = _mlp((width, width, 1))
+        self.to(dtype)
+        half = spec.time_embed_dim // 2
+        periods = torch.logspace(
+            math.log10(_MIN_PERIOD), math.log10(_MAX_PERIOD), half, dtype=torch.float64
+        )
+        self.register_buffer("frequencies", (2 * math.pi / periods).float(), persistent=False)
+        # t_k = 1 − k/K, k = 0..K, once: rollout and training must use the same fp32 times.
+        grid = [1.0 - k / spec.num_steps for k in range(spec.num_steps + 1)]
+        self.register_buffer("times", torch.tensor(grid, dtype=torch.float32), persistent=False)
+        self.register_buffer("action_low", torch.tensor(spec.action_low, dtype=torch.float32))
+        self.register_buffer("action_high", torch.tensor(spec.action_high, dtype=torch.float32))
+        if spec.normalize_obs:
+            stats = running_stats.init((spec.obs_dim,))
+            self.register_buffer("obs_count", stats.count)
+            self.register_buffer("obs_mean", stats.mean)
+            self.register_buffer("obs_m2", stats.m2)
+
+    # -------------------------------------------------------------------- rollout
+
+    def predict_action_batch(
+        self,
+        env_obs: dict[str, Any],
+        mode: Literal["train", "eval"] = "train",
+        compute_values: bool = True,
+    ) -> tuple[Tensor, ActionInfo]:
+        """Denoise a chunk for each row of ``env_obs["states"]``, recording the chain."""
+        if mode not in ("train", "eval"):
+            raise ValueError(f"predict_action_batch: mode must be 'train' or 'eval', got {mode!r}")
+        spec = self.spec
+        states = self.require_input(env_obs, "states", source="env_obs")
+        train = mode == "train"
+        with torch.no_grad():
+            states = self._normalized(states, observe=train)
+            context = self.encoder(self._cast(states))
+            batch = states.shape[0]
+            shape = (batch, spec.action_chunk, spec.action_dim)
+            x = torch.randn(shape) if train else torch.zeros(shape)
+            denoise_inds = self._draw_denoise_inds(batch) if train else torch.empty(batch, 0)
+            denoise_inds = denoise_inds.long()
+            stochastic = torch.zeros(batch, spec.num_steps, dtype=torch.bool)
+            stochastic.scatter_(1, denoise_inds, True)
+            chains, logprobs = [x], torch.zeros(batch)
+            for k in range(spec.num_steps):
+                t = self.times[k].expand(batch)
+                velocity, hidden = self._velocity(x, t, context)
+                delta = torch.full((batch,), 1.0 / spec.num_steps)
+                euler = flow_euler_step(x, velocity, delta)
+                if bool(stochastic[:, k].any()):
+                    mean, log_std = self._transition(x, velocity, hidden, t, delta, euler)
+                    sampled = mean + log_std.exp() * torch.randn(shape)
+                    step_log_prob = flow_step_log_prob(sampled, mean, log_std)
+                    rows = stochastic[:, k]
+                    x = torch.where(rows[:, None, None], sampled, euler)
+                    logprobs = logprobs + torch.where(rows, step_log_prob, 0.0)
+                else:
+                    x = euler
+                chains.append(x)
+            model_action = x
+            action = self._clipped(model_action)
+            info: ActionInfo = {
+                "prev_logprobs": logprobs,
+                "forward_inputs": {
+                    "states": states,
+                    "chains": torch.stack(chains, dim=1),
+                    "denoise_inds": denoise_inds,
+                    "model_action": model_action,
+                    "action": action,
+                },
+            }
+            if compute_values:
+                info["prev_values"] = self._value(context)
+        env_action = action[:, 0] if spec.action_chunk == 1 else action
+        return env_action, info
+
+    def _draw_denoise_inds(self, batch: int) -> Tensor:
+        """``[batch, S]``: every step, or one drawn uniformly per row (sorted either way)."""
+        spec = self.spec
+        if spec.stochastic_steps == spec.num_steps:
+            return torch.arange(spec.num_steps).expand(batch, -1).clone()
+        return torch.randint(0, spec.num_steps, (batch, 1))
+
+    # ------------------------------------------------------------------- training
+
+    def default_forward(
+        self,
+        forward_inputs: dict[str, Tensor],
+        compute_logprobs: bool = True,
+        compute_entropy: bool = True,
+        compute_values: bool = True,
+    ) -> dict[str, Tensor]:
+        """``logprobs``, ``entropy`` and ``values`` (each ``[batch]``) of the recorded chains."""
+        states = self.require_input(forward_inputs, "states")
+        context = self.encoder(self._cast(states))
+        out: dict[str, Tensor] = {}
+        if compute_logprobs or compute_entropy:
+            chains = self.require_input(forward_inputs, "chains")
+            denoise_inds = self.require_input(forward_inputs, "denoise_inds").long()
+            self._check_chains(chains, denoise_inds)
+            batch = chains.shape[0]
+            rows = torch.arange(batch)
+            logprobs, entropy = torch.zeros(batch), torch.zeros(batch)
+            for s in range(denoise_inds.shape[1]):
+                k = denoise_inds[:, s]
+                x, x_next = chains[rows, k], chains[rows, k + 1]
+                t = self.times[k]
+                velocity, hidden = self._velocity(x, t, context)
+                delta = torch.full((batch,), 1.0 / self.spec.num_steps)
+                euler = flow_euler_step(x, velocity, delta)
+                mean, log_std = self._transition(x, velocity, hidden, t, delta, euler)
+                logprobs = logprobs + flow_step_log_prob(x_next, mean, log_std)
+                entropy = entropy + gaussian_entropy(log_std.expand(mean.shape).flatten(-2))
+            if compute_logprobs:
+                out["logprobs"] = logprobs
+            if compute_entropy:
+                out["entropy"] = entropy / max(1, denoise_inds.shape[1])
+        if compute_values:
+            out["values"] = self._value(context)
+        return out
+
+    def sft_forward(self, states: Tensor, actions: Tensor) -> dict[str, Tensor]:
+        """``{"loss"}``: the flow-matching loss of demonstrated ``actions`` (``[batch, dim]``
+        for a chunk of 1, else ``[batch, chunk, dim]``) at ``states`` (raw: normalised here)."""
+        spec = self.spec
+        chunk = actions.reshape(actions.shape[0], spec.action_chunk, spec.action_dim).float()
+        states = self._normalized(states, observe=False)
+        context = self.encoder(self._cast(states))
+        beta = torch.distributions.Beta(torch.tensor(1.5), torch.tensor(1.0))
+        t = 0.001 + 0.999 * beta.sample((chunk.shape[0],))
+        noise = torch.randn_like(chunk)
+        velocity, _ = self._velocity(flow_interpolate(chunk, noise, t), t, context)
+        return {"loss": flow_matching_loss(velocity, noise, chunk)}
+
+    # -------------------------------------------------------------------- helpers
+
+    def _velocity(self, x: Tensor, t: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
+        """(v_θ(x, t | c) as ``[batch, chunk, dim]`` in fp32, the body's last hidden layer)."""
+        angles = t[:, None] * self.frequencies
+        features = torch.cat([x.flatten(1), angles.sin(), angles.cos()], dim=-1)
+        hidden = self.body(torch.cat([self._cast(features), context], dim=-1))
+        return self.velocity_out(hidden).float().view_as(x), hidden
+
+    def _transition(
+        self, x: Tensor, velocity: Tensor, hidden: Tensor, t: Tensor, delta: Tensor, euler: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The Gaussian step's (mean, log σ), log σ broadcastable to the chunk."""
+        spec = self.spec
+        if spec.noise_method == "flow_sde":
+            mean, log_std = flow_sde_step(x, velocity, t, delta, spec.noise_level)
+            return mean, log_std[:, None, None]
+        assert self.noise_head is not None
+        low, high = spec.noise_std_range
+        std = low + (high - low) * torch.sigmoid(self.noise_head(hidden).float())
+        return euler, torch.log(std).view_as(x)
+
+    def _check_chains(self, chains: Tensor, denoise_inds: Tensor) -> None:
+        spec = self.spec
+        want = (spec.num_steps + 1, spec.action_chunk, spec.action_dim)
+        if tuple(chains.shape[1:]) != want:
+            raise ValueError(
+                f"flow_policy: forward_inputs['chains'] has shape {tuple(chains.shape)}; this "
+                f"policy's chains are [batch, num_steps + 1, action_chunk, action_dim] = "
+                f"[batch, {', '.join(map(str, want))}]"
+            )
+        low, high = (
+            (int(denoise_inds.min()), int(denoise_inds.max())) if denoise_inds.numel() else (0, 0)
+        )
+        if low < 0 or high >= spec.num_steps:
+            raise ValueError(
+                f"flow_policy: forward_inputs['denoise_inds'] must index steps "
+                f"0..{spec.num_steps - 1}, got values in [{low}, {high}]"
+            )
+
+    def _clipped(self, action: Tensor) -> Tensor:
+        if not self.spec.action_low:
+            return action.clone()
+        return torch.clamp(action, self.action_low, self.action_high)
+
+    def _normalized(self, states: Tensor, observe: bool) -> Tensor:
+        if not self.spec.normalize_obs:
+            return states.float()
+        return normalized_states(self, states, observe)
+
+    def _cast(self, x: Tensor) -> Tensor:
+        return x.to(self.velocity_out.weight.dtype)
+
+    def _value(self, context: Tensor) -> Tensor:
+        return cast(Tensor, self.value_head(context).squeeze(-1).float())
+
+
+def build_flow_policy(cfg: ModelConfig, dtype: torch.dtype) -> FlowPolicy:
+    """``flow_policy``'s builder: `FlowPolicySpec.from_kwargs(cfg.model_kwargs)` in ``dtype``."""
+    if cfg.path is not None:
+        raise ValueError(
+            f"actor.model.path: flow_policy is built from model_kwargs, not loaded "
+            f"(got path {cfg.path!r}); leave it unset"
+        )
+    return FlowPolicy(FlowPolicySpec.from_kwargs(cfg.model_kwargs), dtype)
