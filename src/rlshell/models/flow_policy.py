@@ -55,7 +55,6 @@ import torch
 from attrs import frozen
 from torch import Tensor, nn
 
-from rlcore import normalize as running_stats
 from rlcore.distributions import (
     flow_euler_step,
     flow_interpolate,
@@ -66,7 +65,7 @@ from rlcore.distributions import (
 )
 from rlshell.config import ModelConfig
 from rlshell.models.base import ActionInfo, BasePolicy
-from rlshell.models.mlp_policy import normalized_states
+from rlshell.models.mlp_policy import normalized_states, register_bounds_and_stats
 from rlshell.models.model_kwargs import KwargsReader, Scalar
 
 __all__ = ["FlowPolicy", "FlowPolicySpec", "NoiseMethod", "build_flow_policy"]
@@ -210,13 +209,9 @@ class FlowPolicy(BasePolicy):
         # t_k = 1 − k/K, k = 0..K, once: rollout and training must use the same fp32 times.
         grid = [1.0 - k / spec.num_steps for k in range(spec.num_steps + 1)]
         self.register_buffer("times", torch.tensor(grid, dtype=torch.float32), persistent=False)
-        self.register_buffer("action_low", torch.tensor(spec.action_low, dtype=torch.float32))
-        self.register_buffer("action_high", torch.tensor(spec.action_high, dtype=torch.float32))
-        if spec.normalize_obs:
-            stats = running_stats.init((spec.obs_dim,))
-            self.register_buffer("obs_count", stats.count)
-            self.register_buffer("obs_mean", stats.mean)
-            self.register_buffer("obs_m2", stats.m2)
+        register_bounds_and_stats(
+            self, spec.action_low, spec.action_high, spec.obs_dim if spec.normalize_obs else None
+        )
 
     # -------------------------------------------------------------------- rollout
 

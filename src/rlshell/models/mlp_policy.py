@@ -47,7 +47,14 @@ from rlshell.config import ModelConfig
 from rlshell.models.base import ActionInfo, BasePolicy, ForwardType
 from rlshell.models.model_kwargs import KwargsReader, Scalar
 
-__all__ = ["ActionType", "MLPPolicy", "MLPPolicySpec", "build_mlp_policy", "normalized_states"]
+__all__ = [
+    "ActionType",
+    "MLPPolicy",
+    "MLPPolicySpec",
+    "build_mlp_policy",
+    "normalized_states",
+    "register_bounds_and_stats",
+]
 
 ActionType = Literal["discrete", "gaussian", "tanh_gaussian"]
 Activation = Literal["tanh", "relu"]
@@ -181,14 +188,9 @@ class MLPPolicy(BasePolicy):
         if spec.action_type == "gaussian":
             self.log_std = nn.Parameter(torch.full((spec.action_dim,), spec.init_log_std))
         self.to(dtype)
-        # The env's bounds stay fp32 whatever the model dtype (a bf16 bound is off by ~0.4%).
-        self.register_buffer("action_low", torch.tensor(spec.action_low, dtype=torch.float32))
-        self.register_buffer("action_high", torch.tensor(spec.action_high, dtype=torch.float32))
-        if spec.normalize_obs:
-            stats = running_stats.init((spec.obs_dim,))
-            self.register_buffer("obs_count", stats.count)
-            self.register_buffer("obs_mean", stats.mean)
-            self.register_buffer("obs_m2", stats.m2)
+        register_bounds_and_stats(
+            self, spec.action_low, spec.action_high, spec.obs_dim if spec.normalize_obs else None
+        )
 
     def predict_action_batch(
         self,
@@ -339,6 +341,21 @@ class MLPPolicy(BasePolicy):
     def _value(self, states: Tensor) -> Tensor:
         assert self.critic is not None
         return self.critic(self._cast(states)).squeeze(-1).float()  # type: ignore[no-any-return]
+
+
+def register_bounds_and_stats(
+    policy: nn.Module, low: tuple[float, ...], high: tuple[float, ...], obs_dim: int | None
+) -> None:
+    """``policy``'s buffers ``action_low`` and ``action_high`` (fp32 whatever the model
+    dtype: a bf16 bound is off by ~0.4%) and, for ``obs_dim`` states normalised by running
+    statistics, ``obs_count``, ``obs_mean`` and ``obs_m2`` (`normalized_states` reads them)."""
+    policy.register_buffer("action_low", torch.tensor(low, dtype=torch.float32))
+    policy.register_buffer("action_high", torch.tensor(high, dtype=torch.float32))
+    if obs_dim is not None:
+        stats = running_stats.init((obs_dim,))
+        policy.register_buffer("obs_count", stats.count)
+        policy.register_buffer("obs_mean", stats.mean)
+        policy.register_buffer("obs_m2", stats.m2)
 
 
 def normalized_states(policy: nn.Module, states: Tensor, observe: bool) -> Tensor:
