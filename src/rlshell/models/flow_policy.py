@@ -230,22 +230,22 @@ class FlowPolicy(BasePolicy):
         with torch.no_grad():
             states = self._normalized(states, observe=train)
             context = self.encoder(self._cast(states))
-            batch = states.shape[0]
+            batch, device = states.shape[0], states.device
             shape = (batch, spec.action_chunk, spec.action_dim)
-            x = torch.randn(shape) if train else torch.zeros(shape)
+            x = torch.randn(shape, device=device) if train else torch.zeros(shape, device=device)
             denoise_inds = self._draw_denoise_inds(batch) if train else torch.empty(batch, 0)
-            denoise_inds = denoise_inds.long()
-            stochastic = torch.zeros(batch, spec.num_steps, dtype=torch.bool)
+            denoise_inds = denoise_inds.long().to(device)
+            stochastic = torch.zeros(batch, spec.num_steps, dtype=torch.bool, device=device)
             stochastic.scatter_(1, denoise_inds, True)
-            chains, logprobs = [x], torch.zeros(batch)
+            chains, logprobs = [x], torch.zeros(batch, device=device)
             for k in range(spec.num_steps):
                 t = self.times[k].expand(batch)
                 velocity, hidden = self._velocity(x, t, context)
-                delta = torch.full((batch,), 1.0 / spec.num_steps)
+                delta = torch.full((batch,), 1.0 / spec.num_steps, device=device)
                 euler = flow_euler_step(x, velocity, delta)
                 if bool(stochastic[:, k].any()):
                     mean, log_std = self._transition(x, velocity, hidden, t, delta, euler)
-                    sampled = mean + log_std.exp() * torch.randn(shape)
+                    sampled = mean + log_std.exp() * torch.randn(shape, device=device)
                     step_log_prob = flow_step_log_prob(sampled, mean, log_std)
                     rows = stochastic[:, k]
                     x = torch.where(rows[:, None, None], sampled, euler)
@@ -294,15 +294,16 @@ class FlowPolicy(BasePolicy):
             chains = self.require_input(forward_inputs, "chains")
             denoise_inds = self.require_input(forward_inputs, "denoise_inds").long()
             self._check_chains(chains, denoise_inds)
-            batch = chains.shape[0]
-            rows = torch.arange(batch)
-            logprobs, entropy = torch.zeros(batch), torch.zeros(batch)
+            batch, device = chains.shape[0], chains.device
+            rows = torch.arange(batch, device=device)
+            logprobs = torch.zeros(batch, device=device)
+            entropy = torch.zeros(batch, device=device)
             for s in range(denoise_inds.shape[1]):
                 k = denoise_inds[:, s]
                 x, x_next = chains[rows, k], chains[rows, k + 1]
                 t = self.times[k]
                 velocity, hidden = self._velocity(x, t, context)
-                delta = torch.full((batch,), 1.0 / self.spec.num_steps)
+                delta = torch.full((batch,), 1.0 / self.spec.num_steps, device=device)
                 euler = flow_euler_step(x, velocity, delta)
                 mean, log_std = self._transition(x, velocity, hidden, t, delta, euler)
                 logprobs = logprobs + flow_step_log_prob(x_next, mean, log_std)
@@ -323,7 +324,7 @@ class FlowPolicy(BasePolicy):
         states = self._normalized(states, observe=False)
         context = self.encoder(self._cast(states))
         beta = torch.distributions.Beta(torch.tensor(1.5), torch.tensor(1.0))
-        t = 0.001 + 0.999 * beta.sample((chunk.shape[0],))
+        t = (0.001 + 0.999 * beta.sample((chunk.shape[0],))).to(chunk.device)
         noise = torch.randn_like(chunk)
         velocity, _ = self._velocity(flow_interpolate(chunk, noise, t), t, context)
         return {"loss": flow_matching_loss(velocity, noise, chunk)}
