@@ -135,6 +135,38 @@ def test_greedy_tokens_and_logprobs_equal_hf_before_and_after_a_weight_sync(
     assert _max_logprob_gap(hf, vllm, seed=4) < LOGPROB_ATOL
 
 
+def test_a_prompt_longer_than_a_kv_block_is_shared_and_never_read_stale_after_a_reload(
+    engines: tuple[HFRolloutEngine, VLLMRolloutEngine],
+) -> None:
+    # On CPUs the engine asks for 32-token KV blocks so that the n samples of a prompt
+    # share its prefill (prefix caching shares whole blocks only). A cached block holds
+    # keys and values of the weights that computed it: after a reload none may be read.
+    hf, vllm = engines
+    cache = vllm.llm.llm_engine.vllm_config.cache_config
+    assert cache.block_size == 32
+    assert cache.enable_prefix_caching
+    prompts = ["1+" * 19 + "1=", "2+" * 19 + "2="]  # 40 characters: one whole block each
+    params = SamplingParams(n=4, temperature=0.7, max_new_tokens=8)
+
+    def gap(seed: int) -> float:
+        batch = vllm.generate(prompts, params, seed=seed)
+        assert batch.prompt_ids.shape[1] >= 40
+        recomputed, _ = policy_forward(hf.model, batch, temperature=0.7, chunk_size=None)
+        mask = batch.response_mask
+        return float((recomputed[mask] - batch.logprobs[mask]).abs().max())
+
+    assert gap(seed=5) < LOGPROB_ATOL
+    assert gap(seed=6) < LOGPROB_ATOL  # the prompts' blocks now come from the cache
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for param in hf.model.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    for name, target in vllm.weight_targets().items():
+        target.data.copy_(hf.model.state_dict()[name])
+    vllm.weights_updated()
+    assert gap(seed=5) < LOGPROB_ATOL
+
+
 def test_a_reload_of_some_weights_only_is_refused_before_it_reaches_the_engine(
     engines: tuple[HFRolloutEngine, VLLMRolloutEngine],
 ) -> None:
