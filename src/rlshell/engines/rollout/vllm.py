@@ -424,8 +424,9 @@ _CPU_STEP_TOKENS = 4096
 # Tokens per KV-cache block on CPUs: the smallest the CPU attention takes (a multiple of
 # 32), not vLLM's CPU default of 128. The n samples of a prompt share its KV only in whole
 # blocks (prefix caching), so with 128 a chat prompt of 42 tokens was prefilled n times.
-# Measured on the real 135M model (16 prompts x 8 samples x 32 tokens, fp32, 2 cores):
-# prefill 7.6 s -> 1.8 s, 218 -> 347 completion tokens/s (benchmarks/rollout_engines.py).
+# Measured on the real 135M model (16 prompts x 8 samples x 32 tokens, fp32, 2 cores;
+# docs/benchmarks.md, rollout_engines.py): prefill 7.6 s -> 1.8 s in a probe of vLLM alone,
+# and vLLM over HF generate 3.71x in benchmarks/rollout_engines.py.
 _CPU_BLOCK_TOKENS = 32
 
 
