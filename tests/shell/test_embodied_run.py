@@ -97,6 +97,40 @@ def test_a_short_halfcheetah_run_normalises_and_resumes_its_reward_scaler(tmp_pa
     assert all(r["train/value_loss"] < 1e3 for r in records)  # rewards were scaled
 
 
+def test_a_flow_policy_acting_in_chunks_trains_counts_env_steps_and_resumes(
+    tmp_path: Path,
+) -> None:
+    """configs/ppo_halfcheetah.py with ``flow_policy`` acting in chunks of 2 actions: each
+    policy step is two env steps, in the metrics and after a resume."""
+    env = cli_env(Path(tempfile.mkdtemp(prefix="re", dir="/tmp")))
+    out = tmp_path / "runs"
+    flow = (
+        '{"obs_dim": 17, "action_dim": 6, "action_low": -1.0, "action_high": 1.0, '
+        '"action_chunk": 2, "num_steps": 3, "hidden_sizes": "32,32", "normalize_obs": true}'
+    )
+    short = [
+        "configs/ppo_halfcheetah.py",
+        "actor.model.model_type=flow_policy",
+        f"actor.model.model_kwargs={flow}",
+        "runner.rollout_steps=16",
+        "algorithm.num_minibatches=4",
+        "algorithm.ppo_epochs=2",
+        "checkpoint.interval=2",
+        f"runner.output_dir={out}",
+    ]
+    result = train(*short, "runner.max_steps=2", env=env, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    again = train(*short, "runner.max_steps=3", "checkpoint.resume=auto", env=env, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    records = read_metrics(out / "ppo_halfcheetah" / "metrics.jsonl")
+    assert [int(r["step"]) for r in records] == [1, 2, 3]
+    # 8 envs × 16 policy steps × 2 actions a window.
+    assert [r["env/steps"] for r in records] == [256.0] * 3
+    assert records[-1]["env/total_steps"] == 3 * 256
+    assert [r["train/samples"] for r in records] == [128.0] * 3  # one per policy step
+    assert all(math.isfinite(r["train/pg_loss"]) for r in records)
+
+
 def test_the_gpu_pushcube_config_plans_here_and_a_real_run_names_what_is_missing(
     tmp_path: Path,
 ) -> None:

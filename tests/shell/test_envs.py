@@ -323,6 +323,32 @@ def test_episode_stats_and_success_on_scripted_episodes() -> None:
     }
 
 
+def test_a_chunk_of_actions_is_one_policy_step_that_ends_where_its_episode_does() -> None:
+    # Observation and reward carry the step count t; env 0's episodes last 4 steps, env 1's 3.
+    stepper = tiny_stepper({"length": 4}, {"length": 3})
+    stepper.reset(seed=0)
+    chunk = torch.zeros(2, 3, dtype=torch.int64)
+    first = stepper.step(chunk, chunk=3)
+    # Env 0 plays t = 1, 2, 3; env 1 ends its episode on the chunk's last action.
+    assert first.rewards.tolist() == [6.0, 6.0]
+    assert first.terminated.tolist() == [False, True]
+    assert first.obs["states"][:, 0].tolist() == [3.0, 0.0]  # env 1 reset
+    assert first.next_obs["states"][:, 0].tolist() == [3.0, 3.0]  # its final observation
+    second = stepper.step(chunk, chunk=3)
+    # Env 0 ends at the chunk's first action (t = 4): the rest of the chunk's rewards are the
+    # new episode's, not counted; the policy next sees the new episode two steps in.
+    assert second.rewards.tolist() == [4.0, 6.0]
+    assert second.terminated.tolist() == [True, True]
+    assert second.truncated.tolist() == [False, False]
+    assert second.next_obs["states"][:, 0].tolist() == [4.0, 3.0]
+    assert second.obs["states"][:, 0].tolist() == [2.0, 0.0]
+    metrics = stepper.pop_metrics()  # episodes are the env's, counted per env step
+    assert metrics["env/episodes"] == 3.0
+    assert metrics["env/episode_length"] == pytest.approx((4 + 3 + 3) / 3)
+    with pytest.raises(ValueError, match=r"action chunks of shape \(2, 2\), expected \(2, 3\)"):
+        stepper.step(torch.zeros(2, 2, dtype=torch.int64), chunk=3)
+
+
 # --- errors ----------------------------------------------------------------------------
 
 

@@ -248,9 +248,11 @@ def test_lora_target_modules_are_suffixes_or_all_linear_alone(targets: str) -> N
     )
 
 
-def test_embodied_ppo_refuses_a_flow_policy_whose_actions_come_in_chunks() -> None:
+def test_both_embodied_ppo_runners_take_a_flow_policy_acting_in_chunks() -> None:
     flow = "configs/ppo_flow_pushcube_cpu.py"
-    assert refusals(flow) == []
-    (problem,) = refusals(flow, "actor.model.model_kwargs.action_chunk=4")
-    assert problem.startswith("actor.model.model_kwargs.action_chunk: the embodied PPO runner")
-    assert "chunk of 4 actions is not built yet" in problem
+    assert refusals(flow, "actor.model.model_kwargs.action_chunk=5") == []
+    pipelined = (
+        "rollout.pipeline_stage_num=2",
+        'cluster.component_placement={"actor": "0:0-1", "rollout": "0:0", "env": "0:0"}',
+    )
+    assert refusals(flow, "actor.model.model_kwargs.action_chunk=5", *pipelined) == []

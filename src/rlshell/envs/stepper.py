@@ -287,6 +287,11 @@ def _stack(rows: Sequence[Any]) -> Any:
     return np.stack([np.asarray(row) for row in rows])
 
 
+def _rows(mask: Tensor, like: Tensor) -> Tensor:
+    """``mask`` ``[num_envs]`` shaped to broadcast over ``like``'s rows."""
+    return mask.reshape(-1, *([1] * (like.dim() - 1))).to(like.device)
+
+
 def _check_finite(values: Tensor | np.ndarray, what: str, env_id: str, step: int) -> None:
     """Raise FloatingPointError naming the env, the first bad row and the step (0: the reset)."""
     if isinstance(values, Tensor):
@@ -436,14 +441,68 @@ class EnvStepper:
         self._layout.check_finite(env_obs, "reset observation", 0)
         return env_obs
 
-    def step(self, actions: Tensor, policy: str | None = None) -> StepResult:
-        """Apply ``actions`` ``[num_envs, *action_shape]`` to every env.
+    def step(self, actions: Tensor, policy: str | None = None, chunk: int = 1) -> StepResult:
+        """Apply ``actions`` ``[num_envs, *action_shape]`` to every env; with ``chunk`` > 1,
+        a chunk of actions ``[num_envs, chunk, *action_shape]``, one env step each.
 
         ``policy`` names what produced the actions (a policy class), for the
         error a wrong shape, dtype or range raises. An exception inside the
         env's own step is raised again as `EnvStepError` naming the env and
         the env step (counted from the last reset), chained to the original.
+
+        A chunk is one step of the policy (RLinf's ``chunk_step``): the result's
+        reward is the sum of the env rewards of the chunk, undiscounted, and
+        ``obs`` is the observation after its last action. An episode that ends
+        inside the chunk ends the policy's step there (``terminated`` /
+        ``truncated``, ``next_obs`` its final observation, the rewards after it
+        not counted); the env has reset it and plays the chunk's remaining
+        actions in the new episode, whose first observation the policy sees is
+        the one after the chunk. Episodes whose length is a multiple of the
+        chunk (ManiSkill's and MetaWorld's time limits with a chunk dividing
+        them) never end inside one. An env failure inside a chunk fails the
+        whole policy step (`EnvRestarted` as for a single step).
         """
+        if chunk == 1:
+            return self._step_once(actions, policy)
+        if chunk < 1:
+            raise ValueError(f"env {self.env_id}: chunk must be ≥ 1, got {chunk}")
+        got = f"{policy} returned" if policy else "got"
+        want = (self.num_envs, chunk, *self.action_shape[1:])
+        if tuple(actions.shape) != want:
+            raise ValueError(
+                f"env {self.env_id}: {got} action chunks of shape {tuple(actions.shape)}, "
+                f"expected {want} (num_envs, chunk, *single_action_space.shape)"
+            )
+        first = self._step_once(actions[:, 0], policy)
+        rewards = first.rewards.clone()
+        ended = first.dones.clone()
+        terminated, truncated = first.terminated.clone(), first.truncated.clone()
+        final = {key: value.clone() for key, value in first.next_obs.items()}
+        result = first
+        for k in range(1, chunk):
+            result = self._step_once(actions[:, k], policy)
+            live = ~ended
+            rewards += torch.where(live, result.rewards, torch.zeros_like(result.rewards))
+            newly = live & result.dones
+            terminated |= newly & result.terminated
+            truncated |= newly & result.truncated
+            if bool(newly.any()):
+                for key, value in final.items():
+                    value[newly] = result.next_obs[key][newly].to(value.dtype)
+            ended |= newly
+        next_obs = {
+            key: torch.where(_rows(ended, value), value, result.obs[key])
+            for key, value in final.items()
+        }
+        return StepResult(
+            obs=result.obs,
+            rewards=rewards,
+            terminated=terminated,
+            truncated=truncated,
+            next_obs=next_obs,
+        )
+
+    def _step_once(self, actions: Tensor, policy: str | None) -> StepResult:
         device = self._device
         if device is None:
             raise RuntimeError(f"env {self.env_id}: call reset(seed) before step")

@@ -176,7 +176,7 @@ def run_episodes(
             with unchecked() if steps else nullcontext():
                 actions, _ = policy.predict_action_batch(obs, mode="eval", compute_values=False)
             try:
-                obs = stepper.step(actions).obs
+                obs = stepper.step(actions, chunk=policy.action_chunk).obs
             except EnvRestarted as restart:
                 obs = restart.obs
             except (EnvStepError, FloatingPointError) as error:

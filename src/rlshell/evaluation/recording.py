@@ -6,6 +6,7 @@ carrying ``task_descriptions``) each task description met in the first
 `MAX_TASK_EPISODES` episodes. An episode is cut at ``max_frames`` frames;
 frames whose longer side exceeds ``max_side`` pixels are scaled down, and
 small ones (a policy's 64-pixel observations) scaled up by a whole factor.
+A policy acting in chunks (`BasePolicy.action_chunk` > 1) gives one frame per chunk.
 
 Where the frames come from: `RECORDING_ENVS` maps an env type to a builder
 of a render-capable copy (``make_env`` builds training envs without a render
@@ -181,7 +182,7 @@ def _play(
     frames = [frame_of(stepper, obs)]
     while len(frames) < max_frames:
         actions, _ = policy.predict_action_batch(obs, mode="eval", compute_values=False)
-        result = stepper.step(actions)
+        result = stepper.step(actions, chunk=policy.action_chunk)
         if bool(result.dones[0]):  # the env has already reset: its frame is the next episode's
             break
         obs = result.obs

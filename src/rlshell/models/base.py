@@ -106,6 +106,11 @@ _FORWARD_METHODS: dict[ForwardType, str] = {
 class BasePolicy(nn.Module, abc.ABC):
     """An embodied policy: ``predict_action_batch`` for rollout, ``forward`` for training."""
 
+    action_chunk: int = 1
+    """Env steps one ``predict_action_batch`` call's actions cover (RLinf's
+    ``num_action_chunks``): above 1 its actions are ``[batch, action_chunk, *action_shape]``,
+    stepped one after the other (`rlshell.envs.stepper.EnvStepper.step`'s ``chunk``)."""
+
     def forward(self, forward_type: ForwardType | str = ForwardType.DEFAULT, **kwargs: Any) -> Any:
         """Dispatch to ``<forward_type>_forward(**kwargs)`` (``default_forward`` by default)."""
         method = getattr(self, _FORWARD_METHODS[ForwardType.parse(forward_type)])

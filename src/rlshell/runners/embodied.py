@@ -36,9 +36,14 @@ class EmbodiedTrainer:
 
     def load(self, checkpoint: Path, state: TrainerState) -> int:
         step = int(self.checkpointed.load_checkpoint(str(checkpoint)).wait()[0])
-        # Every window of these runners steps each env runner.rollout_steps times (embodied
-        # GRPO's stop early; the count after a resume is then an upper bound).
-        self.env_steps = step * self.config.env.num_envs * self.config.runner.rollout_steps
+        counted = state.extra.get("env_steps")
+        if isinstance(counted, int):
+            self.env_steps = counted
+        else:
+            # A checkpoint from before the count was saved: every window of these runners
+            # steps each env runner.rollout_steps times with one action per step (embodied
+            # GRPO's stop early; the count is then an upper bound).
+            self.env_steps = step * self.config.env.num_envs * self.config.runner.rollout_steps
         return step
 
     def counted(self, metrics: dict[str, float], started: float) -> dict[str, float]:
@@ -58,7 +63,11 @@ class EmbodiedTrainer:
 
     def save(self, directory: Path, step: int) -> TrainerState:
         self.checkpointed.save_checkpoint(str(directory), step).wait()
-        return TrainerState(step=step, experiment_name=self.config.runner.experiment_name)
+        return TrainerState(
+            step=step,
+            experiment_name=self.config.runner.experiment_name,
+            extra={"env_steps": self.env_steps},
+        )
 
     def close(self) -> None:
         self._stack.close()

@@ -265,6 +265,7 @@ class EmbodiedWorker(PPOActor):
         with manager.unsharded() as policy, self.checked_once("rollout"):
             assert isinstance(policy, BasePolicy)
             policy.eval()
+            chunk = policy.action_chunk  # env steps per policy step
             if self.predict is not None:
                 self.predict.bind(policy)  # a checkpoint load may have replaced the weights
             if grouped:
@@ -292,10 +293,10 @@ class EmbodiedWorker(PPOActor):
         rollout_done = time.perf_counter()
         if grouped:
             samples = group_samples(window, algorithm.adv_type, algorithm.group_size)
-            env_steps = window.valid.numel()
+            env_steps = window.valid.numel() * chunk
         else:
             samples = buffer.finish(algorithm.gamma, algorithm.lam)
-            env_steps = samples.size
+            env_steps = samples.size * chunk
         metrics.update(self._update(samples))
         metrics.update(stepper.pop_metrics())
         metrics["time/rollout"] = rollout_done - started

@@ -106,7 +106,7 @@ def _group_episodes(
         predict = functools.partial(policy.predict_action_batch, mode="train", compute_values=False)
     for _ in range(max_steps):
         actions, info = predict(obs)
-        result = stepper.step(actions, policy=name)
+        result = stepper.step(actions, policy=name, chunk=policy.action_chunk)
         inputs.append(info["forward_inputs"])
         logprobs.append(info["prev_logprobs"].float().cpu())
         rewards.append(result.rewards.float().cpu())

@@ -48,6 +48,7 @@ from rlshell.workers.embodied_actor import EnvShare, PPOActor
 from rlshell.workers.embodied_update import policy_name, policy_values
 
 __all__ = [
+    "Acting",
     "EnvWindow",
     "EnvWorker",
     "PipelineActor",
@@ -102,6 +103,15 @@ class EnvWindow:
     metrics: dict[str, float]
 
 
+@frozen
+class Acting:
+    """What acts on the env workers' envs: the policy's name (for action errors) and how many
+    env steps each of its actions covers (`BasePolicy.action_chunk`)."""
+
+    policy: str
+    chunk: int = 1
+
+
 def stage_seed(config: Config, env_rank: int, stage: int) -> int:
     """The seed of one stage's envs; with one stage, env worker r's is collocated rank r's."""
     return config.runner.seed + 1000 * (env_rank * config.rollout.pipeline_stage_num + stage)
@@ -133,16 +143,17 @@ class EnvWorker(Worker):
         self.config = config
         self.steppers: list[EnvStepper] = []
         self.obs: list[EnvObs] = []
-        self.policy: str | None = None
+        self.acting = Acting("the policy")
         self._columns: dict[str, list[list[Tensor]]] = {}
         self._busy = 0.0
 
-    def init_worker(self, policy: str | None = None) -> EnvShare:
-        """Make and reset each stage's envs; ``policy`` names what acts, for action errors."""
+    def init_worker(self, acting: Acting | None = None) -> EnvShare:
+        """Make and reset each stage's envs; ``acting`` says what acts on them (its name for
+        action errors, its action chunk)."""
         config = self.config
         stages = config.rollout.pipeline_stage_num
         per_stage = config.env.num_envs // self.world_size // stages
-        self.policy = policy
+        self.acting = acting or self.acting
         for stage in range(stages):
             seed = stage_seed(config, self.rank, stage)
             stepper = EnvStepper.from_config(evolve(config.env, num_envs=per_stage), seed)
@@ -159,7 +170,8 @@ class EnvWorker(Worker):
     def step(self, stage: int, actions: Tensor) -> StageObs:
         """Step ``stage``'s envs with ``actions``; what the rollout worker acts on next."""
         started = time.perf_counter()
-        result = self.steppers[stage].step(actions, policy=self.policy)
+        acting = self.acting
+        result = self.steppers[stage].step(actions, policy=acting.policy, chunk=acting.chunk)
         if self.config.algorithm.bootstrap_at_done == "always":
             result = result.bootstrapped_at_done()
         cpu = torch.device("cpu")
@@ -190,7 +202,7 @@ class EnvWorker(Worker):
             truncated=_side_by_side(columns["truncated"]),
             metrics=merge_rank_metrics(per_stage),
         )
-        window.metrics["env/steps"] = float(window.rewards.numel())
+        window.metrics["env/steps"] = float(window.rewards.numel() * self.acting.chunk)
         window.metrics["time/env_busy"] = self._busy
         self._clear()
         return window
@@ -237,16 +249,16 @@ class PipelineRolloutWorker(Worker):
         self._busy = 0.0
         self._checked = False  # whether a predict ran with rlcore's shape checks
 
-    def init_worker(self) -> str:
+    def init_worker(self) -> Acting:
         """Build the policy copy (the actor's initial weights until `set_weights`); what acts,
-        for the env workers' errors."""
+        for the env workers."""
         config = self.config
         self.device = worker_device()
         policy = as_policy(build_rollout_model(config), config.actor.model)
         self.policy = policy.to(self.device).eval().requires_grad_(False)
         # The policy samples from torch's global generator: one stream per rollout worker.
         torch.manual_seed(config.runner.seed + 7919 * (self.rank + 1))
-        return f"{policy_name(policy)}.predict_action_batch"
+        return Acting(f"{policy_name(policy)}.predict_action_batch", policy.action_chunk)
 
     def set_weights(self, state: dict[str, Tensor], keep_buffers: bool = False) -> None:
         """Load the actor's policy (a full state dict). ``keep_buffers``: keep this worker's

@@ -152,7 +152,7 @@ def collect_rollout(
     while len(pending) < steps:
         actions, info = predict(obs)
         try:
-            result = stepper.step(actions, policy=name)
+            result = stepper.step(actions, policy=name, chunk=policy.action_chunk)
         except EnvRestarted as restart:
             if pending:
                 pending[-1] = _truncated_at(pending[-1], policy_values(policy, obs))

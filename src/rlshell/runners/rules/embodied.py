@@ -50,14 +50,6 @@ def ppo_problems(config: Config, who: str) -> list[str]:
             f"(rlshell.workers.embodied_update); '{config.algorithm.loss_type}' is a reasoning "
             "runner's loss (or 'sac' with the SAC placement). Set algorithm.loss_type=ppo"
         )
-    model = config.actor.model
-    chunk = model.model_kwargs.get("action_chunk", 1)
-    if model.model_type == "flow_policy" and str(chunk) != "1":
-        problems.append(
-            f"actor.model.model_kwargs.action_chunk: {who} steps the envs one action per "
-            f"policy call; stepping a chunk of {chunk} actions is not built yet. Set "
-            "action_chunk=1 (the chunked policy trains by sft_forward)"
-        )
     return problems
 
 
