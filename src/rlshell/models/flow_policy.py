@@ -191,6 +191,7 @@ class FlowPolicy(BasePolicy):
     def __init__(self, spec: FlowPolicySpec, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.spec = spec
+        self.action_chunk = spec.action_chunk
         width = spec.hidden_sizes[-1]
         flat = spec.action_chunk * spec.action_dim
         self.encoder = nn.Sequential(_mlp((spec.obs_dim, *spec.hidden_sizes)), nn.SiLU())
