@@ -66,11 +66,19 @@ from rlcore.distributions import (
 from rlshell.config import ModelConfig
 from rlshell.models.base import ActionInfo, BasePolicy
 from rlshell.models.mlp_policy import normalized_states, register_bounds_and_stats
-from rlshell.models.model_kwargs import KwargsReader, Scalar
+from rlshell.models.model_kwargs import PREFIX, KwargsReader, Scalar
+from rlshell.models.vision_language import (
+    VISION_LANGUAGE_KEYS,
+    VisionLanguageEncoder,
+    VisionLanguageSpec,
+    checked_images,
+    task_codes,
+)
 
-__all__ = ["FlowPolicy", "FlowPolicySpec", "NoiseMethod", "build_flow_policy"]
+__all__ = ["EncoderKind", "FlowPolicy", "FlowPolicySpec", "NoiseMethod", "build_flow_policy"]
 
 NoiseMethod = Literal["flow_sde", "flow_noise"]
+EncoderKind = Literal["state", "vision_language"]
 
 _COMMON_KEYS = (
     "obs_dim",
@@ -78,15 +86,21 @@ _COMMON_KEYS = (
     "action_chunk",
     "num_steps",
     "noise_method",
+    "encoder",
     "hidden_sizes",
     "time_embed_dim",
     "action_low",
     "action_high",
     "normalize_obs",
 )
+# Two independent choices, each with keys of its own.
 _KEYS_BY_METHOD: dict[NoiseMethod, tuple[str, ...]] = {
-    "flow_sde": (*_COMMON_KEYS, "noise_level", "joint_logprob"),
-    "flow_noise": (*_COMMON_KEYS, "noise_std_range"),
+    "flow_sde": ("noise_level", "joint_logprob"),
+    "flow_noise": ("noise_std_range",),
+}
+_KEYS_BY_ENCODER: dict[EncoderKind, tuple[str, ...]] = {
+    "state": (),
+    "vision_language": VISION_LANGUAGE_KEYS,
 }
 # Sine–cosine features of t with periods from 4e-3 to 4 (π0's time embedding's range).
 _MIN_PERIOD, _MAX_PERIOD = 4e-3, 4.0
@@ -109,12 +123,43 @@ class FlowPolicySpec:
     action_low: tuple[float, ...] = ()
     action_high: tuple[float, ...] = ()
     normalize_obs: bool = False
+    encoder: EncoderKind = "state"
+    vision_language: VisionLanguageSpec | None = None
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Scalar]) -> FlowPolicySpec:
-        """Parse ``model_kwargs``; a bad or missing entry raises ValueError naming its key."""
+        """Parse ``model_kwargs``; a bad, missing or unknown entry raises ValueError naming it."""
         read = KwargsReader(kwargs, "flow_policy")
-        method = read.variant("noise_method", _KEYS_BY_METHOD, "flow_sde")
+        every_method_key = tuple(itertools.chain(*_KEYS_BY_METHOD.values()))
+        encoder = read.variant(
+            "encoder",
+            {
+                kind: (*_COMMON_KEYS, *every_method_key, *keys)
+                for kind, keys in _KEYS_BY_ENCODER.items()
+            },
+            "state",
+        )
+        method = read.variant(
+            "noise_method",
+            {
+                m: (*_COMMON_KEYS, *keys, *_KEYS_BY_ENCODER[encoder])
+                for m, keys in _KEYS_BY_METHOD.items()
+            },
+            "flow_sde",
+        )
+        # The state encoder reads only states; the vision-language one reads them when
+        # obs_dim says they exist.
+        if encoder == "state":
+            obs_dim, vision_language = read.positive_int("obs_dim"), None
+        else:
+            obs_dim = read.non_negative_int("obs_dim", 0)
+            vision_language = VisionLanguageSpec.from_reader(read, obs_dim)
+        normalize = read.bool_("normalize_obs", False)
+        if normalize and not obs_dim:
+            raise ValueError(
+                f"{PREFIX}.normalize_obs: normalises states, but obs_dim is 0 (no states read); "
+                "set obs_dim or drop normalize_obs"
+            )
         action_dim = read.positive_int("action_dim")
         bounded = "action_low" in kwargs or "action_high" in kwargs
         low, high = read.action_bounds(action_dim) if bounded else ((), ())
@@ -129,7 +174,7 @@ class FlowPolicySpec:
                 f"pairs, so it must be even; got {embed}"
             )
         return cls(
-            obs_dim=read.positive_int("obs_dim"),
+            obs_dim=obs_dim,
             action_dim=action_dim,
             action_chunk=read.positive_int("action_chunk", 1),
             num_steps=read.positive_int("num_steps", 5),
@@ -141,7 +186,9 @@ class FlowPolicySpec:
             time_embed_dim=embed,
             action_low=low,
             action_high=high,
-            normalize_obs=read.bool_("normalize_obs", False),
+            normalize_obs=normalize,
+            encoder=encoder,
+            vision_language=vision_language,
         )
 
     @property
@@ -176,8 +223,11 @@ def _mlp(sizes: tuple[int, ...]) -> nn.Sequential:
 class FlowPolicy(BasePolicy):
     """Encoder, velocity network (and, for Flow-Noise, a σ head) and a value head.
 
-    c = encoder(s);  h = body([x_t ; time features of t ; c]);  v = velocity_out(h);
-    σ = low + (high − low)·sigmoid(noise_head(h)) (Flow-Noise);  V(s) = value_head(c).
+    c = encoder(o);  h = body([x_t ; time features of t ; c]);  v = velocity_out(h);
+    σ = low + (high − low)·sigmoid(noise_head(h)) (Flow-Noise);  V(o) = value_head(c),
+
+    the encoder an MLP over ``states`` or a `VisionLanguageEncoder` over the images, the
+    task description and (with ``obs_dim``) ``states``.
     """
 
     obs_count: Tensor
@@ -194,13 +244,21 @@ class FlowPolicy(BasePolicy):
         self.action_chunk = spec.action_chunk
         width = spec.hidden_sizes[-1]
         flat = spec.action_chunk * spec.action_dim
-        self.encoder = nn.Sequential(_mlp((spec.obs_dim, *spec.hidden_sizes)), nn.SiLU())
+        self.encoder: nn.Module
+        if spec.vision_language is None:
+            self.encoder = nn.Sequential(_mlp((spec.obs_dim, *spec.hidden_sizes)), nn.SiLU())
+            context_dim = width
+        else:
+            self.encoder = VisionLanguageEncoder(spec.vision_language)
+            context_dim = spec.vision_language.width
+            # FSDP units under the default wrap policy (and by _fsdp_wrap_name).
+            self._no_split_modules = ["VisionTower", "VisionProjector", "ContextBlock"]
         self.body = nn.Sequential(
-            _mlp((flat + spec.time_embed_dim + width, *spec.hidden_sizes)), nn.SiLU()
+            _mlp((flat + spec.time_embed_dim + context_dim, *spec.hidden_sizes)), nn.SiLU()
         )
         self.velocity_out = nn.Linear(width, flat)
         self.noise_head = nn.Linear(width, flat) if spec.noise_method == "flow_noise" else None
-        self.value_head = _mlp((width, width, 1))
+        self.value_head = _mlp((context_dim, width, 1))
         self.to(dtype)
         half = spec.time_embed_dim // 2
         periods = torch.logspace(
@@ -222,16 +280,20 @@ class FlowPolicy(BasePolicy):
         mode: Literal["train", "eval"] = "train",
         compute_values: bool = True,
     ) -> tuple[Tensor, ActionInfo]:
-        """Denoise a chunk for each row of ``env_obs["states"]``, recording the chain."""
+        """Denoise a chunk for each row of the observation, recording the chain.
+
+        Reads ``env_obs["states"]``, or with the vision-language encoder ``main_images``
+        (and ``wrist_images``), ``task_descriptions`` and, with ``obs_dim``, ``states``.
+        """
         if mode not in ("train", "eval"):
             raise ValueError(f"predict_action_batch: mode must be 'train' or 'eval', got {mode!r}")
         spec = self.spec
-        states = self.require_input(env_obs, "states", source="env_obs")
+        observation = self._observation(env_obs, "env_obs")
         train = mode == "train"
         with torch.no_grad():
-            states = self._normalized(states, observe=train)
-            context = self.encoder(self._cast(states))
-            batch, device = states.shape[0], states.device
+            self._normalize_states(observation, observe=train)
+            context = self._context(observation)
+            batch, device = context.shape[0], context.device
             shape = (batch, spec.action_chunk, spec.action_dim)
             x = torch.randn(shape, device=device) if train else torch.zeros(shape, device=device)
             denoise_inds = self._draw_denoise_inds(batch) if train else torch.empty(batch, 0)
@@ -259,7 +321,7 @@ class FlowPolicy(BasePolicy):
             info: ActionInfo = {
                 "prev_logprobs": logprobs,
                 "forward_inputs": {
-                    "states": states,
+                    **observation,
                     "chains": torch.stack(chains, dim=1),
                     "denoise_inds": denoise_inds,
                     "model_action": model_action,
@@ -288,8 +350,7 @@ class FlowPolicy(BasePolicy):
         compute_values: bool = True,
     ) -> dict[str, Tensor]:
         """``logprobs``, ``entropy`` and ``values`` (each ``[batch]``) of the recorded chains."""
-        states = self.require_input(forward_inputs, "states")
-        context = self.encoder(self._cast(states))
+        context = self._context(self._observation(forward_inputs, "forward_inputs"))
         out: dict[str, Tensor] = {}
         if compute_logprobs or compute_entropy:
             chains = self.require_input(forward_inputs, "chains")
@@ -317,13 +378,16 @@ class FlowPolicy(BasePolicy):
             out["values"] = self._value(context)
         return out
 
-    def sft_forward(self, states: Tensor, actions: Tensor) -> dict[str, Tensor]:
+    def sft_forward(self, actions: Tensor, **observation: Any) -> dict[str, Tensor]:
         """``{"loss"}``: the flow-matching loss of demonstrated ``actions`` (``[batch, dim]``
-        for a chunk of 1, else ``[batch, chunk, dim]``) at ``states`` (raw: normalised here)."""
+        for a chunk of 1, else ``[batch, chunk, dim]``) at the observation, given by keyword
+        as ``env_obs`` holds it (``states=...``; ``main_images=..., task_descriptions=...``
+        for the vision-language encoder; raw states, normalised here)."""
         spec = self.spec
         chunk = actions.reshape(actions.shape[0], spec.action_chunk, spec.action_dim).float()
-        states = self._normalized(states, observe=False)
-        context = self.encoder(self._cast(states))
+        inputs = self._observation(observation, "observation")
+        self._normalize_states(inputs, observe=False)
+        context = self._context(inputs)
         beta = torch.distributions.Beta(torch.tensor(1.5), torch.tensor(1.0))
         t = (0.001 + 0.999 * beta.sample((chunk.shape[0],))).to(chunk.device)
         noise = torch.randn_like(chunk)
@@ -331,6 +395,47 @@ class FlowPolicy(BasePolicy):
         return {"loss": flow_matching_loss(velocity, noise, chunk)}
 
     # -------------------------------------------------------------------- helpers
+
+    def _observation(self, source: Mapping[str, Any], where: str) -> dict[str, Tensor]:
+        """The observation entries the encoder reads, checked (task descriptions as code
+        points, `rlshell.models.vision_language.task_codes`)."""
+        spec, vision_language = self.spec, self.spec.vision_language
+        observation: dict[str, Tensor] = {}
+        if vision_language is not None:
+            for key in vision_language.image_keys:
+                images = self.require_input(source, key, source=where)
+                observation[key] = checked_images(images, vision_language, f"{where}['{key}']")
+            texts = self.require_input(source, "task_descriptions", source=where)
+            device = observation["main_images"].device
+            where_texts = f"{where}['task_descriptions']"
+            observation["task_descriptions"] = task_codes(
+                texts, vision_language, where_texts, device
+            )
+        if spec.obs_dim:
+            states = self.require_input(source, "states", source=where)
+            if states.dim() != 2 or states.shape[1] != spec.obs_dim:
+                raise ValueError(
+                    f"flow_policy: {where}['states'] must be [batch, {spec.obs_dim}] (obs_dim), "
+                    f"got {tuple(states.shape)}"
+                )
+            observation["states"] = states
+        rows = {key: value.shape[0] for key, value in observation.items()}
+        if len(set(rows.values())) > 1:
+            raise ValueError(f"flow_policy: {where}'s entries disagree on the batch size: {rows}")
+        return observation
+
+    def _normalize_states(self, observation: dict[str, Tensor], observe: bool) -> None:
+        if "states" in observation:
+            observation["states"] = self._normalized(observation["states"], observe)
+
+    def _context(self, observation: dict[str, Tensor]) -> Tensor:
+        """c ``[batch, context width]`` from `_observation`'s entries (states normalised)."""
+        vision_language = self.spec.vision_language
+        if vision_language is None:
+            return cast(Tensor, self.encoder(self._cast(observation["states"])))
+        images = [observation[key] for key in vision_language.image_keys]
+        states = observation.get("states")
+        return cast(Tensor, self.encoder(images, observation["task_descriptions"], states))
 
     def _velocity(self, x: Tensor, t: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
         """(v_θ(x, t | c) as ``[batch, chunk, dim]`` in fp32, the body's last hidden layer)."""

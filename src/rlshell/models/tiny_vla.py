@@ -59,14 +59,12 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import string
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from attrs import frozen
 from jaxtyping import Float, Int
 from torch import Tensor, nn
@@ -77,6 +75,8 @@ from rlshell.config import ModelConfig
 from rlshell.envs.text import texts_of
 from rlshell.models.base import ActionInfo, BasePolicy
 from rlshell.models.model_kwargs import PREFIX, KwargsReader, Scalar
+from rlshell.models.vision import VisionProjector, VisionTower
+from rlshell.models.vision_language import DEFAULT_VLA_ALPHABET
 
 __all__ = [
     "ActionTokenLogitsProcessor",
@@ -90,8 +90,6 @@ __all__ = [
     "load_norm_stats",
 ]
 
-# Printable ASCII without the whitespace other than the space.
-DEFAULT_VLA_ALPHABET = "".join(c for c in string.printable if c not in "\t\n\r\x0b\x0c")
 DEFAULT_PROMPT = "what action should the robot take to {}?"
 # The projections LoRA adapts, where the LM has them (Llama, Qwen2, Mistral, Gemma).
 LORA_CANDIDATES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -331,54 +329,13 @@ def _quantiles(
 
 
 # ---------------------------------------------------------------------------
-# The vision side and the value head.
+# The value head (the vision tower and projector are `rlshell.models.vision`'s).
 
 
 def _own(tensor: Tensor) -> Tensor:
     """``tensor``, copied if it is a view: FSDP2 warns about views a unit returns (an in-place
     op on one would skip the unit's backward hook)."""
     return tensor if tensor._base is None else tensor.clone()
-
-
-class VisionTower(nn.Module):
-    """uint8 images ``[B, H, W, C]`` → patch features ``[B, P, vision_width]``.
-
-    A ``patch_size``-strided convolution, then residual blocks
-    x ← x + GELU(conv₃ₓ₃(x)), then a LayerNorm over each patch's features.
-    """
-
-    _fsdp_wrap_name = "vision_tower"
-
-    def __init__(self, spec: TinyVLASpec) -> None:
-        super().__init__()
-        width = spec.vision_width
-        self.patch_embed = nn.Conv2d(spec.image_channels, width, spec.patch_size, spec.patch_size)
-        self.blocks = nn.ModuleList(
-            nn.Conv2d(width, width, 3, padding=1) for _ in range(spec.vision_layers)
-        )
-        self.norm = nn.LayerNorm(width)
-
-    def forward(self, images: Tensor) -> Tensor:
-        dtype = self.patch_embed.weight.dtype
-        pixels = images.permute(0, 3, 1, 2).to(dtype) * (2.0 / 255.0) - 1.0
-        x = self.patch_embed(pixels)
-        for block in self.blocks:
-            x = x + F.gelu(block(x))
-        return self.norm(x.flatten(2).transpose(1, 2))  # type: ignore[no-any-return]
-
-
-class VisionProjector(nn.Module):
-    """Patch features → the LM's embedding width: Linear, GELU, Linear (OpenVLA's MLP projector)."""
-
-    _fsdp_wrap_name = "projector"
-
-    def __init__(self, vision_width: int, hidden_size: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(vision_width, hidden_size)
-        self.fc2 = nn.Linear(hidden_size, hidden_size)
-
-    def forward(self, features: Tensor) -> Tensor:
-        return _own(self.fc2(F.gelu(self.fc1(features))))
 
 
 class ValueHead(nn.Module):
@@ -436,7 +393,9 @@ class TinyVLA(BasePolicy):
                 f"vocabulary of {self.vocab_size}"
             )
         self.first_action_id = self.vocab_size - spec.n_action_bins
-        self.vision_tower = VisionTower(spec)
+        self.vision_tower = VisionTower(
+            spec.image_channels, spec.vision_width, spec.patch_size, spec.vision_layers
+        )
         self.projector = VisionProjector(spec.vision_width, hidden_size)
         self.value_head = ValueHead(hidden_size)
         self.unnormalize = ActionUnnormalizer(spec)
