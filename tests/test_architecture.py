@@ -137,6 +137,7 @@ SHELL_LAYERS: list[tuple[str, frozenset[str]]] = [
                 "conversation",
                 "tools",
                 "hyperparameters",
+                "demonstrations",
             }
         ),
     ),

@@ -13,6 +13,8 @@ from, explicitly (a set ``train_path`` never switches the source silently):
 
 - ``"conversations"``: the sft runner's demonstrations, not prompts:
   `load_conversations` reads them (`rlshell.conversation.read_conversations`).
+- ``"demonstrations"``: an embodied policy's sft run's recorded episodes, read by
+  `rlshell.demonstrations.load_demonstrations`.
 
 `PromptSampler` draws prompt batches in shuffled epochs (a `Sampler` of
 prompts: the sft runner's draws conversations the same way); its
@@ -56,7 +58,7 @@ __all__ = [
 ]
 
 Split = Literal["train", "val"]
-TASKS = ("arithmetic", "file", "conversations")
+TASKS = ("arithmetic", "file", "conversations", "demonstrations")
 PROMPT_TASKS = ("arithmetic", "file")  # the tasks `load_dataset` reads prompts from
 ExampleT = TypeVar("ExampleT")
 
@@ -485,10 +487,10 @@ def _examples(
                 "data.train_path: expected a .jsonl or .parquet file for data.task='file'"
             )
         return read_split(f"data.{split}_path", path, split, cfg.prompt_key, cfg.answer_key)
-    if cfg.task == "conversations":
+    if cfg.task in ("conversations", "demonstrations"):
         raise ValueError(
-            "data.task: 'conversations' are demonstrations for runner.runner_type='sft' "
-            "(load_conversations), not prompts with answers"
+            f"data.task: '{cfg.task}' are demonstrations for runner.runner_type='sft' "
+            "(load_conversations, rlshell.demonstrations), not prompts with answers"
         )
     raise ValueError(f"data.task: unknown task {cfg.task!r}; expected one of {list(PROMPT_TASKS)}")
 

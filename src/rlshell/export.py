@@ -136,7 +136,7 @@ def _model_config(checkpoint: Path, config: Config) -> ModelConfig:
     """``actor.model`` as the run's actor built it, less the checkpoint it started from
     (``actor.model.checkpoint``: ``checkpoint``'s weights replace that one's)."""
     model = evolve(config.actor.model, checkpoint=None)
-    if config.runner.runner_type not in TOKENIZER_RUNNERS:
+    if config.runner.runner_type not in TOKENIZER_RUNNERS or model.category != "reasoning":
         return model
     # The reasoning runner fills a model_kwargs model's vocabulary size and special-token ids
     # from its tokenizer after writing config.json; the checkpoint holds that tokenizer.

@@ -575,7 +575,9 @@ class DataConfig:
     ``answer_key`` (a GSM8K answer keeps what follows ``####``);
     ``"conversations"`` (the sft runner's) reads demonstrations from
     ``train_path`` and ``val_path``, JSONL files of ``{"messages": [{"role":
-    ..., "content": ...}, ...]}`` (`rlshell.conversation`).
+    ..., "content": ...}, ...]}`` (`rlshell.conversation`); ``"demonstrations"`` (the
+    sft runner's for an embodied policy) reads recorded episodes from ``train_path`` and
+    ``val_path``, files of `rlshell.demonstrations`.
 
     ``phrasing`` (the arithmetic task): ``"equation"`` writes ``3+14=`` (for
     the character tokenizer of models built here); ``"question"`` asks
@@ -594,7 +596,7 @@ class DataConfig:
     as verl's data preparation appends one to GSM8K's questions.
     """
 
-    task: Literal["arithmetic", "file", "conversations"] = "arithmetic"
+    task: Literal["arithmetic", "file", "conversations", "demonstrations"] = "arithmetic"
     train_path: str | None = None
     val_path: str | None = None
     prompt_key: str = "prompt"

@@ -392,6 +392,7 @@ class EnvStepper:
         self._returns = np.zeros(self.num_envs, dtype=np.float64)
         self._lengths = np.zeros(self.num_envs, dtype=np.int64)
         self._success_once = np.zeros(self.num_envs, dtype=np.bool_)
+        self._last_success = np.zeros(self.num_envs, dtype=np.bool_)  # of the last episode
         self._reports_success = False
         self._finished: dict[str, list[float]] = {
             "return": [],
@@ -562,6 +563,11 @@ class EnvStepper:
         for values in finished.values():
             values.clear()
         return metrics
+
+    def last_success(self, env: int) -> bool:
+        """Whether env ``env``'s last finished episode ended in success (false before any has
+        ended, and where the env reports no success)."""
+        return bool(self._last_success[env])
 
     @property
     def restarts(self) -> int:
@@ -739,6 +745,7 @@ class EnvStepper:
         finished["length"].extend(self._lengths[rows].tolist())
         if self._reports_success:
             at_end = success[rows] if success is not None else np.zeros(len(rows), np.bool_)
+            self._last_success[rows] = at_end
             finished["success"].extend(at_end.astype(np.float64).tolist())
             finished["success_once"].extend(self._success_once[rows].astype(np.float64).tolist())
         self._returns[rows] = 0.0

@@ -32,6 +32,7 @@ def _data_problems(config: Config) -> list[str]:
     a column: found before anything starts."""
     from rlshell.conversation import read_conversations
     from rlshell.data import Split, read_split
+    from rlshell.demonstrations import load_demonstrations
     from rlshell.hub import hub_id
 
     data = config.data
@@ -48,12 +49,14 @@ def _data_problems(config: Config) -> list[str]:
             continue
         if hub_id(path, "dataset") is None and not Path(path).exists():
             problems.append(f"{key}: {path} does not exist")
-        elif data.task in ("file", "conversations"):
+        elif data.task in ("file", "conversations", "demonstrations"):
             try:
                 if data.task == "file":
                     read_split(key, path, split, data.prompt_key, data.answer_key)
-                else:
+                elif data.task == "conversations":
                     read_conversations(path)
+                else:
+                    load_demonstrations(path)
             except (OSError, ValueError) as error:
                 message = str(error)
                 problems.append(message if message.startswith(f"{key}: ") else f"{key}: {message}")

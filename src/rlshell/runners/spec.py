@@ -10,6 +10,7 @@ reads the spec. Which trainer runs what:
     runner_type  algorithm              component_placement               trainer
     reasoning    an rlcore estimator    rollout with or apart from actor  ReasoningTrainer
     sft          (loss_agg_mode only)   actor                             SFTTrainer
+    sft, an embodied model (not read)   actor                             EmbodiedSFTTrainer
     embodied     gae or group estimator "actor,rollout,env" one key       CollocatedPPOTrainer
     embodied     gae                    actor, rollout, env: three keys   PipelinedPPOTrainer
     embodied     loss_type sac          "actor" apart from "rollout,env"  SACTrainer
@@ -30,7 +31,7 @@ from rlshell.runners.facts import ProcessLayout, RunFacts
 from rlshell.runners.rules import TrainerRules
 from rlshell.runners.rules.embodied import CollocatedPPORules, PipelinedPPORules, SACRules
 from rlshell.runners.rules.reasoning import ReasoningRules
-from rlshell.runners.rules.sft import SFTRules
+from rlshell.runners.rules.sft import EmbodiedSFTRules, SFTRules
 
 if TYPE_CHECKING:
     from rlshell.cluster.placement import PlacementPlan
@@ -110,6 +111,7 @@ class RunSpec(RunFacts):
 _TRAINER_MODULES = {
     "ReasoningTrainer": "rlshell.runners.reasoning",
     "SFTTrainer": "rlshell.runners.sft",
+    "EmbodiedSFTTrainer": "rlshell.runners.embodied_sft",
     "CollocatedPPOTrainer": "rlshell.runners.embodied_ppo",
     "PipelinedPPOTrainer": "rlshell.runners.embodied_pipeline",
     "SACTrainer": "rlshell.runners.sac",
@@ -132,6 +134,7 @@ def rules_of(trainer_name: str) -> type[TrainerRules]:
     rules: tuple[type[TrainerRules], ...] = (
         ReasoningRules,
         SFTRules,
+        EmbodiedSFTRules,
         CollocatedPPORules,
         PipelinedPPORules,
         SACRules,
@@ -143,6 +146,8 @@ def _trainer_name(config: Config, layout: ProcessLayout) -> str | None:
     runner = config.runner.runner_type
     if runner == "reasoning":
         return "ReasoningTrainer"
+    if runner == "sft" and config.actor.model.category == "embodied":
+        return "EmbodiedSFTTrainer"
     if runner == "sft":
         return "SFTTrainer"
     if runner == "embodied" and config.algorithm.loss_type == "sac":

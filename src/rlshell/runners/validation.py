@@ -173,7 +173,8 @@ def _registry_problems(spec: RunSpec, unread: Mapping[str, str]) -> list[str]:
     model = config.actor.model
     if model.model_type in MODELS:
         registered = MODELS.get(model.model_type).category
-        wanted = "reasoning" if runner == "sft" else runner  # both train language models
+        # An sft run trains either kind (actor.model.category says which trainer runs it).
+        wanted = model.category if runner == "sft" else runner
         if runner in ("reasoning", "sft", "embodied") and registered != wanted:
             problems.append(
                 f"actor.model.model_type: '{model.model_type}' is a {registered} model; "
@@ -289,9 +290,10 @@ def _cluster_problems(config: Config) -> list[str]:
 def _task_problems(config: Config) -> list[str]:
     """``data.task='conversations'`` (demonstrations) outside the sft runner. (The sft
     runner refuses the other tasks: `rlshell.runners.sft.SFTTrainer.problems`.)"""
-    if config.data.task == "conversations" and config.runner.runner_type == "reasoning":
+    task = config.data.task
+    if task in ("conversations", "demonstrations") and config.runner.runner_type == "reasoning":
         return [
-            "data.task: 'conversations' are demonstrations for runner.runner_type='sft'; the "
+            f"data.task: '{task}' are demonstrations for runner.runner_type='sft'; the "
             "reasoning runner samples responses to prompts ('arithmetic', or 'file' with "
             "prompt and answer columns)"
         ]

@@ -1,7 +1,9 @@
-"""What the sft trainer accepts: its own rules and the keys it leaves unread.
+"""What the sft trainers accept: their own rules and the keys they leave unread.
 
 `SFTRules` is `rlshell.runners.sft.SFTTrainer`'s half that validation reads
 (`rlshell.runners.rules`): it imports neither the actor nor the tokenizer.
+`EmbodiedSFTRules` is `rlshell.runners.embodied_sft.EmbodiedSFTTrainer`'s (an sft
+run of an embodied policy, on recorded demonstrations).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from rlshell.runners.unread import (
     stages_unread,
 )
 
-__all__ = ["SFTRules", "data_parallel_shares"]
+__all__ = ["EmbodiedSFTRules", "SFTRules", "data_parallel_shares"]
 
 # What the sft run reads of the agent's settings: the markers of the conversations' text.
 AGENT_KEYS_READ = ("call_start", "call_end", "result_start", "result_end")
@@ -127,6 +129,99 @@ class SFTRules:
                 "read from data.train_path and data.val_path"
             )
         unread.update(chat_markers_unread(config))
+        return unread
+
+
+EMBODIED_DATA_KEYS_READ = ("task", "train_path", "val_path")
+
+
+class EmbodiedSFTRules:
+    """What an sft run of an embodied policy may ask for (`rlshell.runners.rules.TrainerRules`)."""
+
+    trainer_name: ClassVar[str] = "EmbodiedSFTTrainer"
+    registered_names: ClassVar[tuple[str, ...]] = ("actor.model.model_type",)
+
+    @classmethod
+    def problems(cls, facts: RunFacts, plan: PlacementPlan | None) -> list[str]:
+        config = facts.config
+        data, runner = config.data, config.runner
+        problems = []
+        if data.task != "demonstrations":
+            problems.append(
+                f"data.task: an sft run of an embodied policy (actor.model.category="
+                f"'embodied') trains on recorded episodes, data.task='demonstrations' with "
+                f"data.train_path (python -m rlshell.demonstrations record); got '{data.task}'"
+            )
+        elif data.train_path is None:
+            problems.append(
+                "data.train_path: the embodied sft run needs its demonstrations (a file "
+                "python -m rlshell.demonstrations record writes)"
+            )
+        if runner.eval_interval and data.val_path is None:
+            problems.append(
+                f"runner.eval_interval: evaluating every {runner.eval_interval} steps reads the "
+                "held-out demonstrations of data.val_path, which is unset; set it, or "
+                "runner.eval_interval=0"
+            )
+        others = sorted(name for name in facts.layout.keys if name != "actor")
+        if others:
+            problems.append(
+                f"cluster.component_placement: the sft run starts the actor alone; it places "
+                f"{', '.join(others)} too (e.g. {{'actor': '0:0'}})"
+            )
+        if plan is not None and any(c.name == "actor" for c in plan.components):
+            shares = data_parallel_shares(config, len(plan.component("actor").workers))
+            if runner.prompts_per_step < shares:
+                problems.append(
+                    f"runner.prompts_per_step: {runner.prompts_per_step} demonstration steps a "
+                    f"step, fewer than the actor's {shares} data-parallel ranks; every rank "
+                    "needs a share"
+                )
+        return problems
+
+    @classmethod
+    def unread(cls, facts: RunFacts) -> dict[str, str]:
+        config = facts.config
+        who = "the embodied sft run"
+        recorded = f"{who} trains on recorded episodes (data.task='demonstrations')"
+        unread = {
+            **compile_unread(f"{who} does not read it"),
+            **stages_unread(config, who),
+            **sac_unread(who),
+            "rollout": f"{recorded}: it acts in no env",
+            "reward": f"{recorded}: nothing is scored",
+            "critic": f"{recorded}: there is no value model",
+            "env": f"{recorded}; env.* configures the embodied RL runners' envs (and "
+            "python -m rlshell.demonstrations record's)",
+            "agent": f"configures the reasoning runner's tool calls; {who} has none",
+            "runner.mode": f"runs the reasoning rollout ahead of its update; {who} has no rollout",
+            "runner.rollout_steps": "env steps per env in an embodied step; an sft step is "
+            "runner.prompts_per_step demonstration steps",
+            "actor.mini_batch_size": f"splits the reasoning update into mini-batches; {who} "
+            "makes one optimizer step on each step's runner.prompts_per_step rows",
+            "actor.micro_batch_max_tokens": f"budgets the reasoning actor's token micro-batches; "
+            f"{who}'s rows are observations",
+            "actor.logprob_chunk_size": f"chunks the reasoning actor's vocabulary log-probs; "
+            f"{who} reads the policy's sft_forward loss",
+            "actor.share_prompt_forward": f"shares a prompt's forward among a GRPO group's "
+            f"samples; {who} has no prompts",
+            "actor.pack_sequences": f"packs the reasoning actor's token sequences; {who} has none",
+            "actor.enable_offload": f"moves the actor out of the way of a rollout on the GPUs "
+            f"it shares; {who} has no rollout",
+            "actor.reference_cpus_per_worker": f"sizes the reasoning runner's reference "
+            f"workers (the KL term); {who} runs none",
+        }
+        for key in _fields(AlgorithmConfig, ("sac",)):
+            unread[f"algorithm.{key}"] = (
+                f"{who}'s loss is the policy's own sft_forward (flow_policy: flow matching; "
+                "tiny_vla: the action tokens' negative log-likelihood); no algorithm key "
+                "shapes it"
+            )
+        for key in _fields(DataConfig, EMBODIED_DATA_KEYS_READ):
+            unread[f"data.{key}"] = (
+                f"describes prompts or conversations; {recorded}, read from data.train_path "
+                "and data.val_path"
+            )
         return unread
 
 
