@@ -6,6 +6,22 @@ noise chunk ε ~ N(0, I) of shape ``[action_chunk, action_dim]`` to an action ch
 ``num_steps`` = K steps of δ = 1/K, from t = 1 (noise) to t = 0 (the action), on the
 straight path x_t = t·ε + (1 − t)·a (`rlcore.distributions`' flow section has the maths).
 
+The encoder is chosen by ``encoder``:
+
+- ``state`` (the default): an MLP over ``states`` (``obs_dim`` wide, ``hidden_sizes``).
+- ``vision_language``: π0's VLM prefix, small and of the project's own
+  (`rlshell.models.vision_language.VisionLanguageEncoder`): ``main_images`` (and
+  ``wrist_images`` with ``wrist_images``) as patch tokens from the vision tower and
+  projector ``tiny_vla`` shares (`rlshell.models.vision`), ``task_descriptions`` as one
+  token per character (the character tokenizer's ids over ``alphabet``) and, when
+  ``obs_dim`` > 0, ``states`` as one more token, read by ``context_layers`` pre-norm
+  transformer blocks of width ``context_width``; c is their output at a learned summary
+  token, pooled that way into one vector, so the velocity network, value head and σ head
+  are unchanged (the action expert does not cross-attend to the prefix). Keys:
+  ``image_size``, ``image_channels``, ``patch_size``, ``vision_width``, ``vision_layers``,
+  ``wrist_images``, ``text_length``, ``alphabet``, ``context_width``, ``context_layers``,
+  ``context_heads``. FSDP units: `VisionTower`, `VisionProjector`, `ContextBlock`.
+
 To give PPO a likelihood, some steps of the chain are Gaussian transitions (πRL, Chen et
 al. 2025, arXiv:2510.25889), chosen by ``noise_method``:
 
@@ -32,11 +48,14 @@ Flow-SDE a constant: its σ has no parameters). ``"eval"`` is deterministic: the
 for Flow-SDE's hybrid sampling, K with ``joint_logprob`` or Flow-Noise: RLinf stores a
 ``[batch, K]`` row repeating its one index instead), ``model_action`` (x at t = 0),
 ``action`` (what the env received: the model action clipped to ``action_low`` /
-``action_high`` where given) and the observation (``states``, normalised with
-``normalize_obs`` as `rlshell.models.mlp_policy` does). ``default_forward`` recomputes the
-log-probabilities from them, bitwise equal to the rollout's in fp32 on the same batch.
+``action_high`` where given) and the observation the encoder read (``states``, normalised
+with ``normalize_obs`` as `rlshell.models.mlp_policy` does; the uint8 images and the task's
+int32 code points, at most ``text_length`` wide). ``default_forward`` recomputes the
+log-probabilities from them, bitwise equal to the rollout's in fp32 on the same batch
+(the rollout in ``eval()``, the update in ``train()``: nothing here depends on the mode).
 
-``sft_forward(states=..., actions=...)`` is the flow-matching behaviour-cloning loss
+``sft_forward(actions=..., **observation)`` (the observation by keyword, as ``env_obs``
+holds it) is the flow-matching behaviour-cloning loss
 (`rlcore.distributions.flow_matching_loss`) at t ~ 0.001 + 0.999·Beta(1.5, 1) (π0's
 emphasis on the noisy end) and a fresh ε.
 
