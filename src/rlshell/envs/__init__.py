@@ -17,6 +17,9 @@ A builder is ``builder(cfg, seed) -> gymnasium.vector.VectorEnv`` making
   camera observations (``env.obs_mode``).
 - ``gymnasium_pixels``: a gymnasium id observed as 64×64 RGB images with a
   task description (`rlshell.envs.pixels`), for image and VLA policies on a CPU.
+- ``metaworld``: MetaWorld's Sawyer-arm tasks (`rlshell.envs.metaworld`), one
+  task (``reach-v3``) or a task set (``MT10``, ``MT50``) spread over the
+  copies, from state or a camera (drawn by OSMesa on a CPU).
 
 `rlshell.envs.stepper.EnvStepper` drives either one for an env worker.
 """
@@ -145,3 +148,14 @@ def _pixel_env(cfg: EnvConfig, seed: int) -> VectorEnv:
 
 
 register_env("gymnasium_pixels", _pixel_env, reads=("env_id", "max_episode_steps", "control_mode"))
+
+
+def _metaworld_env(cfg: EnvConfig, seed: int) -> VectorEnv:
+    from rlshell.envs.metaworld import make_metaworld_env
+
+    return make_metaworld_env(cfg, seed)
+
+
+register_env(
+    "metaworld", _metaworld_env, reads=("env_id", "max_episode_steps", "obs_mode", "image_size")
+)

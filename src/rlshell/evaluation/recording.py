@@ -98,9 +98,18 @@ def _maniskill_recording_env(cfg: EnvConfig) -> VectorEnv:
     return make_maniskill_env(evolve(cfg, num_envs=1), render_mode="rgb_array")
 
 
+def _metaworld_recording_env(cfg: EnvConfig) -> VectorEnv:
+    from rlshell.envs.metaworld import make_metaworld_env, task_names
+
+    # One copy per task (a task set takes no fewer); frames are the first copy's, of its camera.
+    copies = len(task_names(cfg.env_id))
+    return make_metaworld_env(evolve(cfg, num_envs=copies), render_mode="rgb_array")
+
+
 RECORDING_ENVS: dict[str, RecordingEnvBuilder] = {
     "gymnasium": _gymnasium_recording_env,
     "maniskill": _maniskill_recording_env,
+    "metaworld": _metaworld_recording_env,
 }
 
 
