@@ -6,9 +6,9 @@ from the result (configs/ppo_flow_metaworld_reach.py with
 The demonstrations are MetaWorld's own scripted policy on MT1 ``reach-v3`` (state
 observations), recorded first:
 
-    python -m rlshell.demonstrations record configs/ppo_flow_metaworld_reach.py \
+    python -m rlshell.record configs/ppo_flow_metaworld_reach.py \
         --expert metaworld --episodes 40 --out runs/demos/reach_train.safetensors
-    python -m rlshell.demonstrations record configs/ppo_flow_metaworld_reach.py \
+    python -m rlshell.record configs/ppo_flow_metaworld_reach.py \
         --expert metaworld --episodes 8 --seed 1 --out runs/demos/reach_val.safetensors
 
 The model is configs/ppo_flow_metaworld_reach.py's, so its checkpoints start that run.

@@ -144,7 +144,7 @@ SHELL_LAYERS: list[tuple[str, frozenset[str]]] = [
     ("engines", frozenset({"engines"})),
     ("workers", frozenset({"workers"})),
     ("runners", frozenset({"runners"})),
-    ("apps", frozenset({"api", "train", "evaluate"})),
+    ("apps", frozenset({"api", "train", "evaluate", "record"})),
 ]
 
 

@@ -21,24 +21,22 @@ chunks of C actions (`rlshell.models.base.BasePolicy.action_chunk`) the row at s
 takes the actions of steps t … t + C − 1 of its episode, the episode's last action
 repeated past its end (as LeRobot pads chunks; OpenPI's data loaders do the same).
 
-``python -m rlshell.demonstrations record CONFIG [KEY=VALUE ...] --expert EXPERT
---episodes N --out FILE`` records them: the env is the config's (``env.*``), the expert
+``python -m rlshell.record CONFIG [KEY=VALUE ...] --expert EXPERT --episodes N --out FILE``
+records them (`record_demonstrations`): the env is the config's (``env.*``), the expert
 
 - ``metaworld``: MetaWorld's scripted policy for the task (``metaworld.policies``,
   one for every task; ``env.env_type='metaworld'`` with ``env.obs_mode='state'``),
 - ``checkpoint:PATH``: the policy of a checkpoint of a run of this config, in eval mode
   (a trained expert: e.g. the PPO policy of ``configs/ppo_pushcube_cpu.py``),
 
-and ``--only-success`` keeps the successful episodes only. ``python -m
-rlshell.demonstrations show FILE`` prints what a file holds.
+and ``--only-success`` keeps the successful episodes only. ``python -m rlshell.record
+--show FILE`` prints what a file holds.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -54,8 +52,8 @@ __all__ = [
     "DemonstrationError",
     "Demonstrations",
     "Expert",
+    "describe",
     "load_demonstrations",
-    "main",
     "make_expert",
     "record_demonstrations",
     "save_demonstrations",
@@ -168,7 +166,7 @@ def load_demonstrations(path: Path | str) -> Demonstrations:
     except (SafetensorError, OSError, ValueError) as error:
         raise DemonstrationError(
             f"demonstrations {where}: not a safetensors file ({error}); record one with "
-            "python -m rlshell.demonstrations record"
+            "python -m rlshell.record"
         ) from None
     if metadata.get("format") != FORMAT:
         raise DemonstrationError(
@@ -352,25 +350,6 @@ def _metaworld_expert(config: Config) -> Expert:
     return act
 
 
-# --- the command -------------------------------------------------------------------------------
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m rlshell.demonstrations")
-    commands = parser.add_subparsers(dest="command", required=True)
-    record = commands.add_parser("record", help="record an expert's episodes")
-    record.add_argument("config", help="the config whose env.* the episodes are played in")
-    record.add_argument("overrides", nargs="*", help="KEY=VALUE overrides of the config")
-    record.add_argument("--expert", required=True, help="'metaworld' or 'checkpoint:PATH'")
-    record.add_argument("--episodes", type=int, required=True)
-    record.add_argument("--out", type=Path, required=True, help="the .safetensors file to write")
-    record.add_argument("--seed", type=int, default=0)
-    record.add_argument("--only-success", action="store_true")
-    show = commands.add_parser("show", help="what a demonstrations file holds")
-    show.add_argument("file", type=Path)
-    return parser
-
-
 def describe(demos: Demonstrations) -> str:
     """A few lines on what ``demos`` holds."""
     fields = ", ".join(f"{key} {_shape(value)}" for key, value in demos.obs.items())
@@ -379,39 +358,3 @@ def describe(demos: Demonstrations) -> str:
         f"success: {float(demos.success.float().mean()):.3f}\n"
         f"observations: {fields}\nactions: {_shape(demos.actions)}"
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "show":
-        try:
-            print(describe(load_demonstrations(args.file)))
-        except DemonstrationError as error:
-            print(error, file=sys.stderr)
-            return 1
-        return 0
-    from rlshell.api import load_config
-
-    if args.episodes < 1:
-        print("--episodes: at least 1", file=sys.stderr)
-        return 2
-    try:
-        config = load_config(args.config, list(args.overrides))
-        expert, name = make_expert(args.expert, config)
-    except ConfigError as error:
-        print(error, file=sys.stderr)
-        return 2
-    stepper = EnvStepper.from_config(config.env, args.seed)
-    try:
-        demos = record_demonstrations(
-            stepper, expert, args.episodes, args.seed, name=name, only_success=args.only_success
-        )
-    finally:
-        stepper.close()
-    save_demonstrations(demos, args.out)
-    print(f"wrote {args.out}\n{describe(demos)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,11 +14,11 @@ from rlshell.demonstrations import (
     DemonstrationError,
     Demonstrations,
     load_demonstrations,
-    main,
     record_demonstrations,
     save_demonstrations,
 )
 from rlshell.envs.stepper import EnvObs, EnvStepper
+from rlshell.record import main
 
 
 def pendulum_expert(obs: EnvObs) -> torch.Tensor:
@@ -113,11 +113,10 @@ def test_the_command_shows_a_file_and_refuses_an_unknown_expert(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = save_demonstrations(recorded(episodes=2), tmp_path / "d.safetensors")
-    assert main(["show", str(path)]) == 0
+    assert main(["--show", str(path)]) == 0
     assert "14 steps of 2 episodes of Pendulum-v1 by swing" in capsys.readouterr().out
     code = main(
         [
-            "record",
             "configs/ppo_halfcheetah.py",
             "--expert",
             "oracle",

@@ -150,12 +150,12 @@ class EmbodiedSFTRules:
             problems.append(
                 f"data.task: an sft run of an embodied policy (actor.model.category="
                 f"'embodied') trains on recorded episodes, data.task='demonstrations' with "
-                f"data.train_path (python -m rlshell.demonstrations record); got '{data.task}'"
+                f"data.train_path (python -m rlshell.record); got '{data.task}'"
             )
         elif data.train_path is None:
             problems.append(
                 "data.train_path: the embodied sft run needs its demonstrations (a file "
-                "python -m rlshell.demonstrations record writes)"
+                "python -m rlshell.record writes)"
             )
         if runner.eval_interval and data.val_path is None:
             problems.append(
@@ -192,7 +192,7 @@ class EmbodiedSFTRules:
             "reward": f"{recorded}: nothing is scored",
             "critic": f"{recorded}: there is no value model",
             "env": f"{recorded}; env.* configures the embodied RL runners' envs (and "
-            "python -m rlshell.demonstrations record's)",
+            "python -m rlshell.record's)",
             "agent": f"configures the reasoning runner's tool calls; {who} has none",
             "runner.mode": f"runs the reasoning rollout ahead of its update; {who} has no rollout",
             "runner.rollout_steps": "env steps per env in an embodied step; an sft step is "
