@@ -36,6 +36,14 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@# lavapipe into .venv/share/rlstack/vulkan (apt-get download; the system is left as it is).
 	@# Where that cannot be done it says why; everything but ManiSkill on a CPU works without it.
 	$(PY) -m rlshell.envs.vulkan install || echo "vulkan: continuing without a software Vulkan driver"
+	@# MetaWorld (env type metaworld) pins mujoco==3.3.0, which pip would put in place of our
+	@# 3.3.7; it runs on 3.3.7, so it is installed with --no-deps (what else it needs, gymnasium,
+	@# numpy, scipy and imageio, is here already).
+	$(PY) -m pip install --quiet --no-deps -c $(CONSTRAINTS) metaworld==3.1.1
+	@# MuJoCo's cameras (MetaWorld's rgb observations) need OpenGL: on a machine without it,
+	@# Debian 12's OSMesa into .venv/share/rlstack/osmesa (apt-get download; the system is left
+	@# as it is). Where that cannot be done it says why; only the cameras are then missing.
+	$(PY) -m rlshell.envs.osmesa install || echo "osmesa: continuing without OSMesa"
 	@# The tool sandbox's bubblewrap, from Debian's archive into .venv/share/rlstack/bubblewrap
 	@# (apt-get download; the system is left as it is). Without it tool calls refuse to start.
 	$(PY) -m rlshell.isolation install

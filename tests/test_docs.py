@@ -72,6 +72,7 @@ RUN_HERE = {
     ".venv/bin/python -m rlshell.train configs/grpo.py --dry-run cluster.simulate=1x0x2",
     # docs/embodied.md
     ".venv/bin/python -m rlshell.envs.vulkan status",
+    ".venv/bin/python -m rlshell.envs.osmesa status",
     ".venv/bin/python -m rlshell.train configs/ppo_cartpole.py --dry-run cluster.simulate=1x2 "
     """cluster.component_placement='{"actor": "0-1", "rollout": "1", "env": "0:0-1"}' """
     "rollout.pipeline_stage_num=2 runner.experiment_name=ppo_cartpole_hybrid",

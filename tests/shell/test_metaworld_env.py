@@ -45,6 +45,7 @@ from rlshell.envs.text import texts_of
 from rlshell.evaluation.recording import record_task_gifs
 from rlshell.models.base import BasePolicy
 from rlshell.runners.validation import load_config
+from tests.shell.test_vla import make_vla
 
 ROOT = Path(__file__).resolve().parents[2]
 METAWORLD_REASON = metaworld_unavailable_reason()  # without cameras: no side effect
@@ -232,7 +233,7 @@ def test_without_metaworld_the_env_says_so_in_one_sentence(
 
 
 @needs_camera
-def test_camera_observations_show_the_scene_and_follow_the_arm() -> None:
+def test_camera_observations_show_the_scene_follow_the_arm_and_reach_the_tiny_vla() -> None:
     stepper = EnvStepper.from_config(metaworld(num_envs=2, obs_mode="rgb", image_size=48))
     try:
         obs = stepper.reset(seed=0)
@@ -246,6 +247,10 @@ def test_camera_observations_show_the_scene_and_follow_the_arm() -> None:
             result = stepper.step(torch.tensor([[0.0, 0.0, 1.0, 0.0]] * 2))
         moved = (result.obs["main_images"].float() - images.float()).abs().mean()
         assert moved > 1  # the arm rose: the picture changed
+        vla = make_vla(4, image_size=48, image_channels=3, prompt_length=96)
+        actions, _ = vla.predict_action_batch(result.obs, mode="train")
+        assert actions.shape == (2, 4)
+        stepper.step(actions.clamp(-1, 1))
     finally:
         stepper.close()
 

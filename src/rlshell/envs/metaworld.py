@@ -14,14 +14,14 @@ Every reset draws new object and goal positions from the task's range, with
 the copy's generator, which ``reset(seed=s)`` seeds: the same seed, the same
 start. That is MetaWorld's own seeded mode (``seeded_rand_vec``, the goal
 observed as in its MT benchmarks), not the 50 positions per task its
-benchmark classes fix in advance by resetting each task 50 times, which
-would take MT50 tens of seconds to build in every env process. An episode
-ends only by truncation, after ``env.max_episode_steps`` steps (null:
-MetaWorld's 500); a success does not end it. ``info["success"]`` (1.0 or 0.0 at every
-step) gives `EnvStepper` its success metrics. The copies step in the
-worker's process (gymnasium's ``SyncVectorEnv``; MuJoCo steps one in about
-half a millisecond) and reset in the step they finish (``SAME_STEP``: the
-final observation is in ``info["final_obs"]``).
+benchmark classes fix in advance by resetting each task 50 times (slow to
+build for a task set, in every env process). An episode ends only by
+truncation, after ``env.max_episode_steps`` steps (null: MetaWorld's 500); a
+success does not end it. ``info["success"]`` (1.0 or 0.0 at every step)
+gives `EnvStepper` its success metrics. The copies step in the worker's
+process (gymnasium's ``SyncVectorEnv``: a MuJoCo step costs less than a
+pipe's round trip to another process) and reset in the step they finish
+(``SAME_STEP``: the final observation is in ``info["final_obs"]``).
 
 Observations (``env.obs_mode``):
 
@@ -342,8 +342,8 @@ class CameraRenderer:
             raise ValueError(f"the MuJoCo model has no camera {camera!r}")
         self.model, self.data, self.size = model, data, size
         # Read when the context is made: no multisampling, no shadow map, a buffer of the
-        # frame's size (MetaWorld's 4 samples, 4096² shadow map and 640×480 buffer take a
-        # software renderer most of a second to set up for each copy).
+        # frame's size (MetaWorld's 4 samples, 4096² shadow map and 640×480 buffer are slow
+        # for a software renderer to set up for each copy).
         model.vis.quality.offsamples = 0
         model.vis.quality.shadowsize = 0
         model.vis.global_.offwidth = model.vis.global_.offheight = size
