@@ -151,6 +151,20 @@ def test_sft_forward_clones_a_demonstrated_map() -> None:
     assert float(error) < 0.2 * float(spread), (float(error), float(spread))
 
 
+def test_sft_in_train_mode_learns_the_demonstrations_state_statistics() -> None:
+    # The states RL later shows the policy are normalised by what cloning saw, not by the
+    # untouched initial statistics (a cloned policy otherwise acts on rescaled inputs).
+    policy = make_policy(obs_dim=3, normalize_obs=True)
+    states = torch.randn(500, 3) * 4.0 + 10.0
+    policy.eval()
+    policy.sft_forward(states=states, actions=torch.zeros(500, 2))
+    assert float(policy.obs_count) == 0.0  # evaluation of a loss learns nothing
+    policy.train()
+    policy.sft_forward(states=states, actions=torch.zeros(500, 2))
+    assert float(policy.obs_count) == 500.0
+    torch.testing.assert_close(policy.obs_mean, states.double().mean(0))
+
+
 def test_get_model_builds_the_registered_type() -> None:
     cfg = ModelConfig(
         model_type="flow_policy",

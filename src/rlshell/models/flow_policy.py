@@ -401,11 +401,14 @@ class FlowPolicy(BasePolicy):
         """``{"loss"}``: the flow-matching loss of demonstrated ``actions`` (``[batch, dim]``
         for a chunk of 1, else ``[batch, chunk, dim]``) at the observation, given by keyword
         as ``env_obs`` holds it (``states=...``; ``main_images=..., task_descriptions=...``
-        for the vision-language encoder; raw states, normalised here)."""
+        for the vision-language encoder; raw states, normalised here). In ``train()`` the
+        states are folded into the running statistics first (``normalize_obs``), as a
+        rollout's are: a policy cloned from demonstrations then normalises the states RL
+        shows it as it learned to."""
         spec = self.spec
         chunk = actions.reshape(actions.shape[0], spec.action_chunk, spec.action_dim).float()
         inputs = self._observation(observation, "observation")
-        self._normalize_states(inputs, observe=False)
+        self._normalize_states(inputs, observe=self.training)
         context = self._context(inputs)
         beta = torch.distributions.Beta(torch.tensor(1.5), torch.tensor(1.0))
         t = (0.001 + 0.999 * beta.sample((chunk.shape[0],))).to(chunk.device)

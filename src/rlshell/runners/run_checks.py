@@ -80,8 +80,9 @@ def _model_problems(config: Config) -> list[str]:
 
 
 def _initial_checkpoint_problems(config: Config) -> list[str]:
-    """``actor.model.checkpoint``: a checkpoint directory with policy weights and, unless
-    ``actor.model.tokenizer_path`` gives one, the tokenizer they were trained with."""
+    """``actor.model.checkpoint``: a checkpoint directory with policy weights and, for a
+    language model, unless ``actor.model.tokenizer_path`` gives one, the tokenizer they were
+    trained with."""
     from rlshell.checkpoint import CheckpointError, policy_layout
 
     model = config.actor.model
@@ -93,7 +94,9 @@ def _initial_checkpoint_problems(config: Config) -> list[str]:
             f"actor.model.checkpoint: {error} (expected <run dir>/checkpoints/global_step_N of "
             "an earlier run)"
         ]
-    if model.tokenizer_path is None and not (checkpoint / "tokenizer").is_dir():
+    # An embodied policy reads no tokenizer (tiny_vla builds its characters' from model_kwargs).
+    reads_tokenizer = model.category == "reasoning"
+    if reads_tokenizer and model.tokenizer_path is None and not (checkpoint / "tokenizer").is_dir():
         return [
             f"actor.model.checkpoint: {checkpoint} holds no tokenizer/ (a reasoning or sft "
             "run's checkpoints hold the tokenizer it trained with); set "

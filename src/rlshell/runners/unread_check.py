@@ -105,11 +105,6 @@ def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, s
         unread["algorithm.max_staleness"] = (
             "bounds an asynchronous run's staleness; the probe trains nothing"
         )
-    if config.runner.runner_type == "embodied":
-        unread["actor.model.checkpoint"] = (
-            "starts a language model from an earlier run's checkpoint (the reasoning and sft "
-            "runners); the embodied runners build actor.model as configured"
-        )
     if config.checkpoint.interval == 0:
         never = "checkpoint.interval is 0: the run saves no checkpoint"
         unread["checkpoint.keep_last"] = f"{never} to keep or prune"

@@ -72,6 +72,7 @@ class EmbodiedSFTActor(Worker):
         _, policy = self._ready()
         device = next(policy.parameters()).device
         here = _rows(obs, list(range(actions.shape[0])), device)
+        policy.eval()  # nothing learned from these rows: running statistics stay as they are
         with torch.no_grad():
             sft_loss_of(policy, here, actions.to(device))
             acted, _ = policy.predict_action_batch(here, mode="eval", compute_values=False)
