@@ -291,3 +291,14 @@ def test_seeds_summarises_runs_already_made(tmp_path: Path) -> None:
     assert over["last_mean"]["mean"] == 0.75
     assert over["last_mean"]["min"] == 0.5
     assert over["every_seed_reached"] is False
+
+
+def test_sft_then_rl_quick_run_compares_both_starts_at_equal_env_steps() -> None:
+    report = quick_run("sft_then_rl.py", ray=True)
+    assert report["quick"] is True
+    cloned, scratch = report["runs"]["cloned"], report["runs"]["scratch"]
+    assert [run["seed"] for run in cloned] == [run["seed"] for run in scratch] == [0]
+    assert cloned[0]["env_steps"] == scratch[0]["env_steps"] == 2 * 4 * 100
+    for start in ("cloned", "scratch"):
+        success = report["summary"][start]["env/success_once"]["run_mean"]
+        assert 0.0 <= success["mean"] <= 1.0

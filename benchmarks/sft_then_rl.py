@@ -1,0 +1,171 @@
+"""RLinf's recipe against its baseline: behaviour cloning then PPO, against PPO from scratch.
+
+On MetaWorld MT1 ``reach-v3`` with the flow policy of configs/ppo_flow_metaworld_reach.py
+(chunks of 5 actions, Flow-SDE). Once: MetaWorld's scripted policy records
+``--episodes`` training and a quarter as many held-out demonstrations
+(``python -m rlshell.record``). Then for each seed, one after the other (two runs at once
+would share the machine's cores):
+
+1. ``sft``: configs/sft_flow_metaworld_reach.py (``--sft-steps`` steps) with ``runner.seed=S``;
+2. ``cloned``: configs/ppo_flow_metaworld_reach.py from its last checkpoint
+   (``actor.model.checkpoint``), at the config's learning rate (3e-5);
+3. ``scratch``: the same PPO from a fresh policy at its own best learning rate
+   (``--scratch-lr``, 3e-4: PushCube's), for as many updates, so as many env steps.
+
+From each PPO run's ``metrics.jsonl``, for ``env/success_once`` (the episode reached the
+goal at some step, MetaWorld's success) and ``env/success`` (at its last step): the mean
+over the whole run (the area under the curve per update, at equal env steps), the mean of
+the first ``--window`` updates and of the last ``--window``, and the wall time. Over the
+seeds: mean and standard deviation of each, and the ratio of the means.
+
+    .venv/bin/python benchmarks/sft_then_rl.py --seeds 0 1 2 [--updates 200] [--out DIR]
+
+Prints one JSON object. ``--quick`` is a smoke run (a few steps of each; its figures mean
+nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RL = ROOT / "configs" / "ppo_flow_metaworld_reach.py"
+SFT = ROOT / "configs" / "sft_flow_metaworld_reach.py"
+METRICS = ("env/success_once", "env/success", "env/episode_return")
+
+
+def _run(module: str, *args: str) -> float:
+    """``python -m module args`` from the repository root; its wall time (stops on failure)."""
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{module} {' '.join(args)} failed:\n{done.stdout[-2000:]}{done.stderr}")
+    return time.perf_counter() - started
+
+
+def summarise(run_dir: Path, window: int, wall_s: float) -> dict[str, Any]:
+    """One PPO run's means (the module's docstring), from its ``metrics.jsonl``."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    out: dict[str, Any] = {"updates": len(rows), "env_steps": rows[-1]["env/total_steps"]}
+    for metric in METRICS:
+        values = [float(row[metric]) for row in rows if metric in row]
+        out[metric] = {
+            "run_mean": statistics.fmean(values),
+            "first_mean": statistics.fmean(values[:window]),
+            "last_mean": statistics.fmean(values[-window:]),
+        }
+    out["wall_s"] = wall_s
+    return out
+
+
+def over_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean and standard deviation over the seeds of each figure of `summarise`."""
+    out: dict[str, Any] = {}
+    for metric in METRICS:
+        out[metric] = {}
+        for part in ("run_mean", "first_mean", "last_mean"):
+            values = [run[metric][part] for run in runs]
+            spread = statistics.stdev(values) if len(values) > 1 else 0.0
+            out[metric][part] = {"mean": statistics.fmean(values), "std": spread}
+    out["wall_s"] = statistics.fmean(run["wall_s"] for run in runs)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--updates", type=int, default=200, help="PPO updates of each start")
+    parser.add_argument("--sft-steps", type=int, default=300)
+    parser.add_argument("--episodes", type=int, default=40, help="training demonstrations")
+    parser.add_argument("--scratch-lr", type=float, default=3e-4)
+    parser.add_argument("--window", type=int, default=20, help="updates the first/last means take")
+    parser.add_argument("--out", type=Path, help="where the runs go (a temporary folder)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run; figures mean nothing")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seeds, args.updates, args.sft_steps, args.episodes, args.window = [0], 2, 4, 4, 1
+    out = args.out or Path(tempfile.mkdtemp(prefix="sft_then_rl_"))
+    demos = {"train": out / "demos" / "train.safetensors", "val": out / "demos" / "val.safetensors"}
+    for split, episodes, seed in (
+        ("train", args.episodes, 0),
+        ("val", max(1, args.episodes // 4), 1),
+    ):
+        _run(
+            "rlshell.record",
+            str(RL),
+            "--expert",
+            "metaworld",
+            "--episodes",
+            str(episodes),
+            "--seed",
+            str(seed),
+            "--out",
+            str(demos[split]),
+        )
+    starts: dict[str, list[dict[str, Any]]] = {"cloned": [], "scratch": []}
+    sft_wall = []
+    for seed in args.seeds:
+        runs = out / f"seed_{seed}"
+        common = [f"runner.seed={seed}", f"runner.output_dir={runs}"]
+        sft_wall.append(
+            _run(
+                "rlshell.train",
+                str(SFT),
+                *common,
+                f"data.train_path={demos['train']}",
+                f"data.val_path={demos['val']}",
+                f"runner.max_steps={args.sft_steps}",
+                f"runner.eval_interval={args.sft_steps}",
+                f"checkpoint.interval={args.sft_steps}",
+            )
+        )
+        checkpoint = (
+            runs / "sft_flow_metaworld_reach" / "checkpoints" / f"global_step_{args.sft_steps}"
+        )
+        for start, overrides in (
+            ("cloned", [f"actor.model.checkpoint={checkpoint}"]),
+            ("scratch", [f"actor.optim.lr={args.scratch_lr}"]),
+        ):
+            wall = _run(
+                "rlshell.train",
+                str(RL),
+                *common,
+                *overrides,
+                f"runner.max_steps={args.updates}",
+                "checkpoint.interval=0",
+                f"runner.experiment_name={start}",
+            )
+            starts[start].append({"seed": seed, **summarise(runs / start, args.window, wall)})
+    summary = {start: over_seeds(runs) for start, runs in starts.items()}
+    result = {
+        "task": "MetaWorld MT1 reach-v3, state, 100-step episodes",
+        "policy": "flow_policy (Flow-SDE, 4 steps, chunks of 5)",
+        "seeds": args.seeds,
+        "updates": args.updates,
+        "demonstrations": {"train_episodes": args.episodes, "expert": "metaworld scripted"},
+        "sft": {"steps": args.sft_steps, "wall_s": statistics.fmean(sft_wall)},
+        "runs": starts,
+        "summary": summary,
+        "ratio_run_mean_success_once": (
+            summary["cloned"]["env/success_once"]["run_mean"]["mean"]
+            / max(summary["scratch"]["env/success_once"]["run_mean"]["mean"], 1e-9)
+        ),
+        "out": str(out),
+        "quick": args.quick,
+    }
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
