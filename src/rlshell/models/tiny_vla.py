@@ -38,6 +38,17 @@ temperature τ, the distribution the tokens were sampled from; ``entropy`` is
 ([image ; prompt ; a₁ … a_{D−1}], ``logits_to_keep=D``), equal to rollout's up
 to floating-point rounding.
 
+Supervised fine-tuning (OpenVLA's behaviour cloning): ``sft_forward(actions=...,
+**observation)`` takes the expert's env actions ``[B, action_dim]`` and the
+observation by keyword as ``env_obs`` holds it. Each action goes to its nearest
+bins, the inverse of the de-normalisation (`ActionUnnormalizer.nearest_bins`):
+x = 2(a − q01)/(q99 − q01) − 1 in the masked dimensions (a elsewhere), clipped
+to [−1, 1], k = round((x + 1)(n − 1)/2). The loss is the bins' mean negative
+log-likelihood −(1/BD) Σ_b Σ_d log π(k_d | s_b, k_<d) at temperature 1, from
+``default_forward``'s teacher-forced pass; ``accuracy`` beside it is the
+fraction of bins the argmax predicts. ``runner.runner_type='sft'`` with
+``data.task='demonstrations'`` trains it (`rlshell.workers.embodied_sft`).
+
 ``model_kwargs`` holds the keys above and, for a model built from a config,
 fields of the transformers config class ``config_class`` (default
 ``LlamaConfig``; tiny defaults: hidden 64, 2 layers, 4 heads). With
@@ -260,7 +271,8 @@ def load_norm_stats(source: str) -> dict[str, Any]:
 class ActionUnnormalizer(nn.Module):
     """Bin ids ↦ env actions: xₖ = −1 + 2k/(n − 1), then a = ½(x + 1)(q99 − q01) + q01 where masked.
 
-    Buffers are fp32 and not saved (they follow from ``model_kwargs``).
+    `ActionUnnormalizer.nearest_bins` is the inverse on the bins' values (SFT's
+    targets). Buffers are fp32 and not saved (they follow from ``model_kwargs``).
     """
 
     bin_values: Tensor
@@ -283,6 +295,24 @@ class ActionUnnormalizer(nn.Module):
         x = self.bin_values[bins]
         scaled = 0.5 * (x + 1.0) * (self.q99 - self.q01) + self.q01
         return torch.where(self.mask, scaled, x)
+
+    def nearest_bins(self, actions: Float[Tensor, "batch dim"]) -> Int[Tensor, "batch dim"]:
+        """Env actions ↦ the nearest bin ids, OpenVLA's normalisation then discretisation.
+
+        x = 2(a − q01)/(q99 − q01) − 1 where masked (a elsewhere), clipped to
+        [−1, 1]; then k = round((x + 1)(n − 1)/2), the nearest xₖ. A dimension
+        with q99 = q01 acts q01 whatever its bin; it maps there to bin 0.
+        ``forward(nearest_bins(forward(k))) == forward(k)`` for every bin k.
+        """
+        if not bool(torch.isfinite(actions).all()):
+            raise ValueError("TinyVLA: the actions to discretise hold NaN or infinity")
+        a = actions.float()
+        span = self.q99 - self.q01
+        scaled = 2.0 * (a - self.q01) / torch.where(span > 0, span, 1.0) - 1.0
+        scaled = torch.where(span > 0, scaled, -1.0)
+        x = torch.where(self.mask, scaled, a).clamp(-1.0, 1.0)
+        last = self.bin_values.shape[0] - 1
+        return torch.round((x + 1.0) * (last / 2)).long().clamp(0, last)
 
 
 def _quantiles(
@@ -370,7 +400,7 @@ class TinyVLA(BasePolicy):
     ``forward_inputs``: ``input_ids`` and ``attention_mask`` (the left-padded
     prompt, ``[B, prompt_length]``), ``pixel_values`` (the uint8 image as the
     env gave it, ``[B, H, W, C]``) and ``action_tokens`` (the generated ids,
-    ``[B, action_dim]``).
+    ``[B, action_dim]``). ``sft_forward`` is the behaviour-cloning loss.
     """
 
     def __init__(
@@ -435,13 +465,7 @@ class TinyVLA(BasePolicy):
         """
         if mode not in ("train", "eval"):
             raise ValueError(f"predict_action_batch: mode must be 'train' or 'eval', got {mode!r}")
-        images = self._images(self.require_input(env_obs, "main_images", source="env_obs"))
-        texts = texts_of(self.require_input(env_obs, "task_descriptions", source="env_obs"))
-        if len(texts) != images.shape[0]:
-            raise ValueError(
-                f"TinyVLA: {len(texts)} task descriptions for {images.shape[0]} images"
-            )
-        input_ids, attention_mask = self.tokenize_prompts(texts, images.device)
+        images, input_ids, attention_mask = self._prompted(env_obs, "env_obs")
         dim = self.spec.action_dim
         with torch.no_grad():
             embeds, mask = self._prefix(images, input_ids, attention_mask)
@@ -513,6 +537,74 @@ class TinyVLA(BasePolicy):
                 f"TinyVLA: forward_inputs['action_tokens'] must be [batch, {dim}] "
                 f"(action_dim), got {tuple(tokens.shape)}"
             )
+        action_logits, prompt_hidden = self._teacher_forced(
+            images, input_ids, attention_mask, tokens
+        )
+        results: dict[str, Tensor] = {}
+        if compute_logprobs or compute_entropy:
+            stats = token_stats(action_logits, tokens - self.first_action_id, self.spec.temperature)
+            if compute_logprobs:
+                results["logprobs"] = stats.logprobs.sum(-1)
+            if compute_entropy:
+                results["entropy"] = stats.entropy.sum(-1)
+        if compute_values:
+            results["values"] = self.value_head(prompt_hidden)
+        return {key: _own(value) for key, value in results.items()}
+
+    def sft_forward(self, actions: Tensor, **observation: Any) -> dict[str, Tensor]:
+        """Behaviour cloning (OpenVLA's): ``{"loss", "accuracy"}`` for the expert's ``actions``.
+
+        ``actions`` are env actions ``[batch, action_dim]``; the observation is given by
+        keyword as ``env_obs`` holds it (``main_images=..., task_descriptions=...``).
+        Each action becomes its nearest bins (`ActionUnnormalizer.nearest_bins`) and
+        ``loss`` is their mean negative log-likelihood −(1/BD) Σ log π(k_d | s, k_<d) at
+        temperature 1 under teacher forcing (`default_forward`'s pass); ``accuracy`` is
+        the fraction of bins the logits' argmax gets right (no gradient).
+        """
+        images, input_ids, attention_mask = self._prompted(observation, "observation")
+        dim = self.spec.action_dim
+        if actions.shape != (images.shape[0], dim):
+            raise ValueError(
+                f"TinyVLA.sft_forward: actions must be [batch, action_dim] = "
+                f"[{images.shape[0]}, {dim}] (one action per image), got {tuple(actions.shape)}"
+            )
+        bins = self.unnormalize.nearest_bins(actions)
+        action_logits, _ = self._teacher_forced(
+            images, input_ids, attention_mask, bins + self.first_action_id
+        )
+        loss = -token_logprobs(action_logits, bins).mean()
+        accuracy = (action_logits.detach().argmax(-1) == bins).float().mean()
+        return {"loss": loss, "accuracy": accuracy}
+
+    def gradient_checkpointing_enable(self) -> None:
+        """Checkpoint the LM's decoder layers (``actor.model.gradient_checkpointing``)."""
+        self.language_model.gradient_checkpointing_enable()  # type: ignore[operator]
+
+    # -- pieces
+
+    def _prompted(
+        self, source: dict[str, Any], where: str
+    ) -> tuple[Tensor, Int[Tensor, "batch length"], Int[Tensor, "batch length"]]:
+        """``main_images`` (checked) and the prompts of ``task_descriptions``, from ``source``."""
+        images = self._images(self.require_input(source, "main_images", source=where))
+        texts = texts_of(self.require_input(source, "task_descriptions", source=where))
+        if len(texts) != images.shape[0]:
+            raise ValueError(
+                f"TinyVLA: {len(texts)} task descriptions for {images.shape[0]} images"
+            )
+        input_ids, attention_mask = self.tokenize_prompts(texts, images.device)
+        return images, input_ids, attention_mask
+
+    def _teacher_forced(
+        self,
+        images: Tensor,
+        input_ids: Int[Tensor, "batch length"],
+        attention_mask: Int[Tensor, "batch length"],
+        tokens: Int[Tensor, "batch dim"],
+    ) -> tuple[Float[Tensor, "batch dim bins"], Float[Tensor, "batch hidden"]]:
+        """One pass over [image ; prompt ; a₁ … a_{D−1}] (``tokens`` are vocabulary ids):
+        the action-bin logits that score a₁ … a_D (``logits_to_keep=D``) and the LM's
+        last hidden state at the last prompt position, where rollout reads the value."""
         prefix, prefix_mask = self._prefix(images, input_ids, attention_mask)
         embed = self.language_model.get_input_embeddings()  # type: ignore[operator]
         embeds = torch.cat([prefix, embed(tokens[:, :-1])], dim=1)
@@ -522,25 +614,9 @@ class TinyVLA(BasePolicy):
                 inputs_embeds=embeds,
                 attention_mask=mask,
                 position_ids=_positions(mask),
-                logits_to_keep=dim,
+                logits_to_keep=tokens.shape[1],
             )
-        results: dict[str, Tensor] = {}
-        if compute_logprobs or compute_entropy:
-            action_logits = out.logits[..., self.first_action_id :]
-            stats = token_stats(action_logits, tokens - self.first_action_id, self.spec.temperature)
-            if compute_logprobs:
-                results["logprobs"] = stats.logprobs.sum(-1)
-            if compute_entropy:
-                results["entropy"] = stats.entropy.sum(-1)
-        if compute_values:
-            results["values"] = self.value_head(captured[0][:, prefix.shape[1] - 1])
-        return {key: _own(value) for key, value in results.items()}
-
-    def gradient_checkpointing_enable(self) -> None:
-        """Checkpoint the LM's decoder layers (``actor.model.gradient_checkpointing``)."""
-        self.language_model.gradient_checkpointing_enable()  # type: ignore[operator]
-
-    # -- pieces
+        return out.logits[..., self.first_action_id :], captured[0][:, prefix.shape[1] - 1]
 
     def _images(self, images: Tensor) -> Tensor:
         spec = self.spec
