@@ -118,6 +118,25 @@ RUN_HERE = {
     ".venv/bin/python -m rlshell.train configs/grpo_smollm2_lora.py --dry-run",
 }
 COVERED_ELSEWHERE = {
+    ".venv/bin/python -m rlshell.record configs/ppo_flow_metaworld_reach.py --expert metaworld "
+    "--episodes 40 --out runs/demos/reach_train.safetensors": (
+        "tests/shell/test_embodied_sft.py::"
+        "test_on_metaworld_reach_rl_from_cloned_demonstrations_beats_rl_from_scratch records "
+        "16 episodes this way (into a folder of its own)"
+    ),
+    ".venv/bin/python -m rlshell.record configs/ppo_flow_metaworld_reach.py --expert metaworld "
+    "--episodes 8 --seed 1 --out runs/demos/reach_val.safetensors": (
+        "the same test records its 4 held-out episodes with --seed 1"
+    ),
+    ".venv/bin/python -m rlshell.train configs/sft_flow_metaworld_reach.py": (
+        "the same test runs it for 150 steps on its recordings; benchmarks/sft_then_rl.py "
+        "runs it at full size (docs/benchmarks.md)"
+    ),
+    ".venv/bin/python -m rlshell.train configs/ppo_flow_metaworld_reach.py "
+    "actor.model.checkpoint=runs/sft_flow_metaworld_reach/checkpoints/global_step_300": (
+        "the same test starts it from its sft checkpoint for 8 updates; "
+        "benchmarks/sft_then_rl.py runs 200 (docs/benchmarks.md)"
+    ),
     ".venv/bin/python -m rlshell.signing keygen ~/.rlstack-signing-key": (
         "tests/shell/test_signing.py::test_keygen_writes_a_private_key_and_never_overwrites_one "
         "runs it with a key path of its own (not the user's home)"
