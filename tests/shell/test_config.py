@@ -693,6 +693,18 @@ def test_maniskill_envs_name_their_missing_packages(monkeypatch: pytest.MonkeyPa
     ]
 
 
+def test_a_missing_metaworld_is_named_before_a_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    not_installed(monkeypatch, "metaworld")
+    reach = ROOT / "configs" / "ppo_flow_metaworld_reach.py"
+    load_config(reach, for_run=False)
+    with pytest.raises(ConfigError) as caught:
+        load_config(reach, for_run=True)
+    assert caught.value.problems == [
+        "env.env_type: 'metaworld' needs the metaworld package, which is not installed: run "
+        "`make install` (or `pip install --no-deps metaworld==3.1.1`)"
+    ]
+
+
 def test_packages_are_not_looked_up_for_a_cluster_one_attaches_to(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

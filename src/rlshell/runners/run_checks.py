@@ -170,12 +170,15 @@ _MANISKILL = "`pip install -e '.[maniskill]'`"
 
 
 _WANDB = "run `make install` (or `pip install wandb`)"
+# MetaWorld pins an older mujoco than the project's: installed without its dependencies.
+_METAWORLD = "run `make install` (or `pip install --no-deps metaworld==3.1.1`)"
 
 
 _OPTIONAL_PACKAGES: tuple[tuple[str, str, Package], ...] = (
     ("logger.backends", "wandb", Package("wandb", "wandb", _WANDB)),
     ("env.env_type", "maniskill", Package("mani_skill", "mani-skill", _MANISKILL)),
     ("env.env_type", "maniskill", Package("sapien", "sapien", _MANISKILL)),
+    ("env.env_type", "metaworld", Package("metaworld", "metaworld", _METAWORLD)),
 )
 
 
