@@ -513,10 +513,10 @@ class EnvConfig:
     """Environments for embodied runs (unused by reasoning runs).
 
     ``control_mode``: ManiSkill's controller (e.g. ``"pd_ee_delta_pose"``);
-    null takes the task's default. ``obs_mode`` (ManiSkill): ``"state"``
-    (null), ``"rgb"`` or ``"rgbd"`` (camera images as ``main_images`` /
-    ``wrist_images`` beside the robot's state); ``image_size``: the cameras'
-    side in pixels (null: the task's own); ``ignore_terminations``: an
+    null takes the task's default. ``obs_mode`` (ManiSkill, and MetaWorld without
+    ``"rgbd"``): ``"state"`` (null), ``"rgb"`` or ``"rgbd"`` (camera images as
+    ``main_images`` / ``wrist_images`` beside the robot's state); ``image_size``: the
+    cameras' side in pixels (null: the task's own); ``ignore_terminations``: an
     episode runs until it is truncated even where the task ends it on
     success (ManiSkill's option of that name). ``uses_gpus``: the env workers
     take GPUs (ManiSkill: its batched GPU simulation; else one env per
