@@ -189,6 +189,65 @@ def test_embodied_ppo_quick_run_prints_the_expected_json() -> None:
         assert run["startup_s"] >= 0
 
 
+def skip_without_metaworld() -> None:
+    from rlshell.envs.metaworld import metaworld_unavailable_reason
+
+    reason = metaworld_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"needs metaworld (`make install` installs it): {reason}")
+
+
+def test_metaworld_ppo_quick_run_prints_the_expected_json() -> None:
+    skip_without_metaworld()
+    report = quick_run("metaworld_ppo.py", ray=True)
+    assert report["benchmark"] == "metaworld_ppo"
+    assert report["quick"] is True
+    assert report["torch_threads"] == 1
+    # rlstack's side is the flow config with the Gaussian MLP in its place.
+    assert "actor.model.model_type=mlp_policy" in report["rlstack"]["overrides"]
+    for side in ("rlstack", "sb3"):
+        # --quick asks for a target of 0 over 4 episodes: the first 400 env steps reach it.
+        (run,) = report["results"][side]
+        assert run["reached"] is True
+        assert run["env_steps"] == 400
+        assert run["env_steps_run"] >= run["env_steps"]
+        assert run["episodes"] >= 4
+        assert run["wall_s"] > 0
+        assert run["startup_s"] > 0
+        summary = report["over_seeds"][side]
+        assert summary["seeds_reached"] == summary["seeds"] == 1
+        assert summary["wall_s"]["mean"] == run["wall_s"]
+    walls = {side: report["over_seeds"][side]["wall_s"]["mean"] for side in ("rlstack", "sb3")}
+    assert report["rlstack_over_sb3_wall"] == pytest.approx(walls["rlstack"] / walls["sb3"])
+    assert report["rlstack_over_sb3_env_steps_per_s"] > 0
+
+
+def test_flow_rollout_quick_run_prints_the_expected_json() -> None:
+    skip_without_metaworld()
+    report = quick_run("flow_rollout.py")
+    assert report["benchmark"] == "flow_rollout"
+    assert report["quick"] is True
+    assert report["threads"] == 1
+    policies = report["policies"]
+    assert {name: p["action_chunk"] for name, p in policies.items()} == {
+        "mlp": 1,
+        "flow_chunk1": 1,
+        "flow_chunk5": 5,
+    }
+    assert policies["mlp"]["model_type"] == "mlp_policy"
+    assert policies["flow_chunk5"]["model_type"] == "flow_policy"
+    rates = {name: row["env_steps_per_s"] for name, row in report["rollout"].items()}
+    assert set(rates) == {*policies, "env_only"}
+    assert all(rate > 0 for rate in rates.values())
+    for name in ("flow_chunk1", "flow_chunk5"):
+        assert report["rollout_speed_vs_mlp"][name] == pytest.approx(rates[name] / rates["mlp"])
+    for name, call in report["policy_call"].items():
+        assert call["ms_per_env_step"] == pytest.approx(
+            call["ms_per_call"] / policies[name]["action_chunk"]
+        )
+    assert set(report["policy_share_of_rollout"]) == set(policies)
+
+
 def test_rollout_engines_quick_run_prints_the_expected_json() -> None:
     report = quick_run("rollout_engines.py", ray=True)
     assert report["benchmark"] == "rollout_engines"
