@@ -45,7 +45,7 @@ from attrs import evolve, frozen
 from torch import Tensor
 
 from rlshell.config import Config, ConfigError
-from rlshell.envs.stepper import EnvObs, EnvStepper
+from rlshell.envs.stepper import EnvObs, EnvStepper, StepResult
 
 __all__ = [
     "FORMAT",
@@ -258,12 +258,23 @@ def record_demonstrations(
     name: str,
     only_success: bool = False,
     max_steps: int = 100_000,
+    observed: EnvStepper | None = None,
 ) -> Demonstrations:
     """``episodes`` whole episodes of ``expert`` acting on ``stepper``'s envs from a reset with
     ``seed`` (episodes still running when enough have ended are dropped; with
     ``only_success``, ``episodes`` successful ones, the others dropped). ``name`` is the
-    expert's, stored with them. Gives up, saying so, after ``max_steps`` vector steps."""
+    expert's, stored with them. Gives up, saying so, after ``max_steps`` vector steps.
+
+    ``observed``: the same envs observed otherwise (a camera where the expert reads the
+    state), reset with the same seed and stepped with the same actions in lockstep; the
+    demonstrations hold its observations, what the cloned policy will see. As ManiSkill's
+    trajectory replay converts observation modes, this relies on the simulation being
+    deterministic: every step's rewards and episode ends must agree between the two, or
+    the recording stops naming the step where they parted.
+    """
     obs = stepper.reset(seed)
+    seen = obs if observed is None else observed.reset(seed)
+    _same_envs(stepper, observed)
     running: list[list[tuple[EnvObs, Tensor]]] = [[] for _ in range(stepper.num_envs)]
     kept: list[tuple[list[tuple[EnvObs, Tensor]], bool]] = []
     steps = 0
@@ -275,11 +286,16 @@ def record_demonstrations(
                 + (" (--only-success: does the expert succeed?)" if only_success else "")
             )
         with torch.no_grad():
-            actions = expert(obs).float()
+            actions = expert(obs)  # stepped as the expert gave them, stored as float32
         result = stepper.step(actions, policy=name)
         steps += 1
         for row in range(stepper.num_envs):
-            running[row].append(({k: v[row].cpu() for k, v in obs.items()}, actions[row].cpu()))
+            step = ({k: v[row].cpu() for k, v in seen.items()}, actions[row].float().cpu())
+            running[row].append(step)
+        if observed is not None:
+            seen = _in_lockstep(result, observed.step(actions, policy=name), steps, stepper)
+        else:
+            seen = result.obs
         for row in result.dones.nonzero().flatten().tolist():
             success = stepper.last_success(row)
             if (success or not only_success) and len(kept) < episodes:
@@ -297,6 +313,30 @@ def record_demonstrations(
         env_id=stepper.env_id,
         expert=name,
     )
+
+
+def _same_envs(stepper: EnvStepper, observed: EnvStepper | None) -> None:
+    if observed is not None and (observed.num_envs, observed.env_id) != (
+        stepper.num_envs,
+        stepper.env_id,
+    ):
+        raise ValueError(
+            f"the observed envs ({observed.num_envs} × {observed.env_id}) must be the acting "
+            f"ones ({stepper.num_envs} × {stepper.env_id}) observed otherwise"
+        )
+
+
+def _in_lockstep(acting: StepResult, seen: StepResult, step: int, stepper: EnvStepper) -> EnvObs:
+    """``seen``'s observation, once its rewards and episode ends agree with ``acting``'s."""
+    rewards_apart = (acting.rewards.cpu() - seen.rewards.cpu()).abs().max()
+    if bool(rewards_apart > 1e-5) or not torch.equal(acting.dones.cpu(), seen.dones.cpu()):
+        raise RuntimeError(
+            f"env {stepper.env_id}: the observed envs parted from the acting ones at step "
+            f"{step} (rewards apart by up to {float(rewards_apart):.3g}, episode ends "
+            f"{acting.dones.tolist()} and {seen.dones.tolist()}): the simulation is not "
+            "deterministic across observation modes, so record in the observed mode itself"
+        )
+    return seen.obs
 
 
 def make_expert(spec: str, config: Config) -> tuple[Expert, str]:

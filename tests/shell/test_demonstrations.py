@@ -128,3 +128,43 @@ def test_the_command_shows_a_file_and_refuses_an_unknown_expert(
     )
     assert code == 2
     assert "--expert: 'metaworld' or 'checkpoint:PATH'" in capsys.readouterr().err
+
+
+def cartpole(env_type: str, max_steps: int = 30) -> EnvStepper:
+    config = EnvConfig(
+        env_type=env_type, env_id="CartPole-v1", num_envs=2, max_episode_steps=max_steps
+    )
+    return EnvStepper.from_config(config)
+
+
+def balance(obs: EnvObs) -> torch.Tensor:
+    """Push the cart the way the pole leans: CartPole's expert from its state."""
+    return (obs["states"][:, 2] + 0.5 * obs["states"][:, 3] > 0).long()
+
+
+def test_a_camera_is_recorded_in_lockstep_with_the_state_the_expert_reads() -> None:
+    # The expert reads CartPole's state; the demonstrations hold what a pixel policy sees.
+    demos = record_demonstrations(
+        cartpole("gymnasium"), balance, 3, 0, name="balance", observed=cartpole("gymnasium_pixels")
+    )
+    assert set(demos.obs) == {"main_images", "task_descriptions"}
+    assert demos.obs["main_images"].shape[1:] == (64, 64, 3)
+    state_only = record_demonstrations(cartpole("gymnasium"), balance, 3, 0, name="balance")
+    # Same episodes, step for step: the same actions at the same steps.
+    assert torch.equal(demos.episode, state_only.episode)
+    assert torch.equal(demos.actions, state_only.actions)
+    # The images move with the cart and pole the actions move.
+    images = demos.obs["main_images"]
+    assert not torch.equal(images[0], images[5])
+
+
+def test_observed_envs_that_part_from_the_acting_ones_stop_the_recording() -> None:
+    with pytest.raises(RuntimeError, match=r"parted from the acting ones at step 10 "):
+        record_demonstrations(
+            cartpole("gymnasium", max_steps=30),
+            balance,
+            3,
+            0,
+            name="balance",
+            observed=cartpole("gymnasium", max_steps=10),
+        )
