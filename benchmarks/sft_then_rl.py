@@ -1,14 +1,17 @@
 """RLinf's recipe against its baseline: behaviour cloning then PPO, against PPO from scratch.
 
-On MetaWorld MT1 ``reach-v3`` with the flow policy of configs/ppo_flow_metaworld_reach.py
-(chunks of 5 actions, Flow-SDE). Once: MetaWorld's scripted policy records
-``--episodes`` training and a quarter as many held-out demonstrations
-(``python -m rlshell.record``). Then for each seed, one after the other (two runs at once
-would share the machine's cores):
+``--task metaworld`` (the default): MetaWorld MT1 ``reach-v3`` with the flow policy of
+configs/ppo_flow_metaworld_reach.py (chunks of 5 actions, Flow-SDE), cloned from
+MetaWorld's scripted policy. ``--task pushcube``: ManiSkill's PushCube-v1 from state with
+configs/ppo_flow_pushcube_cpu.py's flow policy, cloned from the successful episodes of a
+trained Gaussian MLP (``--expert checkpoint:<a configs/ppo_pushcube_cpu.py run's
+checkpoint> --only-success``). Once: the expert records ``--episodes`` training and a
+quarter as many held-out demonstrations (``python -m rlshell.record``). Then for each
+seed, one after the other (two runs at once would share the machine's cores):
 
-1. ``sft``: configs/sft_flow_metaworld_reach.py (``--sft-steps`` steps) with ``runner.seed=S``;
-2. ``cloned``: configs/ppo_flow_metaworld_reach.py from its last checkpoint
-   (``actor.model.checkpoint``), at the config's learning rate (3e-5);
+1. ``sft``: the task's sft config (``--sft-steps`` steps) with ``runner.seed=S``;
+2. ``cloned``: the task's PPO config from its last checkpoint
+   (``actor.model.checkpoint``) at ``--cloned-lr`` (3e-5);
 3. ``scratch``: the same PPO from a fresh policy at its own best learning rate
    (``--scratch-lr``, 3e-4: PushCube's), for as many updates, so as many env steps.
 
@@ -37,8 +40,21 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-RL = ROOT / "configs" / "ppo_flow_metaworld_reach.py"
-SFT = ROOT / "configs" / "sft_flow_metaworld_reach.py"
+# task: (the PPO config, the sft config, the config the expert records in, in words)
+TASKS = {
+    "metaworld": (
+        ROOT / "configs" / "ppo_flow_metaworld_reach.py",
+        ROOT / "configs" / "sft_flow_metaworld_reach.py",
+        ROOT / "configs" / "ppo_flow_metaworld_reach.py",
+        "MetaWorld MT1 reach-v3, state, 100-step episodes",
+    ),
+    "pushcube": (
+        ROOT / "configs" / "ppo_flow_pushcube_cpu.py",
+        ROOT / "configs" / "sft_flow_pushcube_cpu.py",
+        ROOT / "configs" / "ppo_pushcube_cpu.py",
+        "ManiSkill PushCube-v1, state, episodes end at success",
+    ),
+}
 METRICS = ("env/success_once", "env/success", "env/episode_return")
 
 
@@ -83,6 +99,10 @@ def over_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", choices=sorted(TASKS), default="metaworld")
+    parser.add_argument("--expert", default="metaworld", help="'metaworld' or 'checkpoint:PATH'")
+    parser.add_argument("--only-success", action="store_true", help="record successes only")
+    parser.add_argument("--cloned-lr", type=float, default=3e-5)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--updates", type=int, default=200, help="PPO updates of each start")
     parser.add_argument("--sft-steps", type=int, default=300)
@@ -94,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.updates, args.sft_steps, args.episodes, args.window = [0], 2, 4, 4, 1
+    rl, sft, recorded_in, task = TASKS[args.task]
     out = args.out or Path(tempfile.mkdtemp(prefix="sft_then_rl_"))
     demos = {"train": out / "demos" / "train.safetensors", "val": out / "demos" / "val.safetensors"}
     for split, episodes, seed in (
@@ -102,9 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     ):
         _run(
             "rlshell.record",
-            str(RL),
+            str(recorded_in),
+            *(["--only-success"] if args.only_success else []),
             "--expert",
-            "metaworld",
+            args.expert,
             "--episodes",
             str(episodes),
             "--seed",
@@ -120,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         sft_wall.append(
             _run(
                 "rlshell.train",
-                str(SFT),
+                str(sft),
                 *common,
                 f"data.train_path={demos['train']}",
                 f"data.val_path={demos['val']}",
@@ -129,16 +151,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"checkpoint.interval={args.sft_steps}",
             )
         )
-        checkpoint = (
-            runs / "sft_flow_metaworld_reach" / "checkpoints" / f"global_step_{args.sft_steps}"
-        )
+        checkpoint = runs / sft.stem / "checkpoints" / f"global_step_{args.sft_steps}"
         for start, overrides in (
-            ("cloned", [f"actor.model.checkpoint={checkpoint}"]),
+            (
+                "cloned",
+                [f"actor.model.checkpoint={checkpoint}", f"actor.optim.lr={args.cloned_lr}"],
+            ),
             ("scratch", [f"actor.optim.lr={args.scratch_lr}"]),
         ):
             wall = _run(
                 "rlshell.train",
-                str(RL),
+                str(rl),
                 *common,
                 *overrides,
                 f"runner.max_steps={args.updates}",
@@ -148,11 +171,15 @@ def main(argv: list[str] | None = None) -> int:
             starts[start].append({"seed": seed, **summarise(runs / start, args.window, wall)})
     summary = {start: over_seeds(runs) for start, runs in starts.items()}
     result = {
-        "task": "MetaWorld MT1 reach-v3, state, 100-step episodes",
-        "policy": "flow_policy (Flow-SDE, 4 steps, chunks of 5)",
+        "task": task,
+        "policy": "flow_policy (Flow-SDE, 4 steps)",
         "seeds": args.seeds,
         "updates": args.updates,
-        "demonstrations": {"train_episodes": args.episodes, "expert": "metaworld scripted"},
+        "demonstrations": {
+            "train_episodes": args.episodes,
+            "expert": args.expert,
+            "only_success": args.only_success,
+        },
         "sft": {"steps": args.sft_steps, "wall_s": statistics.fmean(sft_wall)},
         "runs": starts,
         "summary": summary,
