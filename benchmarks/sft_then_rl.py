@@ -23,8 +23,10 @@ seeds: mean and standard deviation of each, and the ratio of the means.
 
     .venv/bin/python benchmarks/sft_then_rl.py --seeds 0 1 2 [--updates 200] [--out DIR]
 
-Prints one JSON object. ``--quick`` is a smoke run (a few steps of each; its figures mean
-nothing).
+Prints one JSON object; ``--plot PNG`` also draws each run's ``env/success_once`` per
+update (20-update means), the two starts side by side. ``--runs DIR`` summarises (and
+plots) the runs an earlier call made in ``DIR`` instead of making any. ``--quick`` is a
+smoke run (a few steps of each; its figures mean nothing).
 """
 
 from __future__ import annotations
@@ -69,9 +71,9 @@ def _run(module: str, *args: str) -> float:
     return time.perf_counter() - started
 
 
-def summarise(run_dir: Path, window: int, wall_s: float) -> dict[str, Any]:
+def summarise(run_dir: Path, window: int, wall_s: float | None) -> dict[str, Any]:
     """One PPO run's means (the module's docstring), from its ``metrics.jsonl``."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = _rows(run_dir)
     out: dict[str, Any] = {"updates": len(rows), "env_steps": rows[-1]["env/total_steps"]}
     for metric in METRICS:
         values = [float(row[metric]) for row in rows if metric in row]
@@ -93,29 +95,43 @@ def over_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
             values = [run[metric][part] for run in runs]
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
             out[metric][part] = {"mean": statistics.fmean(values), "std": spread}
-    out["wall_s"] = statistics.fmean(run["wall_s"] for run in runs)
+    walls = [run["wall_s"] for run in runs if run["wall_s"] is not None]
+    out["wall_s"] = statistics.fmean(walls) if walls else None
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", choices=sorted(TASKS), default="metaworld")
-    parser.add_argument("--expert", default="metaworld", help="'metaworld' or 'checkpoint:PATH'")
-    parser.add_argument("--only-success", action="store_true", help="record successes only")
-    parser.add_argument("--cloned-lr", type=float, default=3e-5)
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--updates", type=int, default=200, help="PPO updates of each start")
-    parser.add_argument("--sft-steps", type=int, default=300)
-    parser.add_argument("--episodes", type=int, default=40, help="training demonstrations")
-    parser.add_argument("--scratch-lr", type=float, default=3e-4)
-    parser.add_argument("--window", type=int, default=20, help="updates the first/last means take")
-    parser.add_argument("--out", type=Path, help="where the runs go (a temporary folder)")
-    parser.add_argument("--quick", action="store_true", help="a smoke run; figures mean nothing")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.seeds, args.updates, args.sft_steps, args.episodes, args.window = [0], 2, 4, 4, 1
-    rl, sft, recorded_in, task = TASKS[args.task]
-    out = args.out or Path(tempfile.mkdtemp(prefix="sft_then_rl_"))
+def plot(starts: dict[str, list[dict[str, Any]]], out: Path, png: Path, task: str) -> Path:
+    """Each run's ``env/success_once`` per update, as 20-update rolling means, into ``png``."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7, 3.5))
+    axes = figure.add_subplot()
+    for start, color in (("cloned", "tab:blue"), ("scratch", "tab:orange")):
+        for index, run in enumerate(starts[start]):
+            rows = _rows(out / f"seed_{run['seed']}" / start)
+            values = [float(row["env/success_once"]) for row in rows if "env/success_once" in row]
+            means = [statistics.fmean(values[max(0, i - 19) : i + 1]) for i in range(len(values))]
+            label = f"{start} (seeds {', '.join(str(r['seed']) for r in starts[start])})"
+            axes.plot(range(1, len(means) + 1), means, color=color, label=None if index else label)
+    axes.set_xlabel("PPO update")
+    axes.set_ylabel("success at some step (20-update mean)")
+    axes.set_ylim(-0.02, 1.02)
+    axes.set_title(task, fontsize=9)
+    axes.legend(loc="lower right", fontsize=8)
+    figure.tight_layout()
+    figure.savefig(png, dpi=100)
+    return png
+
+
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def make_runs(
+    args: argparse.Namespace, out: Path, rl: Path, sft: Path, recorded_in: Path
+) -> tuple[dict[str, list[dict[str, Any]]], list[float]]:
+    """Record, then per seed clone and run both starts (the module's docstring); each
+    start's runs summarised, and the sft runs' wall times."""
     demos = {"train": out / "demos" / "train.safetensors", "val": out / "demos" / "val.safetensors"}
     for split, episodes, seed in (
         ("train", args.episodes, 0),
@@ -169,6 +185,41 @@ def main(argv: list[str] | None = None) -> int:
                 f"runner.experiment_name={start}",
             )
             starts[start].append({"seed": seed, **summarise(runs / start, args.window, wall)})
+    return starts, sft_wall
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", choices=sorted(TASKS), default="metaworld")
+    parser.add_argument("--expert", default="metaworld", help="'metaworld' or 'checkpoint:PATH'")
+    parser.add_argument("--only-success", action="store_true", help="record successes only")
+    parser.add_argument("--cloned-lr", type=float, default=3e-5)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--updates", type=int, default=200, help="PPO updates of each start")
+    parser.add_argument("--sft-steps", type=int, default=300)
+    parser.add_argument("--episodes", type=int, default=40, help="training demonstrations")
+    parser.add_argument("--scratch-lr", type=float, default=3e-4)
+    parser.add_argument("--window", type=int, default=20, help="updates the first/last means take")
+    parser.add_argument("--out", type=Path, help="where the runs go (a temporary folder)")
+    parser.add_argument("--plot", type=Path, help="draw the curves into this PNG")
+    parser.add_argument("--runs", type=Path, help="summarise the runs made in this folder")
+    parser.add_argument("--quick", action="store_true", help="a smoke run; figures mean nothing")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seeds, args.updates, args.sft_steps, args.episodes, args.window = [0], 2, 4, 4, 1
+    rl, sft, recorded_in, task = TASKS[args.task]
+    if args.runs is not None:
+        out, sft_wall = args.runs, []
+        starts = {
+            start: [
+                {"seed": seed, **summarise(out / f"seed_{seed}" / start, args.window, None)}
+                for seed in args.seeds
+            ]
+            for start in ("cloned", "scratch")
+        }
+    else:
+        out = args.out or Path(tempfile.mkdtemp(prefix="sft_then_rl_"))
+        starts, sft_wall = make_runs(args, out, rl, sft, recorded_in)
     summary = {start: over_seeds(runs) for start, runs in starts.items()}
     result = {
         "task": task,
@@ -180,7 +231,10 @@ def main(argv: list[str] | None = None) -> int:
             "expert": args.expert,
             "only_success": args.only_success,
         },
-        "sft": {"steps": args.sft_steps, "wall_s": statistics.fmean(sft_wall)},
+        "sft": {
+            "steps": args.sft_steps,
+            "wall_s": statistics.fmean(sft_wall) if sft_wall else None,
+        },
         "runs": starts,
         "summary": summary,
         "ratio_run_mean_success_once": (
@@ -190,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         "out": str(out),
         "quick": args.quick,
     }
+    if args.plot is not None:
+        result["plot"] = str(plot(starts, out, args.plot, task))
     print(json.dumps(result, indent=1))
     return 0
 
