@@ -47,6 +47,8 @@ and only when an env is built.
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import difflib
 import functools
 import importlib
@@ -322,7 +324,18 @@ def _gl_context(backend: str) -> Any:
         raise ValueError(
             f"MUJOCO_GL={backend!r}: MuJoCo draws off-screen with {', '.join(_GL_CONTEXTS)}"
         )
-    return importlib.import_module(_GL_CONTEXTS[backend]).GLContext(1, 1)
+    context = importlib.import_module(_GL_CONTEXTS[backend]).GLContext(1, 1)
+    atexit.register(_free_at_exit, context)
+    return context
+
+
+def _free_at_exit(context: Any) -> None:
+    """Free the process's context while MuJoCo's OpenGL modules are still loaded. Its own
+    ``__del__`` would free it again during the interpreter's teardown, after those modules
+    are gone, and print an ignored ``AttributeError`` at the exit of every camera process:
+    the freed context is kept alive past the teardown instead."""
+    context.free()
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(context))
 
 
 class CameraRenderer:
