@@ -44,7 +44,7 @@ class SFTRules:
     @classmethod
     def problems(cls, facts: RunFacts, plan: PlacementPlan | None) -> list[str]:
         config = facts.config
-        data, runner = config.data, config.runner
+        data = config.data
         problems = []
         if data.task != "conversations":
             problems.append(
@@ -56,19 +56,7 @@ class SFTRules:
                 "data.train_path: the sft runner needs its training conversations (a JSONL file "
                 'of {"messages": [...]} lines)'
             )
-        if runner.eval_interval and data.task == "conversations" and data.val_path is None:
-            problems.append(
-                f"runner.eval_interval: evaluating every {runner.eval_interval} steps reads the "
-                "held-out conversations of data.val_path, which is unset; set it, or "
-                "runner.eval_interval=0"
-            )
-        layout = facts.layout
-        others = sorted(name for name in layout.keys if name != "actor")
-        if others:
-            problems.append(
-                f"cluster.component_placement: the sft run starts the actor alone; it places "
-                f"{', '.join(others)} too (e.g. {{'actor': '0:0-1'}})"
-            )
+        problems += _held_out_and_alone(facts, "conversations", data.task == "conversations")
         problems += chat_template_problems(config)
         if pipeline_stages(config.actor) > 1:
             problems.append(
@@ -76,14 +64,7 @@ class SFTRules:
                 "the whole model on each rank of a tensor-parallel group (Megatron's pipeline "
                 "schedule is not built for them); use 1, with tensor or data parallelism"
             )
-        if plan is not None and any(c.name == "actor" for c in plan.components):
-            shares = data_parallel_shares(config, len(plan.component("actor").workers))
-            if runner.prompts_per_step < shares:
-                problems.append(
-                    f"runner.prompts_per_step: {runner.prompts_per_step} conversations a step, "
-                    f"fewer than the actor's {shares} data-parallel ranks; every rank needs a share"
-                )
-        return problems
+        return problems + _shares_problems(config, plan, "conversations")
 
     @classmethod
     def unread(cls, facts: RunFacts) -> dict[str, str]:
@@ -144,7 +125,7 @@ class EmbodiedSFTRules:
     @classmethod
     def problems(cls, facts: RunFacts, plan: PlacementPlan | None) -> list[str]:
         config = facts.config
-        data, runner = config.data, config.runner
+        data = config.data
         problems = []
         if data.task != "demonstrations":
             problems.append(
@@ -157,27 +138,8 @@ class EmbodiedSFTRules:
                 "data.train_path: the embodied sft run needs its demonstrations (a file "
                 "python -m rlshell.record writes)"
             )
-        if runner.eval_interval and data.val_path is None:
-            problems.append(
-                f"runner.eval_interval: evaluating every {runner.eval_interval} steps reads the "
-                "held-out demonstrations of data.val_path, which is unset; set it, or "
-                "runner.eval_interval=0"
-            )
-        others = sorted(name for name in facts.layout.keys if name != "actor")
-        if others:
-            problems.append(
-                f"cluster.component_placement: the sft run starts the actor alone; it places "
-                f"{', '.join(others)} too (e.g. {{'actor': '0:0'}})"
-            )
-        if plan is not None and any(c.name == "actor" for c in plan.components):
-            shares = data_parallel_shares(config, len(plan.component("actor").workers))
-            if runner.prompts_per_step < shares:
-                problems.append(
-                    f"runner.prompts_per_step: {runner.prompts_per_step} demonstration steps a "
-                    f"step, fewer than the actor's {shares} data-parallel ranks; every rank "
-                    "needs a share"
-                )
-        return problems
+        problems += _held_out_and_alone(facts, "demonstrations", True)
+        return problems + _shares_problems(config, plan, "demonstration steps")
 
     @classmethod
     def unread(cls, facts: RunFacts) -> dict[str, str]:
@@ -223,6 +185,38 @@ class EmbodiedSFTRules:
                 "and data.val_path"
             )
         return unread
+
+
+def _held_out_and_alone(facts: RunFacts, rows: str, reads_rows: bool) -> list[str]:
+    """An sft run's held-out ``rows`` when it evaluates (and ``reads_rows``: its data.task is
+    the one it reads), and its actor placed alone."""
+    runner, problems = facts.config.runner, []
+    if reads_rows and runner.eval_interval and facts.config.data.val_path is None:
+        problems.append(
+            f"runner.eval_interval: evaluating every {runner.eval_interval} steps reads the "
+            f"held-out {rows} of data.val_path, which is unset; set it, or runner.eval_interval=0"
+        )
+    others = sorted(name for name in facts.layout.keys if name != "actor")
+    if others:
+        problems.append(
+            f"cluster.component_placement: the sft run starts the actor alone; it places "
+            f"{', '.join(others)} too (e.g. {{'actor': '0:0-1'}})"
+        )
+    return problems
+
+
+def _shares_problems(config: Config, plan: PlacementPlan | None, rows: str) -> list[str]:
+    """Every data-parallel rank of the actor needs a share of a step's ``rows``."""
+    if plan is None or not any(c.name == "actor" for c in plan.components):
+        return []
+    shares = data_parallel_shares(config, len(plan.component("actor").workers))
+    steps = config.runner.prompts_per_step
+    if steps >= shares:
+        return []
+    return [
+        f"runner.prompts_per_step: {steps} {rows} a step, fewer than the actor's {shares} "
+        "data-parallel ranks; every rank needs a share"
+    ]
 
 
 def data_parallel_shares(config: Config, ranks: int) -> int:
