@@ -353,10 +353,10 @@ class _Recording:
         self.current = stepper.reset(seed=0)["states"]
         step = stepper.step
 
-        def recorded(actions: Tensor, policy: str | None = None) -> Any:
+        def recorded(actions: Tensor, policy: str | None = None, chunk: int = 1) -> Any:
             self.taken_from.append(self.current)
             try:
-                result = step(actions, policy=policy)
+                result = step(actions, policy=policy, chunk=chunk)
             except EnvRestarted as restart:
                 self.restarted.append(restart.obs["states"])
                 self.current = restart.obs["states"]
