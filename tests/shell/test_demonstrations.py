@@ -169,3 +169,31 @@ def test_observed_envs_that_part_from_the_acting_ones_stop_the_recording() -> No
             name="balance",
             observed=cartpole("gymnasium", max_steps=10),
         )
+
+
+def _write(path: str, text: str) -> None:
+    Path(path).write_text(text)
+
+
+class _WritesAFile:
+    """Unpickling this writes a file: what a pickle-loading reader would run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (_write, (str(self.path), "ran"))
+
+
+def test_a_pickle_posing_as_demonstrations_is_refused_without_running(tmp_path: Path) -> None:
+    import pickle
+
+    witness = tmp_path / "witness"
+    posing = tmp_path / "demos.safetensors"
+    posing.write_bytes(pickle.dumps(_WritesAFile(witness)))
+    with pytest.raises(DemonstrationError, match="not a safetensors file"):
+        load_demonstrations(posing)
+    assert not witness.exists()
+    # The same payload really does run when unpickled: the test would see it.
+    pickle.loads(posing.read_bytes())
+    assert witness.read_text() == "ran"
