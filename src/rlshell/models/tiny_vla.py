@@ -86,7 +86,7 @@ from rlshell.config import ModelConfig
 from rlshell.envs.text import texts_of
 from rlshell.models.base import ActionInfo, BasePolicy
 from rlshell.models.model_kwargs import PREFIX, KwargsReader, Scalar
-from rlshell.models.vision import VisionProjector, VisionTower
+from rlshell.models.vision import VisionProjector, VisionTower, read_patches
 from rlshell.models.vision_language import DEFAULT_VLA_ALPHABET
 
 __all__ = [
@@ -182,12 +182,7 @@ class TinyVLASpec:
                 f"unknown key '{PREFIX}.{unknown[0]}'{hint}: neither a tiny_vla key "
                 f"({', '.join(_VLA_KEYS)}) nor a field of transformers.{class_name}"
             )
-        image_size = read.positive_int("image_size", 64)
-        patch_size = read.positive_int("patch_size", 8)
-        if image_size % patch_size:
-            raise ValueError(
-                f"{PREFIX}.patch_size: {patch_size} does not divide image_size {image_size}"
-            )
+        image_size, patch_size = read_patches(read)
         template = read.string("prompt_template", DEFAULT_PROMPT) or DEFAULT_PROMPT
         if template.count("{}") != 1:
             raise ValueError(

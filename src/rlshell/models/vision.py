@@ -15,7 +15,9 @@ import torch.nn.functional as F
 from jaxtyping import Float, UInt8
 from torch import Tensor, nn
 
-__all__ = ["VisionProjector", "VisionTower"]
+from rlshell.models.model_kwargs import PREFIX, KwargsReader
+
+__all__ = ["VisionProjector", "VisionTower", "read_patches"]
 
 
 class VisionTower(nn.Module):
@@ -56,3 +58,15 @@ class VisionProjector(nn.Module):
         out: Tensor = self.fc2(F.gelu(self.fc1(features)))
         # A copy of a view: FSDP2 warns about views a unit returns.
         return out if out._base is None else out.clone()
+
+
+def read_patches(read: KwargsReader) -> tuple[int, int]:
+    """``image_size`` and ``patch_size`` of a vision tower's ``model_kwargs`` (64 and 8); a
+    patch that does not tile the image raises ValueError naming the key."""
+    image_size = read.positive_int("image_size", 64)
+    patch_size = read.positive_int("patch_size", 8)
+    if image_size % patch_size:
+        raise ValueError(
+            f"{PREFIX}.patch_size: {patch_size} does not divide image_size {image_size}"
+        )
+    return image_size, patch_size

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from rlshell.envs.text import encode_texts, texts_of
 from rlshell.models.model_kwargs import PREFIX, KwargsReader
-from rlshell.models.vision import VisionProjector, VisionTower
+from rlshell.models.vision import VisionProjector, VisionTower, read_patches
 
 __all__ = [
     "DEFAULT_VLA_ALPHABET",
@@ -90,12 +90,7 @@ class VisionLanguageSpec:
     @classmethod
     def from_reader(cls, read: KwargsReader, state_dim: int) -> VisionLanguageSpec:
         """The `VISION_LANGUAGE_KEYS` of ``read``; a bad entry raises ValueError naming its key."""
-        image_size = read.positive_int("image_size", 64)
-        patch_size = read.positive_int("patch_size", 8)
-        if image_size % patch_size:
-            raise ValueError(
-                f"{PREFIX}.patch_size: {patch_size} does not divide image_size {image_size}"
-            )
+        image_size, patch_size = read_patches(read)
         width = read.positive_int("context_width", 64)
         heads = read.positive_int("context_heads", 4)
         if width % heads:
