@@ -268,10 +268,12 @@ def test_a_short_ppo_run_on_pushcube_trains_and_evaluates_with_a_gif(tmp_path: P
 
 @needs_cpu_maniskill
 @pytest.mark.slow
-def test_the_camera_config_trains_a_step(tmp_path: Path) -> None:
-    """configs/ppo_pushcube_rgb_cpu.py: camera images and the robot's state reach its CNN."""
+@pytest.mark.parametrize("name", ["ppo_pushcube_rgb_cpu", "ppo_flow_pushcube_rgb_cpu"])
+def test_the_camera_configs_train_a_step(tmp_path: Path, name: str) -> None:
+    """The camera configs: images, the task's words and the robot's state reach the CNN and
+    the flow policy's vision-language encoder."""
     train_config(
-        "configs/ppo_pushcube_rgb_cpu.py",
+        f"configs/{name}.py",
         tmp_path,
         "runner.max_steps=1",
         "runner.rollout_steps=4",
@@ -279,6 +281,6 @@ def test_the_camera_config_trains_a_step(tmp_path: Path) -> None:
         "algorithm.num_minibatches=1",
         "checkpoint.interval=0",
     )
-    (record,) = read_metrics(tmp_path / "ppo_pushcube_rgb_cpu" / "metrics.jsonl")
+    (record,) = read_metrics(tmp_path / name / "metrics.jsonl")
     assert record["env/total_steps"] == 4
     assert record["train/samples"] == 4
