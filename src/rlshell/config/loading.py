@@ -1,7 +1,8 @@
 """Reading a config: a Python module or a resolved JSON, then overrides, then a check.
 
 `read_config` reads ``config`` from a Python config file (or a resolved
-``config.json`` written by an earlier run), applies ``key.path=value``
+``config.json`` written by an earlier run, or an RLinf Hydra YAML config mapped
+key by key by `rlshell.config.rlinf`), applies ``key.path=value``
 overrides parsed to each field's type, structures the result with cattrs and
 runs the caller's check on it (`rlshell.runners.validation.load_config` passes
 the validator). Every problem found on the way is collected and raised
@@ -37,6 +38,7 @@ from cattrs.errors import (
     IterableValidationError,
 )
 
+from rlshell.config.rlinf import YAML_SUFFIXES, RLinfConfigError, read_rlinf_config, rlinf_hint
 from rlshell.config.schema import Config, PlacementEntry
 
 __all__ = [
@@ -136,8 +138,9 @@ def write_config(config: Config, path: Path) -> Path:
 
 
 def read_config_source(path: str | Path | Config | Mapping[str, Any]) -> dict[str, Any]:
-    """Plain data from a Python config module (its ``config``), a JSON config file, a
-    `Config` or a mapping (copied: overrides never change the caller's)."""
+    """Plain data from a Python config module (its ``config``), a JSON config file, an
+    RLinf YAML config (`rlshell.config.rlinf`), a `Config` or a mapping (copied:
+    overrides never change the caller's)."""
     if isinstance(path, Config):
         return config_to_dict(path)
     if isinstance(path, Mapping):
@@ -153,8 +156,15 @@ def read_config_source(path: str | Path | Config | Mapping[str, Any]) -> dict[st
         if not isinstance(data, dict):
             raise ConfigError([f"{source}: expected a JSON object, got {type(data).__name__}"])
         return data
+    if source.suffix in YAML_SUFFIXES:
+        try:
+            return read_rlinf_config(source)
+        except RLinfConfigError as error:
+            raise ConfigError(error.problems) from None
     if source.suffix != ".py":
-        raise ConfigError([f"{source}: a config file is a Python module (.py) or a JSON file"])
+        raise ConfigError(
+            [f"{source}: a config file is a Python module (.py), a JSON file or an RLinf YAML"]
+        )
     config = getattr(_import_file(source), "config", None)
     if isinstance(config, Config):
         return config_to_dict(config)
@@ -358,6 +368,9 @@ def _unknown_key(path: str, full: str | None = None) -> str:
     after ``path`` is kept on the suggestion when that makes a valid key.
     """
     full = full or path
+    rlinf = rlinf_hint(full) or rlinf_hint(path)
+    if rlinf is not None:
+        return f"unknown key '{full}': {rlinf}"
     rest = full[len(path) :]
     candidates = list(all_key_paths())
     valid = set(candidates)
