@@ -7,6 +7,10 @@ run spec names (`rlshell.runners.spec`) does the steps:
     python -m rlshell.train configs/grpo.py          # ReasoningTrainer
     python -m rlshell.train configs/ppo_cartpole.py  # CollocatedPPOTrainer
 
+Before each step the loop tells every worker group of the run which step it is
+(``set_global_step``, RLinf's call), without waiting: a worker knows the step it
+works on and names it in its log lines (`rlshell.cluster.worker.Worker.log_info`).
+
 Ctrl-C (SIGINT) during the steps lets the step under way finish, saves a
 checkpoint (``checkpoint.save_on_interrupt``) and raises `Interrupted`; a
 second Ctrl-C raises KeyboardInterrupt at once. (During the last step it only
@@ -21,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import FrameType
 
@@ -41,15 +45,17 @@ from rlshell.checkpoint import (
     write_trainer_state,
 )
 from rlshell.cluster.errors import WorkerError
+from rlshell.cluster.group import GroupCall, WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.cluster.ray_cluster import Cluster
+from rlshell.cluster.worker import Worker, show_every_worker_line
 from rlshell.config import Config
 from rlshell.export import export_final_policy
 from rlshell.metrics import logger_for_run, plot_run
 from rlshell.runners.spec import RunSpec
 from rlshell.runners.trainer import Cadence, Reporting, Salvaging, Trainer
 
-__all__ = ["Interrupted", "TrainResult", "run", "save_checkpoint", "timed"]
+__all__ = ["Interrupted", "TrainResult", "announce_step", "run", "save_checkpoint", "timed"]
 
 
 class Interrupted(KeyboardInterrupt):
@@ -98,6 +104,7 @@ def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> 
     cadence = Cadence.of(config)
     # Read now, as every key a run reads: a run that saves no checkpoint does not read it.
     save_on_interrupt = bool(cadence.checkpoint_interval) and config.checkpoint.save_on_interrupt
+    show_every_worker_line()  # the workers' log lines, each as written (not folded by Ray)
     trainer = trainer_cls.launch(spec, cluster, plan, run_dir)
     final: dict[str, float] = {}
     try:
@@ -113,7 +120,9 @@ def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> 
             saved: dict[str, float] = {}
             with _first_ctrl_c_finishes_the_step() as stop:
                 began = time.perf_counter()
+                announced: list[GroupCall] = []
                 for step in range(start_step + 1, cadence.max_steps + 1):
+                    announced = announce_step(cluster, step, announced)
                     try:
                         metrics = trainer.step(step)
                     except Exception as error:
@@ -152,6 +161,33 @@ def run(spec: RunSpec, cluster: Cluster, plan: PlacementPlan, run_dir: Path) -> 
         checkpoint=checkpoints[-1][1] if checkpoints else None,
         exported=exported,
     )
+
+
+def announce_step(cluster: Cluster, step: int, pending: list[GroupCall]) -> list[GroupCall]:
+    """``set_global_step(step)`` submitted to every worker group ``cluster`` runs; the calls
+    still running. Never waits: a worker busy with work submitted ahead (an asynchronous
+    run's next window) takes it after that work. ``pending``: the last step's calls, whose
+    failures are read and dropped here (a dead worker is reported by the trainer's own
+    calls, with the method it was running)."""
+    running = []
+    for call in pending:
+        if not call.done():
+            running.append(call)
+            continue
+        with suppress(WorkerError):
+            call.wait(timeout=0)
+    # The cluster's own record of what it runs (the trainer keeps its groups to itself); a
+    # stand-in for a cluster (a test's trainer without Ray) runs none.
+    tracked = cluster._tracked() if isinstance(cluster, Cluster) else []
+    for group in tracked:
+        if (
+            isinstance(group, WorkerGroup)
+            and issubclass(group.worker_cls, Worker)
+            and not group._dead
+        ):
+            with suppress(WorkerError):
+                running.append(group.set_global_step(step))
+    return running
 
 
 def _salvage(
