@@ -138,6 +138,7 @@ SHELL_LAYERS: list[tuple[str, frozenset[str]]] = [
                 "tools",
                 "hyperparameters",
                 "demonstrations",
+                "rlinf_plugins",
             }
         ),
     ),

@@ -27,7 +27,9 @@ from rlshell.workers.embodied_update import (
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs" / "ppo_cartpole.py")
 CARTPOLE = MLPPolicySpec.from_kwargs({"obs_dim": 4, "action_dim": 2, "action_type": "discrete"})
-SETTINGS = PPOSettings(ppo_epochs=2, num_minibatches=2, clip_vloss=0.2, ent_coef=0.01)
+SETTINGS = PPOSettings(
+    ppo_epochs=2, num_minibatches=2, clip_coef=0.2, clip_vloss=0.2, ent_coef=0.01
+)
 # One xdist worker runs the module: `compiled` is built once, and the graph of SETTINGS compiles
 # once for all the tests that build a step of it.
 pytestmark = pytest.mark.xdist_group("embodied_fast_update")

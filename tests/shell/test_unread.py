@@ -172,7 +172,7 @@ def test_packing_on_its_own_is_accepted_and_leaves_the_shared_prompt_forward_unr
         ("runner.prompts_per_step=4", "prompts are the reasoning runner's"),
         ("runner.eval_interval=10", "python -m rlshell.evaluate"),
         ("algorithm.kl_coef=0.1", "no reference policy"),
-        ("algorithm.clip_high=0.3", "clipped symmetrically by algorithm.clip_low"),
+        ("algorithm.behavior_weight_cap=2", "caps decoupled PPO's behaviour weights"),
         ("algorithm.group_size=4", "compares no groups of envs"),
         ("env.control_mode=continuous", "the 'gymnasium' env type (env.env_type) does not read"),
         ("rollout.precision=bf16", "acts with the actor's own module"),
@@ -186,8 +186,11 @@ def test_embodied_ppo_refuses_what_it_does_not_read(override: str, reason: str) 
 
 
 def test_embodied_ppo_refuses_a_loss_it_does_not_train_with() -> None:
-    (problem,) = refusals(CARTPOLE, "algorithm.loss_type=gspo")
-    assert problem.startswith("algorithm.loss_type: the embodied PPO runner's update is rlcore's")
+    """Any registered policy loss trains (tests/shell/test_rlinf_plugins.py), but not one
+    that needs a proximal policy, which embodied PPO keeps none of."""
+    (problem,) = refusals(CARTPOLE, "algorithm.loss_type=decoupled_ppo")
+    assert problem.startswith("algorithm.loss_type: 'decoupled_ppo' needs a proximal policy's")
+    assert refusals(CARTPOLE, "algorithm.loss_type=gspo") == []
 
 
 def test_embodied_grpo_refuses_the_critic_and_gae_settings() -> None:

@@ -8,11 +8,15 @@ steps its share of ``env.num_envs`` envs with its own copy of the policy for
 FSDP2 ranks. One Ray call per rank per step:
 
     rollout (collect_rollout, parameters gathered once) → GAE (rlcore) →
-    ppo_epochs × num_minibatches PPO steps (rlcore's losses) → metrics
+    ppo_epochs × num_minibatches steps of the registered policy loss → metrics
 
-With a group estimator as ``algorithm.adv_type`` (no critic) the rollout is
-one episode per env from group-seeded resets and the advantages are
-group-normalised returns (`rlshell.workers.embodied_grpo`). Checkpoints hold
+The policy loss is ``algorithm.loss_type``'s entry in `rlcore.registry.POLICY_LOSSES`
+(PPO's clipped loss by default; a plug-in registered rlcore's way or RLinf's,
+`rlshell.rlinf_plugins`), as in the reasoning runner. With another estimator
+than ``gae`` as ``algorithm.adv_type`` (no critic) the rollout is one episode
+per env from group-seeded resets and the registered estimator scores them
+(`rlshell.workers.embodied_grpo`: GRPO's group-normalised returns, or a
+plug-in of the same registry). Checkpoints hold
 each rank's model, optimizer, schedule and RNG states; envs start new
 episodes on resume.
 """

@@ -1,15 +1,19 @@
 """PPO's update on a rollout window of an embodied policy: epochs of shuffled minibatches.
 
-The losses are rlcore's (`rlcore.losses.ppo_policy_loss`, `value_loss`,
-`entropy_loss`) and the advantage whitening `rlcore.masked.masked_whiten`;
-this module only feeds them minibatches of `rlshell.rollout.trajectory.Samples`
-through the policy's `default_forward`, and steps the optimizer:
+The losses are rlcore's (the policy loss registered as ``algorithm.loss_type`` in
+`rlcore.registry.POLICY_LOSSES`, PPO's clipped `rlcore.losses.ppo_policy_loss` by
+default; `value_loss`, `entropy_loss`) and the advantage whitening
+`rlcore.masked.masked_whiten`; this module only feeds them minibatches of
+`rlshell.rollout.trajectory.Samples` through the policy's `default_forward`, and
+steps the optimizer:
 
-    L = L_clip + c_v · L_V − c_H · H,   per minibatch, gradient norm clipped
+    L = L_π + c_v · L_V − c_H · H,   per minibatch, gradient norm clipped
 
 as in PPO (Schulman et al. 2017) and its common implementations (CleanRL,
 Stable-Baselines3): advantages standardised per minibatch, value loss
-optionally clipped around the old values.
+optionally clipped around the old values. Each sample is a row of one step
+for the policy loss (its ``[batch, time]`` with time 1), as the reasoning
+runner's losses see tokens.
 
 A policy that breaks its contract is named in the error: actions of the
 wrong shape for the env (`EnvStepper.step` names the policy class, the env
@@ -31,10 +35,12 @@ from attrs import field, frozen
 from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 
-from rlcore.losses import entropy_loss, ppo_policy_loss, value_loss
+from rlcore.losses import PolicyLossBatch, PolicyLossConfig, entropy_loss, value_loss
 from rlcore.masked import masked_whiten
+from rlcore.registry import POLICY_LOSSES
 from rlshell.config import Config
 from rlshell.envs.stepper import EnvObs, EnvRestarted, EnvStepper
+from rlshell.hyperparameters import LOSS_KEYS, read_for
 from rlshell.models.base import ActionInfo, BasePolicy, ForwardType, MissingInputError
 from rlshell.models.compiled import inductor_compile
 from rlshell.rollout.trajectory import RewardScaler, Samples, TrajectoryBuffer
@@ -73,29 +79,54 @@ def _positive(instance: object, attribute: object, value: float) -> None:
         )
 
 
+def _positive_or_none(instance: object, attribute: object, value: float | None) -> None:
+    if value is not None:
+        _positive(instance, attribute, value)
+
+
+# The policy loss's hyperparameters the embodied update reads (behavior_weight_cap belongs to
+# decoupled PPO, whose proximal policy the embodied runners do not keep).
+_EMBODIED_LOSS_KEYS = {
+    key: field for key, field in LOSS_KEYS.items() if field != "behavior_weight_cap"
+}
+
+
 @frozen
 class PPOSettings:
-    """PPO's update hyperparameters (the names CleanRL uses)."""
+    """PPO's update hyperparameters (the names CleanRL uses) and the policy loss.
+
+    ``loss_type``: the `rlcore.registry.POLICY_LOSSES` entry; ``clip_coef`` (ε_low),
+    ``clip_high`` and ``dual_clip`` reach it as `rlcore.losses.PolicyLossConfig` fields,
+    None leaving the loss's own default (ε = 0.2 for PPO's).
+    """
 
     ppo_epochs: int = field(default=10, validator=_positive)
     num_minibatches: int = field(default=4, validator=_positive)
-    clip_coef: float = field(default=0.2, validator=_positive)
+    clip_coef: float | None = field(default=None, validator=_positive_or_none)
     clip_vloss: float | None = None
     vf_coef: float = 0.5
     ent_coef: float = 0.0
     max_grad_norm: float | None = 0.5
     norm_adv: bool = True
     target_kl: float | None = None
+    loss_type: str = "ppo"
+    clip_high: float | None = None
+    dual_clip: float | None = None
 
     @classmethod
     def of(cls, config: Config, critic: bool) -> PPOSettings:
         """From ``algorithm.*`` and ``actor.optim.clip_grad``; without a ``critic`` (embodied
-        GRPO) the value loss weighs nothing."""
+        GRPO) the value loss weighs nothing. Of the clip settings, those the policy loss
+        reads (`rlcore.registry.Registry.reads`)."""
         algorithm = config.algorithm
+        loss = read_for(POLICY_LOSSES, algorithm.loss_type, config, _EMBODIED_LOSS_KEYS)
         return cls(
             ppo_epochs=algorithm.ppo_epochs,
             num_minibatches=algorithm.num_minibatches,
-            clip_coef=algorithm.clip_low if algorithm.clip_low is not None else 0.2,
+            clip_coef=loss.get("clip_low"),
+            loss_type=algorithm.loss_type,
+            clip_high=loss.get("clip_high"),
+            dual_clip=loss.get("dual_clip"),
             clip_vloss=algorithm.value_clip if critic else None,
             vf_coef=algorithm.vf_coef if critic else 0.0,
             ent_coef=algorithm.entropy_coef,
@@ -263,7 +294,7 @@ def ppo_update(
             report = _report(parts, grad_norm)
             for key, value in report.items():
                 totals[key] = totals.get(key, 0.0) + value
-            if settings.target_kl is not None and report["approx_kl"] > settings.target_kl:
+            if settings.target_kl is not None and _approx_kl(report, settings) > settings.target_kl:
                 stopped = True
                 break
         if stopped:
@@ -272,6 +303,17 @@ def ppo_update(
     if settings.target_kl is not None:
         metrics["train/optimizer_steps"] = float(taken)
     return metrics
+
+
+def _approx_kl(report: dict[str, float], settings: PPOSettings) -> float:
+    """The minibatch's approximate KL as its policy loss reports it (``target_kl`` reads it)."""
+    if "approx_kl" not in report:
+        raise ValueError(
+            f"algorithm.target_kl stops the update on the policy loss's approx_kl metric; "
+            f"'{settings.loss_type}' (algorithm.loss_type) reports none (its metrics: "
+            f"{sorted(report)}). Report approx_kl from the loss or leave target_kl unset"
+        )
+    return report["approx_kl"]
 
 
 class NonFiniteUpdateError(FloatingPointError):
@@ -312,20 +354,23 @@ class PPOLoss(NamedTuple):
 
 
 def ppo_loss(out: dict[str, Tensor], batch: Samples, settings: PPOSettings) -> PPOLoss:
-    """L = L_clip + c_v · L_V − c_H · H on one minibatch from rlcore's losses, given
-    ``default_forward``'s outputs ``out`` on ``batch.forward_inputs``."""
+    """L = L_π + c_v · L_V − c_H · H on one minibatch from rlcore's losses, given
+    ``default_forward``'s outputs ``out`` on ``batch.forward_inputs``; L_π is the policy
+    loss registered as ``settings.loss_type``."""
     logprobs, entropy, values = out["logprobs"], out["entropy"], out["values"]
     # rlcore's losses read [batch, time]: each sample is a row of one step.
     mask = torch.ones_like(logprobs, dtype=torch.bool)[:, None]
     advantages = batch.advantages[:, None]
     if settings.norm_adv and batch.size > 1:
         advantages = masked_whiten(advantages, mask)
-    policy_loss = ppo_policy_loss(
-        logprobs[:, None],
-        batch.logprobs[:, None],
-        advantages,
-        mask,
-        clip_low=settings.clip_coef,
+    policy_loss = POLICY_LOSSES.get(settings.loss_type)(
+        PolicyLossBatch(logprobs[:, None], batch.logprobs[:, None], advantages, mask),
+        PolicyLossConfig(
+            clip_low=settings.clip_coef,
+            clip_high=settings.clip_high,
+            dual_clip=settings.dual_clip,
+            agg="token-mean",
+        ),
     )
     critic = value_loss(
         values[:, None],

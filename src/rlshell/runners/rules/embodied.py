@@ -13,8 +13,11 @@ from typing import ClassVar
 
 import attrs
 
+from rlcore.registry import ADVANTAGES, POLICY_LOSSES
 from rlshell.cluster.placement import PlacementPlan
 from rlshell.config import Config, OptimConfig
+from rlshell.hyperparameters import LOSS_KEYS
+from rlshell.rlinf_plugins import RLinfAdvantage
 from rlshell.runners.facts import RunFacts
 from rlshell.runners.offload import not_offloading_problems
 from rlshell.runners.unread import (
@@ -42,25 +45,55 @@ _TRIO = ("actor", "rollout", "env")
 
 
 def ppo_problems(config: Config, who: str) -> list[str]:
-    """What both embodied PPO trainers refuse: a policy loss other than PPO's, offloading."""
+    """What both embodied PPO trainers refuse: offloading; a policy loss that needs a
+    proximal policy (none is kept); an advantage that needs values without a critic."""
     problems = not_offloading_problems(config, who)
-    if config.algorithm.loss_type != "ppo":
+    algorithm = config.algorithm
+    loss, adv = algorithm.loss_type, algorithm.adv_type
+    if loss in POLICY_LOSSES and "proximal_logprobs" in POLICY_LOSSES.needs(loss):
         problems.append(
-            f"algorithm.loss_type: {who}'s update is rlcore's ppo_policy_loss "
-            f"(rlshell.workers.embodied_update); '{config.algorithm.loss_type}' is a reasoning "
-            "runner's loss (or 'sac' with the SAC placement). Set algorithm.loss_type=ppo"
+            f"algorithm.loss_type: '{loss}' needs a proximal policy's log-probabilities "
+            f"(decoupled PPO, an asynchronous reasoning run's); {who} acts and trains with "
+            "the same policy module and keeps none. Choose a loss that does not, e.g. 'ppo'"
+        )
+    if adv != "gae" and adv in ADVANTAGES and _requires_values(adv):
+        problems.append(
+            f"algorithm.adv_type: '{adv}' requires the critic's values, and {who} trains a "
+            "value head only with 'gae' (any other estimator scores group-seeded episodes "
+            "without one, rlshell.workers.embodied_grpo); give its values argument a "
+            "default of None or use 'gae'"
         )
     return problems
 
 
+def _requires_values(adv_type: str) -> bool:
+    """Whether the advantage estimator ``adv_type`` cannot run without values: an RLinf-style
+    plug-in (`rlshell.rlinf_plugins`) that names them without a default."""
+    entry = ADVANTAGES.get(adv_type)
+    return isinstance(entry, RLinfAdvantage) and "values" in entry.signature.required
+
+
 def ppo_unread(facts: RunFacts, who: str) -> dict[str, str]:
-    """What both embodied PPO trainers leave unread (`rlshell.runners.unread`)."""
+    """What both embodied PPO trainers leave unread (`rlshell.runners.unread`); of the policy
+    loss's clip settings, those the registered loss does not read (`Registry.reads`)."""
     config, critic = facts.config, facts.critic
-    return {
+    unread = {
         **embodied_unread(config, who),
         **sac_unread(who),
         **ppo_update_unread(config, critic, who),
     }
+    loss = config.algorithm.loss_type
+    for key in ("algorithm.clip_high", "algorithm.dual_clip"):
+        del unread[key]  # the update hands them to the policy loss
+    if loss in POLICY_LOSSES:
+        ignored = POLICY_LOSSES.ignores(loss)
+        for key, hyperparameter in LOSS_KEYS.items():
+            if hyperparameter in ignored and key not in unread:
+                unread[key] = (
+                    f"the '{loss}' policy loss (algorithm.loss_type) does not use "
+                    f"{hyperparameter}; leave it unset"
+                )
+    return unread
 
 
 def actor_share_problems(config: Config, ranks: int) -> list[str]:
@@ -83,7 +116,12 @@ def actor_share_problems(config: Config, ranks: int) -> list[str]:
 
 SAC_EXAMPLE = '{"actor": "0", "rollout,env": "0"}'
 # The registry names both PPO trainers build.
-_PPO_REGISTERED = ("actor.model.model_type", "algorithm.adv_type", "env.env_type")
+_PPO_REGISTERED = (
+    "actor.model.model_type",
+    "algorithm.adv_type",
+    "algorithm.loss_type",
+    "env.env_type",
+)
 
 
 class CollocatedPPORules:
@@ -127,6 +165,12 @@ class CollocatedPPORules:
                 f"actor.compile: compiles PPO's update with algorithm.adv_type 'gae'; got "
                 f"'{config.algorithm.adv_type}', whose windows vary in size. Set "
                 "actor.compile=false"
+            )
+        if config.actor.compile and config.algorithm.loss_type != "ppo":
+            problems.append(
+                f"actor.compile: compiles PPO's update with algorithm.loss_type 'ppo' (traced "
+                f"once, on fake tensors); got '{config.algorithm.loss_type}', which the "
+                "update calls eagerly. Set actor.compile=false"
             )
         problems += ppo_problems(config, "the embodied PPO runner")
         return problems
