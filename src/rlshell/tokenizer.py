@@ -293,15 +293,20 @@ def with_tokenizer_ids(config: Config, tokenizer_dir: str | os.PathLike[str]) ->
         return config
     kwargs = dict(model.model_kwargs)
     given = kwargs.get("vocab_size")
-    if given is not None and int(given) < size:
+    if given is not None and (not isinstance(given, int) or isinstance(given, bool)):
+        raise ConfigError(
+            [f"actor.model.model_kwargs.vocab_size: expected an integer, got {given!r}"]
+        )
+    if given is not None and given < size:
         raise ConfigError(
             [
                 f"actor.model.model_kwargs.vocab_size: {given} is smaller than the tokenizer's "
                 f"{size} tokens ({tokenizer_dir}); remove it to use the tokenizer's size"
             ]
         )
-    kwargs.setdefault("vocab_size", size)
-    if held is not None and int(kwargs["vocab_size"]) != held:
+    vocab_size = given if given is not None else size
+    kwargs["vocab_size"] = vocab_size
+    if held is not None and vocab_size != held:
         raise ConfigError(
             [
                 f"actor.model.checkpoint: its model embeds {held} tokens; this run's "

@@ -111,6 +111,42 @@ def _structure_scalar(value: Any, _: type) -> int | float | str | bool:
 CONVERTER.register_structure_hook(int | float | str | bool, _structure_scalar)
 
 
+def _is_model_option(tp: Any) -> bool:
+    # ModelOption is recursive: get_type_hints expands it a level, so match its scalar head.
+    members = _union_members(tp)
+    return members is not None and members[:5] == (int, float, bool, str, type(None))
+
+
+def _structure_model_option(value: Any, _: type) -> Any:
+    problem = _model_option_problem(value, "")
+    if problem is not None:
+        where, reason = problem
+        raise TypeError(f"{reason} (at {where.removeprefix('.')})" if where else reason)
+    return value
+
+
+def _model_option_problem(value: Any, where: str) -> tuple[str, str] | None:
+    """(where inside ``value``, why) it is not a `ModelOption`, or None when it is one."""
+    if value is None or isinstance(value, int | float | str | bool):
+        return None
+    if isinstance(value, list | tuple):
+        items = ((f"{where}[{index}]", item) for index, item in enumerate(value))
+    elif isinstance(value, Mapping):
+        bad_key = next((key for key in value if not isinstance(key, str)), None)
+        if bad_key is not None:
+            return where, f"expected string keys, got {bad_key!r}"
+        items = ((f"{where}.{key}", item) for key, item in value.items())
+    else:
+        return where, (
+            "expected a number, string, boolean, null, list or mapping, "
+            f"got {type(value).__name__} {value!r}"
+        )
+    return next((p for w, item in items if (p := _model_option_problem(item, w))), None)
+
+
+CONVERTER.register_structure_hook_func(_is_model_option, _structure_model_option)
+
+
 def config_to_dict(config: Config) -> dict[str, Any]:
     """The config as plain JSON-able data (what ``config.json`` holds)."""
     data: dict[str, Any] = CONVERTER.unstructure(config)
@@ -261,6 +297,8 @@ def parse_override_value(raw: str, tp: Any, key: str = "value") -> Any:
     Raises a problem message naming ``key`` and what was expected.
     """
     text = raw.strip()
+    if _is_model_option(tp):
+        return _parse_model_option(raw, key)
     members = _union_members(tp)
     if members is not None:
         if type(None) in members and text.lower() in _NULLS:
@@ -304,6 +342,34 @@ def parse_override_value(raw: str, tp: Any, key: str = "value") -> Any:
     if tp is str:
         return raw
     return _parse_structured(text, tp, key)
+
+
+def _parse_model_option(raw: str, key: str) -> Any:
+    """A `ModelOption` from override text: null, a number, true/false, JSON (or a Python
+    literal) for a list or mapping, else the text as a string."""
+    text = raw.strip()
+    if text.lower() in _NULLS:
+        return None
+    if text[:1] in ("[", "{"):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                raise _Problem(f"{key}: expected a JSON list or mapping, got '{text}'") from None
+        problem = _model_option_problem(value, key)
+        if problem is not None:
+            raise _Problem(f"{problem[0]}: {problem[1]}")
+        return value
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return raw
 
 
 def _parse_structured(text: str, tp: Any, key: str) -> Any:
@@ -412,9 +478,12 @@ def _describe_structure_error(
         return
     if isinstance(error, IterableValidationError):
         with_index, without = error.group_exceptions()
-        element = get_args(tp)[0] if get_args(tp) else None
+        mapping = get_origin(tp) in (dict, Mapping)
+        element = get_args(tp)[-1 if mapping else 0] if get_args(tp) else None
         for sub, index_note in with_index:
-            yield from _describe_structure_error(sub, (*path, f"[{index_note.index}]"), element)
+            # a mapping's entries are keys of the path (model_kwargs.image_size), not indices
+            part = str(index_note.index) if mapping else f"[{index_note.index}]"
+            yield from _describe_structure_error(sub, (*path, part), element)
         for sub in without:
             yield from _describe_structure_error(sub, path, tp)
         return

@@ -35,6 +35,7 @@ __all__ = [
     "LoggerConfig",
     "MegatronConfig",
     "ModelConfig",
+    "ModelOption",
     "OptimConfig",
     "PlacementEntry",
     "Precision",
@@ -51,6 +52,9 @@ __all__ = [
 COMPONENTS = ("actor", "rollout", "reference", "critic", "reward", "env")
 
 Precision = Literal["fp32", "bf16", "fp16"]
+ModelOption = int | float | bool | str | None | list["ModelOption"] | dict[str, "ModelOption"]
+"""A value of ``actor.model.model_kwargs``: what a YAML or JSON value can be (a number, a
+string, a boolean, null, or a list or mapping of these, nested to any depth)."""
 # rlcore.masked.AggregationMode, rlcore.losses.KLKind's names without the aliases, and
 # rlcore.advantages.BaselineForm (tests/shell/test_config.py checks they agree).
 AggregationMode = Literal[
@@ -163,7 +167,11 @@ class ModelConfig:
     ``path`` is a local Hugging Face directory or a Hub id (``org/name``,
     read through the Hub cache, downloaded only without ``HF_HUB_OFFLINE``;
     `rlshell.hub`); without it builders construct the model from
-    ``model_kwargs`` (e.g. a transformers config's fields).
+    ``model_kwargs`` (e.g. a transformers config's fields). ``model_kwargs``
+    values are `ModelOption`s (lists and nested mappings too, as RLinf's model
+    sections have them); the builder reads them: ``hf_causal_lm`` hands them to
+    ``from_pretrained`` (or the config class) and types the loading options it
+    knows (`rlshell.models.pretrained_options`).
     ``tokenizer_path``: a local tokenizer directory or Hub id; by default the
     model's own (``path``), or, for a model built from ``model_kwargs``, the
     project's character tokenizer built into the run directory.
@@ -189,7 +197,7 @@ class ModelConfig:
     path: str | None = None
     tokenizer_path: str | None = None
     precision: Precision = "fp32"
-    model_kwargs: dict[str, int | float | str | bool] = Factory(dict)
+    model_kwargs: dict[str, ModelOption] = Factory(dict)
     is_lora: bool = False
     lora_rank: int = field(default=8, metadata=POSITIVE_INT)
     lora_alpha: int | None = field(default=None, metadata=OPTIONAL_POSITIVE)

@@ -41,7 +41,7 @@ from rlcore.distributions import (
 )
 from rlshell.config import ModelConfig
 from rlshell.models.base import ActionInfo, BasePolicy
-from rlshell.models.model_kwargs import PREFIX, KwargsReader, Scalar
+from rlshell.models.model_kwargs import PREFIX, KwargsReader, ModelOption
 
 __all__ = ["CNNPolicy", "CNNPolicySpec", "ImageEncoder", "build_cnn_policy"]
 
@@ -92,7 +92,7 @@ class CNNPolicySpec:
     init_log_std: float = 0.0
 
     @classmethod
-    def from_kwargs(cls, kwargs: dict[str, Scalar]) -> CNNPolicySpec:
+    def from_kwargs(cls, kwargs: dict[str, ModelOption]) -> CNNPolicySpec:
         """Parse ``model_kwargs``; a bad, missing or unknown entry raises ValueError naming it."""
         read = KwargsReader(kwargs, "cnn_policy")
         read.reject_unknown(_KEYS)

@@ -85,7 +85,7 @@ from rlcore.distributions import (
 from rlshell.config import ModelConfig
 from rlshell.models.base import ActionInfo, BasePolicy
 from rlshell.models.mlp_policy import normalized_states, register_bounds_and_stats
-from rlshell.models.model_kwargs import PREFIX, KwargsReader, Scalar
+from rlshell.models.model_kwargs import PREFIX, KwargsReader, ModelOption
 from rlshell.models.vision_language import (
     VISION_LANGUAGE_KEYS,
     VisionLanguageEncoder,
@@ -146,7 +146,7 @@ class FlowPolicySpec:
     vision_language: VisionLanguageSpec | None = None
 
     @classmethod
-    def from_kwargs(cls, kwargs: Mapping[str, Scalar]) -> FlowPolicySpec:
+    def from_kwargs(cls, kwargs: Mapping[str, ModelOption]) -> FlowPolicySpec:
         """Parse ``model_kwargs``; a bad, missing or unknown entry raises ValueError naming it."""
         read = KwargsReader(kwargs, "flow_policy")
         every_method_key = tuple(itertools.chain(*_KEYS_BY_METHOD.values()))

@@ -45,7 +45,7 @@ from rlcore.distributions import (
 )
 from rlshell.config import ModelConfig
 from rlshell.models.base import ActionInfo, BasePolicy, ForwardType
-from rlshell.models.model_kwargs import KwargsReader, Scalar
+from rlshell.models.model_kwargs import KwargsReader, ModelOption
 
 __all__ = [
     "ActionType",
@@ -101,7 +101,7 @@ class MLPPolicySpec:
     normalize_obs: bool = False
 
     @classmethod
-    def from_kwargs(cls, kwargs: Mapping[str, Scalar]) -> MLPPolicySpec:
+    def from_kwargs(cls, kwargs: Mapping[str, ModelOption]) -> MLPPolicySpec:
         """Parse ``model_kwargs``; a bad or missing entry raises ValueError naming its key."""
         read = KwargsReader(kwargs, "mlp_policy")
         action_type = read.variant("action_type", _KEYS_BY_TYPE)

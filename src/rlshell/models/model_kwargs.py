@@ -1,7 +1,8 @@
 """Typed reads of ``actor.model.model_kwargs`` for one model type, with errors naming the key.
 
-``model_kwargs`` is a flat ``dict[str, int | float | str | bool]`` (so that it
-round-trips through the CLI and JSON); lists are comma-separated strings. A
+``model_kwargs`` maps names to `rlshell.config.schema.ModelOption` values
+(numbers, strings, booleans, null, lists and mappings, as JSON and YAML have
+them); a list of numbers may also be written as a comma-separated string. A
 `KwargsReader` turns its entries into typed values and every bad entry into a
 ValueError such as ``actor.model.model_kwargs.image_size: expected a positive
 int, got 'big'``; `KwargsReader.reject_unknown` names a misspelt key and its
@@ -18,7 +19,9 @@ from typing import TypeVar
 
 from attrs import frozen
 
-__all__ = ["PREFIX", "KwargsReader", "Scalar"]
+from rlshell.config.schema import ModelOption
+
+__all__ = ["PREFIX", "KwargsReader", "ModelOption", "Scalar"]
 
 PREFIX = "actor.model.model_kwargs"
 Scalar = int | float | str | bool
@@ -29,7 +32,7 @@ V = TypeVar("V", bound=str)
 class KwargsReader:
     """Reads ``kwargs`` for the model type ``model_type`` (named in the errors)."""
 
-    kwargs: Mapping[str, Scalar]
+    kwargs: Mapping[str, ModelOption]
     model_type: str
 
     def reject_unknown(self, allowed: Collection[str]) -> None:
@@ -128,11 +131,17 @@ class KwargsReader:
         return str(value)
 
     def int_list(self, key: str, default: str) -> tuple[int, ...]:
-        """Comma-separated positive ints, e.g. ``"32,64,64"`` (errors show ``default`` as the
-        example)."""
+        """Positive ints, as a list or comma-separated, e.g. ``"32,64,64"`` (errors show
+        ``default`` as the example)."""
         value = self.kwargs.get(key, default)
-        parts = [p.strip() for p in str(value).split(",")] if not isinstance(value, bool) else []
-        parsed = [_as_int(p) for p in parts if p]
+        parts: list[ModelOption]
+        if isinstance(value, list):
+            parts = list(value)
+        elif isinstance(value, bool | dict) or value is None:
+            parts = []
+        else:
+            parts = [p.strip() for p in str(value).split(",")]
+        parsed = [_as_int(p) for p in parts if p != ""]
         if not parsed or any(p is None or p <= 0 for p in parsed):
             raise ValueError(
                 f"{PREFIX}.{key}: expected comma-separated positive ints like '{default}', "
@@ -155,12 +164,17 @@ class KwargsReader:
 
     def _bounds(self, key: str, default: float, action_dim: int) -> tuple[float, ...]:
         value = self.kwargs.get(key, default)
-        parts = str(value).split(",") if isinstance(value, str) else [value]
+        parts: list[ModelOption]
+        if isinstance(value, str):
+            parts = list(value.split(","))
+        else:
+            parts = list(value) if isinstance(value, list) else [value]
         parsed = [_as_float(p.strip() if isinstance(p, str) else p) for p in parts]
         floats = [p for p in parsed if p is not None and math.isfinite(p)]
         if len(floats) != len(parsed):
             raise ValueError(
-                f"{PREFIX}.{key}: expected a finite float or comma-separated floats, got {value!r}"
+                f"{PREFIX}.{key}: expected a finite float, or a list or comma-separated "
+                f"string of them, got {value!r}"
             )
         if len(floats) == 1:
             return tuple(floats) * action_dim
@@ -171,14 +185,14 @@ class KwargsReader:
             )
         return tuple(floats)
 
-    def _get(self, key: str, default: Scalar | None, what: str) -> Scalar:
+    def _get(self, key: str, default: Scalar | None, what: str) -> ModelOption:
         value = self.kwargs.get(key, default)
         if value is None:
             raise ValueError(f"{PREFIX}.{key}: missing; {self.model_type} needs {what}")
         return value
 
 
-def _as_int(value: Scalar) -> int | None:
+def _as_int(value: ModelOption) -> int | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -188,11 +202,9 @@ def _as_int(value: Scalar) -> int | None:
     return None
 
 
-def _as_float(value: Scalar) -> float | None:
-    if isinstance(value, bool):
+def _as_float(value: ModelOption) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         return None
-    if isinstance(value, int | float):
-        return float(value)
     try:
         return float(value)
     except ValueError:

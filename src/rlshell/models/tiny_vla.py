@@ -85,7 +85,7 @@ from rlcore.logprobs import token_logprobs, token_stats
 from rlshell.config import ModelConfig
 from rlshell.envs.text import texts_of
 from rlshell.models.base import ActionInfo, BasePolicy
-from rlshell.models.model_kwargs import PREFIX, KwargsReader, Scalar
+from rlshell.models.model_kwargs import PREFIX, KwargsReader, ModelOption, Scalar
 from rlshell.models.vision import VisionProjector, VisionTower, read_patches
 from rlshell.models.vision_language import DEFAULT_VLA_ALPHABET
 
@@ -152,10 +152,10 @@ class TinyVLASpec:
     norm_stats: str | None = None
     unnorm_key: str | None = None
     config_class: str = "LlamaConfig"
-    lm_kwargs: tuple[tuple[str, Scalar], ...] = ()
+    lm_kwargs: tuple[tuple[str, ModelOption], ...] = ()
 
     @classmethod
-    def from_kwargs(cls, kwargs: dict[str, Scalar], from_path: bool = False) -> TinyVLASpec:
+    def from_kwargs(cls, kwargs: dict[str, ModelOption], from_path: bool = False) -> TinyVLASpec:
         """Parse ``model_kwargs``; a bad or unknown entry raises ValueError naming its key."""
         import transformers
 
@@ -192,7 +192,7 @@ class TinyVLASpec:
         n_bins = read.positive_int("n_action_bins", 256)
         if n_bins < 2:
             raise ValueError(f"{PREFIX}.n_action_bins: expected at least 2 bins, got {n_bins}")
-        lm_kwargs = {} if from_path else {**_LM_DEFAULTS}
+        lm_kwargs: dict[str, ModelOption] = {} if from_path else {**_LM_DEFAULTS}
         lm_kwargs.update({key: kwargs[key] for key in lm_keys})
         return cls(
             action_dim=read.positive_int("action_dim"),

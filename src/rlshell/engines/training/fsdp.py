@@ -77,14 +77,16 @@ def wrap_units(model: nn.Module, policy: WrapPolicyConfig) -> list[nn.Module]:
 
     A module is a unit when its class name is in ``transformer_layer_cls_to_wrap``
     or ``module_classes_to_wrap``, or its ``_fsdp_wrap_name`` is in
-    ``no_split_names``. With all three empty, the model's own
-    ``_no_split_modules`` (Hugging Face's list of decoder-layer classes) is used.
+    ``no_split_names``. With all three empty, the model's own lists are used, as
+    RLinf reads them: ``_no_split_modules`` (Hugging Face's list of decoder-layer
+    classes) and ``_no_split_names`` (``_fsdp_wrap_name`` values, e.g. an action head's).
     Of those, only modules with at least ``min_num_params`` parameters are kept.
     """
     classes = set(policy.transformer_layer_cls_to_wrap) | set(policy.module_classes_to_wrap)
     names = set(policy.no_split_names)
     if not classes and not names:
         classes = set(getattr(model, "_no_split_modules", None) or ())
+        names = set(getattr(model, "_no_split_names", None) or ())
     units = [
         module
         for module in model.modules()
