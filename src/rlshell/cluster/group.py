@@ -443,7 +443,7 @@ class WorkerGroup(Generic[W]):
             context = WorkerContext(
                 component=self._name, placement=worker, world_size=placement.world_size
             )
-            env = cluster.worker_env(
+            runtime_env = cluster.runtime_env(
                 placement, worker, gpu_node=reservation.node_gpus[worker.node_rank] > 0
             )
             options: dict[str, Any] = {
@@ -453,7 +453,7 @@ class WorkerGroup(Generic[W]):
                 "num_gpus": 0,
                 "max_restarts": 0,
                 "scheduling_strategy": reservation.scheduling_strategy(worker.rank),
-                "runtime_env": {"env_vars": env},
+                "runtime_env": runtime_env,
             }
             if max_concurrency is not None:
                 options["max_concurrency"] = max_concurrency

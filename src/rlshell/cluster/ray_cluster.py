@@ -37,6 +37,7 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rlshell.cluster.node_facts import NodeFacts, local_facts, probe_node, setting_problems
 from rlshell.cluster.placement import (
     DEFAULT_NODE_GROUP,
     ClusterSpec,
@@ -47,7 +48,9 @@ from rlshell.cluster.placement import (
     label_selector,
     parse_node_ranks,
 )
+from rlshell.cluster.placement.node_groups import node_group, node_ranks_of
 from rlshell.config import TRACE_ENV_VAR, WORKER_MALLOC_ENV
+from rlshell.config.schema import NodeGroupEntry
 from rlshell.extensions import ENV_VAR as EXT_MODULE_ENV_VAR
 from rlshell.extensions import OBJECTS_ENV_VAR
 
@@ -207,6 +210,7 @@ class Cluster:
         )
         self._stoppables: list[_Stoppable] = []
         self._reservations: list[Reservation] = []
+        self._node_facts: dict[tuple[str, tuple[str, ...]], NodeFacts] = {}
         self._closed = False
         start = time.perf_counter()
         self.owns_ray = not ray.is_initialized()
@@ -270,13 +274,15 @@ class Cluster:
         self._check_open()
         return tuple(str(node["NodeID"]) for node in self._alive_nodes())
 
-    def spec(self, node_groups: Mapping[str, str] | None = None) -> ClusterSpec:
+    def spec(self, node_groups: Mapping[str, str | NodeGroupEntry] | None = None) -> ClusterSpec:
         """The alive nodes as a `ClusterSpec` (node rank 0 is the driver's node).
 
         ``node_groups`` labels sets of nodes, by node rank (``{"env": "1-2"}``)
         or by a Ray node label (``{"env": "pool=cpu"}``: the nodes started with
         ``ray start --labels=pool=cpu``, in rank order); the group ``"all"`` with
-        every node is always present. Node ranks follow `NODE_RANK_LABEL` where
+        every node is always present. A `NodeGroupEntry` adds the group's workers'
+        environment and its hardware, checked against the nodes (a ValueError lists
+        what is wrong). Node ranks follow `NODE_RANK_LABEL` where
         nodes carry it; the driver's node comes next (rank 0 without labels),
         then the rest by IP address.
         """
@@ -291,7 +297,9 @@ class Cluster:
             for node in nodes
         ]
         groups = [NodeGroup(DEFAULT_NODE_GROUP, range(len(specs)))]
-        for label, ranks in (node_groups or {}).items():
+        problems: list[str] = []
+        for label, entry in (node_groups or {}).items():
+            ranks = node_ranks_of(entry)
             if label == DEFAULT_NODE_GROUP:
                 raise ValueError(
                     f"node group '{DEFAULT_NODE_GROUP}' is built in (every node); "
@@ -299,17 +307,23 @@ class Cluster:
                 )
             selector = label_selector(ranks)
             if selector is None:
-                groups.append(NodeGroup(label, parse_node_ranks(ranks, len(specs), label)))
-                continue
-            name, value = selector
-            matching = [i for i, node in enumerate(nodes) if _node_labels(node).get(name) == value]
-            if not matching:
-                found = sorted({_node_labels(n).get(name, "(none)") for n in nodes})
-                raise ValueError(
-                    f"node group '{label}': no alive node has label {name}={value} (the "
-                    f"{len(nodes)} alive nodes have {name}: {', '.join(found)})"
-                )
-            groups.append(NodeGroup(label, matching))
+                matching = list(parse_node_ranks(ranks, len(specs), label))
+            else:
+                name, value = selector
+                matching = [
+                    i for i, node in enumerate(nodes) if _node_labels(node).get(name) == value
+                ]
+                if not matching:
+                    found = sorted({_node_labels(n).get(name, "(none)") for n in nodes})
+                    raise ValueError(
+                        f"node group '{label}': no alive node has label {name}={value} (the "
+                        f"{len(nodes)} alive nodes have {name}: {', '.join(found)})"
+                    )
+            group, found_problems = node_group(label, matching, entry, specs)
+            problems += found_problems
+            groups.append(group)
+        if problems:
+            raise ValueError("; ".join(problems))
         return ClusterSpec(nodes=specs, node_groups=groups)
 
     def reserve(self, component: ComponentPlan, timeout_s: float = 60.0) -> Reservation:
@@ -328,6 +342,7 @@ class Cluster:
             by_node.setdefault(worker.node_rank, []).append(worker)
         for node_rank, workers in by_node.items():
             self._check_fits(component, node_rank, workers, nodes)
+        self._check_node_settings(component, by_node, nodes)
 
         # GPUs are not reserved through Ray: like RLinf we pin them ourselves with
         # CUDA_VISIBLE_DEVICES. Collocated components (actor and rollout on the
@@ -404,6 +419,37 @@ class Cluster:
                     f"{gpus} GPU(s)"
                 )
 
+    def _check_node_settings(
+        self,
+        component: ComponentPlan,
+        by_node: Mapping[int, Sequence[WorkerPlacement]],
+        nodes: Sequence[dict[str, Any]],
+    ) -> None:
+        """Refuse, before any of the component's workers starts, a collective interface
+        or an interpreter its workers are given that their node lacks. This machine is
+        read directly for an embedded cluster; another node by a task pinned to it."""
+        problems = []
+        for node_rank, workers in sorted(by_node.items()):
+            named = any(w.env_vars for w in workers) or any(w.python_executable for w in workers)
+            if not named:
+                continue
+            node = nodes[node_rank]
+            paths = tuple(sorted({w.python_executable for w in workers if w.python_executable}))
+            key = (str(node["NodeID"]), paths)
+            if key not in self._node_facts:
+                self._node_facts[key] = (
+                    local_facts(paths) if self.embedded else probe_node(key[0], paths)
+                )
+            where = f"node {node_rank} ({node['NodeManagerAddress']})"
+            problems += setting_problems(workers, self._node_facts[key], where)
+        if problems:
+            raise ReservationError(
+                f"component '{component.name}' cannot start: "
+                + "; ".join(problems)
+                + " (interfaces come from cluster.comm_net_devices, RLINF_COMM_NET_DEVICES or "
+                "a node group's env_vars; interpreters from its python_interpreter_path)"
+            )
+
     def _describe_request(
         self,
         component: ComponentPlan,
@@ -438,7 +484,9 @@ class Cluster:
         worker) and ``RLSHELL_TRACE_CONFIG_READS`` (so workers trace their config
         reads, `rlshell.config.tracing`), the driver's Hugging Face Hub settings
         (`HUB_ENV_VARS`, so workers resolve Hub ids as the driver validated them,
-        on a cluster one attaches to too), and the cluster's ``runtime_env_vars``.
+        on a cluster one attaches to too), the cluster's ``runtime_env_vars``, then
+        what the plan gives the worker (`WorkerPlacement.env_vars`: its node group's
+        variables and the collectives' network interface).
         """
         env: dict[str, str] = {}
         for name in (
@@ -455,6 +503,8 @@ class Cluster:
             # (Ray's loopback switch they inherit from the daemons that start them.)
             env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
         env.update(self.runtime_env_vars)
+        # The worker's node group and the collective interface (the plan's record of them).
+        env.update(worker.env_vars)
         env.update(
             RANK=str(worker.rank),
             WORLD_SIZE=str(component.world_size),
@@ -471,6 +521,18 @@ class Cluster:
             # accounting, in which our workers hold no GPUs at all.
             env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
         return env
+
+    def runtime_env(
+        self, component: ComponentPlan, worker: WorkerPlacement, *, gpu_node: bool
+    ) -> dict[str, Any]:
+        """Ray's ``runtime_env`` for one worker: its `worker_env`, and the interpreter its
+        node group names (``py_executable``; otherwise the one Ray starts workers with)."""
+        runtime_env: dict[str, Any] = {
+            "env_vars": self.worker_env(component, worker, gpu_node=gpu_node)
+        }
+        if worker.python_executable is not None:
+            runtime_env["py_executable"] = worker.python_executable
+        return runtime_env
 
     def _track(self, stoppable: _Stoppable) -> None:
         """Remember a worker group so `shutdown` stops it."""

@@ -39,7 +39,7 @@ from cattrs.errors import (
 )
 
 from rlshell.config.rlinf import YAML_SUFFIXES, RLinfConfigError, read_rlinf_config, rlinf_hint
-from rlshell.config.schema import Config, PlacementEntry
+from rlshell.config.schema import Config, NodeGroupEntry, PlacementEntry
 
 __all__ = [
     "CONVERTER",
@@ -100,6 +100,20 @@ def _structure_placement(value: Any, _: type) -> str | PlacementEntry:
 
 
 CONVERTER.register_structure_hook(str | PlacementEntry, _structure_placement)
+
+
+def _structure_node_group(value: Any, _: type) -> str | NodeGroupEntry:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        return CONVERTER.structure(value, NodeGroupEntry)
+    raise TypeError(
+        f"expected node ranks such as '0-1' or "
+        f'{{"node_ranks": "0-1", "env_configs": [...], "hardware": {{...}}}}, got {value!r}'
+    )
+
+
+CONVERTER.register_structure_hook(str | NodeGroupEntry, _structure_node_group)
 
 
 def _structure_scalar(value: Any, _: type) -> int | float | str | bool:

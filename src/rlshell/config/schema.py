@@ -36,6 +36,9 @@ __all__ = [
     "MegatronConfig",
     "ModelConfig",
     "ModelOption",
+    "NodeGroupEntry",
+    "NodeGroupEnvConfig",
+    "NodeHardwareConfig",
     "OptimConfig",
     "PlacementEntry",
     "Precision",
@@ -130,6 +133,47 @@ WORKER_MALLOC_ENV: dict[str, str] = {
 
 
 @frozen
+class NodeGroupEnvConfig:
+    """The software environment of a node group's workers on some of its nodes (RLinf's
+    ``env_configs`` entry).
+
+    ``node_ranks``: the nodes it applies to (``"0-1"``), a subset of the group's, no node in
+    two entries of a group; null: every node of the group. ``env_vars``: set in every worker
+    placed on this group on those nodes (over ``cluster.worker_env_vars``);
+    ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` here name the interface collectives use
+    on those nodes, over ``cluster.comm_net_devices``. ``python_interpreter_path``: the
+    Python those workers run (Ray's ``py_executable``), an executable file on those nodes.
+    """
+
+    node_ranks: str | None = None
+    env_vars: dict[str, str] = Factory(dict)
+    python_interpreter_path: str | None = None
+
+
+@frozen
+class NodeHardwareConfig:
+    """A node group's hardware (RLinf's ``hardware``): its ``type`` and per-device ``configs``.
+
+    rlstack honours ``type: Accelerator`` (RLinf's name for GPUs; every node of the group
+    must have one, and the group's resources are its GPUs) and refuses the robot types
+    RLinf drives (``Franka``, ``DualFranka``, ...) with the reason.
+    """
+
+    type: str
+    configs: tuple[dict[str, Any], ...] = ()
+
+
+@frozen
+class NodeGroupEntry:
+    """A node group in its long form, as RLinf writes one (the short form is ``node_ranks``
+    alone): its nodes, the environment of the workers placed on it, its hardware."""
+
+    node_ranks: str
+    env_configs: tuple[NodeGroupEnvConfig, ...] = ()
+    hardware: NodeHardwareConfig | None = None
+
+
+@frozen
 class ClusterConfig:
     """Where the run happens.
 
@@ -141,10 +185,16 @@ class ClusterConfig:
     placement) to a placement string or a `PlacementEntry`. ``node_groups``
     maps labels to node ranks (``{"a800": "0-1"}``) or, on an attached
     cluster, to a Ray node label (``{"cpu": "pool=cpu"}``: the nodes started
-    with ``ray start --labels=pool=cpu``). ``worker_env_vars`` are
+    with ``ray start --labels=pool=cpu``); a `NodeGroupEntry` gives a group its
+    workers' environment variables and interpreter (``env_configs``) and its
+    ``hardware`` as RLinf does. ``worker_env_vars`` are
     set in every worker process; the default keeps glibc from handing freed
     memory back to the OS between steps (`WORKER_MALLOC_ENV`),
     ``{}`` starts workers with the driver's allocator settings.
+    ``comm_net_devices``: the network interface(s) collectives use (RLinf's
+    ``RLINF_COMM_NET_DEVICES``, read when this is null): ``GLOO_SOCKET_IFNAME``
+    and ``NCCL_SOCKET_IFNAME`` of every worker; each name must be an interface
+    of the nodes the workers run on, checked before they start.
     """
 
     address: str | None = None
@@ -154,10 +204,11 @@ class ClusterConfig:
     component_placement: dict[str, str | PlacementEntry] = Factory(
         lambda: {"actor,rollout": "0:0-1", "reward": "0"}
     )
-    node_groups: dict[str, str] = Factory(dict)
+    node_groups: dict[str, str | NodeGroupEntry] = Factory(dict)
     startup_timeout_s: float = field(default=120.0, metadata=POSITIVE)
     call_timeout_s: float | None = field(default=None, metadata=OPTIONAL_POSITIVE)
     worker_env_vars: dict[str, str] = Factory(lambda: dict(WORKER_MALLOC_ENV))
+    comm_net_devices: str | None = None
 
 
 @frozen

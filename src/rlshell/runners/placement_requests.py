@@ -5,6 +5,7 @@ describe, and the plan, with the planner's problems in the config's terms."""
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from typing import Any
 
@@ -21,6 +22,7 @@ from rlshell.runners.facts import trains_critic
 __all__ = [
     "cluster_spec_and_problems",
     "cluster_spec_for",
+    "comm_net_devices_of",
     "placement_requests",
     "plan_and_problems",
     "plan_for",
@@ -124,6 +126,20 @@ def _shares_devices(config: Config, name: str) -> bool:
     return True
 
 
+def comm_net_devices_of(config: Config) -> tuple[str | None, str]:
+    """The network interface(s) the run's collectives use, and where that was said:
+    ``cluster.comm_net_devices``, else RLinf's ``RLINF_COMM_NET_DEVICES`` in the driver's
+    environment, else none (gloo and NCCL choose)."""
+    from rlshell.cluster.placement.node_groups import RLINF_COMM_NET_DEVICES
+
+    if config.cluster.comm_net_devices is not None:
+        return config.cluster.comm_net_devices, "cluster.comm_net_devices"
+    from_env = os.environ.get(RLINF_COMM_NET_DEVICES)
+    if from_env:
+        return from_env, RLINF_COMM_NET_DEVICES
+    return None, "cluster.comm_net_devices"
+
+
 def cluster_spec_for(config: Config) -> ClusterSpec | None:
     """The cluster a plan is checked against before anything starts.
 
@@ -134,15 +150,16 @@ def cluster_spec_for(config: Config) -> ClusterSpec | None:
     from rlshell.cluster.placement import cluster_spec, local_cluster_spec, simulated_cluster
 
     groups = config.cluster.node_groups or None
+    interface, _ = comm_net_devices_of(config)
     if config.cluster.simulate is not None:
-        return simulated_cluster(config.cluster.simulate, groups)
+        return simulated_cluster(config.cluster.simulate, groups, interface)
     if config.cluster.address is not None:
         return None
     local = local_cluster_spec()
     nodes = list(local.nodes)
     if config.cluster.num_cpus is not None:
         nodes = [attrs.evolve(nodes[0], cpus=float(config.cluster.num_cpus))]
-    return cluster_spec(nodes, groups)
+    return cluster_spec(nodes, groups, comm_net_devices=interface)
 
 
 def cluster_spec_and_problems(config: Config) -> tuple[ClusterSpec | None, list[str]]:
@@ -150,33 +167,86 @@ def cluster_spec_and_problems(config: Config) -> tuple[ClusterSpec | None, list[
     (``cluster.simulate``, ``cluster.node_groups``) that keep it from being made. An attached
     cluster's node groups are checked against its nodes once connected; here, their syntax."""
     from rlshell.cluster.placement import DEFAULT_NODE_GROUP, label_selector, parse_ranks
+    from rlshell.cluster.placement.node_groups import node_group, node_ranks_of
 
+    problems = _comm_net_devices_problems(config)
+    if config.cluster.address is None and config.cluster.simulate is None:
+        problems += _this_node_problems(config, syntax_ok=not problems)
     try:
         spec = cluster_spec_for(config)
     except PlacementError as error:  # the node groups
-        return None, [f"cluster.node_groups: {problem}" for problem in error.problems]
+        return None, [f"cluster.node_groups: {problem}" for problem in error.problems] + problems
     except ValueError as error:  # a malformed simulate string
-        return None, [f"cluster.simulate: {error}"]
-    problems = []
+        return None, [f"cluster.simulate: {error}", *problems]
     if spec is None:
-        for label, ranks in config.cluster.node_groups.items():
+        for label, entry in config.cluster.node_groups.items():
+            ranks = node_ranks_of(entry)
             if ranks.strip() == DEFAULT_NODE_GROUP:
                 continue
+            known: list[int] | None = None
             try:
                 if label_selector(ranks) is None:  # a Ray label is matched once connected
-                    parse_ranks(ranks)
+                    known = list(parse_ranks(ranks))
             except ValueError as error:
                 problems.append(f"cluster.node_groups: node group '{label}': {error}")
+                continue
+            # Against no nodes: the entry's own checks (the nodes' once connected).
+            _, found = node_group(label, known, entry, [])
+            problems += [f"cluster.node_groups: {problem}" for problem in found]
     return spec, problems
 
 
+def _comm_net_devices_problems(config: Config) -> list[str]:
+    from rlshell.cluster.placement.node_groups import comm_net_devices_problems
+
+    interface, source = comm_net_devices_of(config)
+    if interface is None:
+        return []
+    return [f"{source}: {problem}" for problem in comm_net_devices_problems(interface)]
+
+
+def _this_node_problems(config: Config, *, syntax_ok: bool) -> list[str]:
+    """An embedded cluster's one node is this machine: the interfaces and interpreters the
+    config names must be on it, refused here before Ray starts (``syntax_ok``: the
+    interface setting is well-formed, so worth looking for)."""
+    from rlshell.cluster.node_facts import executable_problem, local_interfaces
+    from rlshell.cluster.placement.node_groups import interface_problems
+
+    present = local_interfaces()
+    problems = []
+    interface, source = comm_net_devices_of(config)
+    if interface is not None and syntax_ok:
+        for name in interface.split(","):
+            if name not in present:
+                problems.append(
+                    f"{source}: no network interface '{name}' on this node (node 0); its "
+                    f"interfaces: {', '.join(present)}"
+                )
+    for label, entry in config.cluster.node_groups.items():
+        if isinstance(entry, str):
+            continue
+        for index, env in enumerate(entry.env_configs):
+            at = f"cluster.node_groups: node group '{label}': env_configs[{index}]"
+            for problem in interface_problems(env.env_vars, present, "this node (node 0)"):
+                problems.append(f"{at}.env_vars: {problem}")
+            if (env.python_interpreter_path or "").startswith("/"):  # (else refused as such)
+                reason = executable_problem(env.python_interpreter_path or "")
+                if reason is not None:
+                    problems.append(f"{at}.python_interpreter_path: {reason} on this node")
+    return problems
+
+
 def plan_for(config: Config, spec: ClusterSpec) -> PlacementPlan:
-    """The placement plan of ``config`` on ``spec`` (raises `PlacementError`)."""
+    """The placement plan of ``config`` on ``spec`` (raises `PlacementError`); its workers
+    get the collectives' network interface (`comm_net_devices_of`) unless ``spec`` names
+    one (a spec read from Ray knows the nodes, not the config)."""
     from rlshell.cluster.placement import plan_placement
 
     requests, problems = placement_requests(config)
     if problems:
         raise PlacementError(problems)
+    if spec.comm_net_devices is None:
+        spec = attrs.evolve(spec, comm_net_devices=comm_net_devices_of(config)[0])
     return plan_placement(spec, requests)
 
 

@@ -6,6 +6,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
+from rlshell.cluster.placement.node_groups import node_group, node_ranks_of
 from rlshell.cluster.placement.records import (
     DEFAULT_NODE_GROUP,
     ClusterSpec,
@@ -15,6 +16,7 @@ from rlshell.cluster.placement.records import (
 )
 from rlshell.cluster.placement.syntax import format_ranks, parse_ranks
 from rlshell.cluster.placement.wording import counted, plain_number
+from rlshell.config.schema import NodeGroupEntry
 
 __all__ = [
     "cluster_spec",
@@ -26,7 +28,11 @@ __all__ = [
 _SIMULATED = re.compile(r"\s*([0-9]+)\s*[xX×]\s*([0-9]+)\s*(?:[xX×]\s*([0-9]+)\s*)?")
 
 
-def simulated_cluster(spec: str, node_groups: Mapping[str, str] | None = None) -> ClusterSpec:
+def simulated_cluster(
+    spec: str,
+    node_groups: Mapping[str, str | NodeGroupEntry] | None = None,
+    comm_net_devices: str | None = None,
+) -> ClusterSpec:
     """A cluster of identical nodes from ``NODESxGPUS[xCPUS]``, for planning without hardware.
 
     >>> simulated_cluster("4x8").nodes[0]
@@ -35,7 +41,7 @@ def simulated_cluster(spec: str, node_groups: Mapping[str, str] | None = None) -
     ``"4x8"`` is 4 nodes with 8 GPUs each; ``"4x8x64"`` gives each 64 CPUs;
     ``"1x0"`` is one CPU-only node. Without a CPU count a node has
     ``max(16, 16 × GPUs)`` CPUs, a common ratio on GPU servers. ``node_groups``
-    maps labels to node ranks, as in `cluster_spec`.
+    and ``comm_net_devices`` are as in `cluster_spec`.
     """
     match = _SIMULATED.fullmatch(spec)
     if match is None or int(match[1]) == 0:
@@ -46,34 +52,42 @@ def simulated_cluster(spec: str, node_groups: Mapping[str, str] | None = None) -
     gpus = int(match[2])
     cpus = float(match[3]) if match[3] is not None else float(max(16, 16 * gpus))
     nodes = [NodeSpec(gpus=gpus, cpus=cpus) for _ in range(int(match[1]))]
-    return cluster_spec(nodes, node_groups, simulated=True)
+    return cluster_spec(nodes, node_groups, simulated=True, comm_net_devices=comm_net_devices)
 
 
 def cluster_spec(
     nodes: Sequence[NodeSpec],
-    node_groups: Mapping[str, str] | None = None,
+    node_groups: Mapping[str, str | NodeGroupEntry] | None = None,
     simulated: bool = False,
+    comm_net_devices: str | None = None,
 ) -> ClusterSpec:
-    """A `ClusterSpec` with node group ``"all"`` first, then ``node_groups`` (label → node ranks).
+    """A `ClusterSpec` with node group ``"all"`` first, then ``node_groups`` (label → node
+    ranks, or a `NodeGroupEntry` with its workers' environment and its hardware).
 
     >>> spec = cluster_spec([NodeSpec(8, 128), NodeSpec(8, 128), NodeSpec(0, 32)], {"cpu": "2"})
     >>> [(g.label, g.node_ranks) for g in spec.node_groups]
     [('all', (0, 1, 2)), ('cpu', (2,))]
 
     A group's nodes are kept in rank order (its resources are numbered that
-    way). Bad nodes, bad rank strings, ranks beyond the cluster and the
-    reserved label ``"all"`` are reported together in one PlacementError.
+    way). Bad nodes, bad rank strings, ranks beyond the cluster, the reserved label
+    ``"all"`` and bad environments or hardware (`rlshell.cluster.placement.node_groups`)
+    are reported together in one PlacementError. ``comm_net_devices``: the interface
+    collectives use (`ClusterSpec.comm_net_devices`).
     """
     problems = node_problems(nodes)
     groups = [NodeGroup(DEFAULT_NODE_GROUP, range(len(nodes)))]
-    for label, ranks_text in (node_groups or {}).items():
-        group, found = _labelled_group(label, ranks_text, len(nodes))
+    for label, entry in (node_groups or {}).items():
+        labelled, found = _labelled_group(label, node_ranks_of(entry), len(nodes))
         problems += found
-        if group is not None:
+        if labelled is not None:
+            group, found = node_group(label, labelled.node_ranks, entry, nodes)
+            problems += found
             groups.append(group)
     if problems:
         raise PlacementError(problems)
-    return ClusterSpec(nodes=nodes, node_groups=groups, simulated=simulated)
+    return ClusterSpec(
+        nodes=nodes, node_groups=groups, simulated=simulated, comm_net_devices=comm_net_devices
+    )
 
 
 def node_problems(nodes: Sequence[NodeSpec]) -> list[str]:

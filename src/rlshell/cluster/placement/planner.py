@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from attrs import frozen
 
 from rlshell.cluster.placement.clusters import node_problems
+from rlshell.cluster.placement.node_groups import worker_settings
 from rlshell.cluster.placement.records import (
     ClusterSpec,
     ComponentPlan,
@@ -190,7 +191,7 @@ def _plan_component(
     ]
     if layout_problems:
         return None, problems + layout_problems
-    return _component_plan(request, segments, resources), problems
+    return _component_plan(request, segments, resources, cluster.comm_net_devices), problems
 
 
 def _tensor_parallel_problems(request: ComponentRequest, resources: _Resources) -> list[str]:
@@ -311,7 +312,10 @@ def _assign(segment: Segment) -> list[tuple[int, tuple[int, ...]]]:
 
 
 def _component_plan(
-    request: ComponentRequest, segments: Sequence[Segment], resources: _Resources
+    request: ComponentRequest,
+    segments: Sequence[Segment],
+    resources: _Resources,
+    comm_net_devices: str | None,
 ) -> ComponentPlan:
     assigned = sorted(pair for segment in segments for pair in _assign(segment))
     node_of = {rank: resources.locations[held[0]][0] for rank, held in assigned}
@@ -321,6 +325,7 @@ def _component_plan(
     for rank, held in assigned:
         node = node_of[rank]
         gpus = tuple(gpu for r in held if (gpu := resources.locations[r][1]) is not None)
+        env_vars, python = worker_settings(resources.group, node, comm_net_devices)
         workers.append(
             WorkerPlacement(
                 rank=rank,
@@ -331,6 +336,8 @@ def _component_plan(
                 gpus=gpus,
                 resources=held,
                 node_group=resources.group.label,
+                env_vars=env_vars,
+                python_executable=python,
             )
         )
         seen_on_node[node] += 1

@@ -14,6 +14,7 @@ __all__ = [
     "ComponentPlan",
     "ComponentRequest",
     "Mode",
+    "NodeEnv",
     "NodeGroup",
     "NodeSpec",
     "PlacementError",
@@ -78,12 +79,37 @@ class NodeSpec:
     address: str = ""
 
 
+def _envs(values: Iterable[NodeEnv]) -> tuple[NodeEnv, ...]:
+    return tuple(values)
+
+
+@frozen
+class NodeEnv:
+    """The environment of a node group's workers on some of its nodes (from RLinf's
+    ``env_configs``): variables set in them and the Python they run (None: the driver's)."""
+
+    node_ranks: tuple[int, ...] = field(converter=_ints)
+    env_vars: dict[str, str] = field(factory=dict, hash=False)
+    python_executable: str | None = None
+
+
 @frozen
 class NodeGroup:
-    """A labelled set of nodes (by node rank) that placements can target."""
+    """A labelled set of nodes (by node rank) that placements can target.
+
+    ``hardware``: the hardware type its resources are (``"Accelerator"``: GPUs, which
+    every node of the group has), None when not declared. ``envs``: the environment of
+    the workers placed on the group, per node (no node in two).
+    """
 
     label: str
     node_ranks: tuple[int, ...] = field(converter=_ints)
+    hardware: str | None = None
+    envs: tuple[NodeEnv, ...] = field(converter=_envs, default=())
+
+    def env_of(self, node_rank: int) -> NodeEnv | None:
+        """The environment of this group's workers on node ``node_rank``, if one is set."""
+        return next((env for env in self.envs if node_rank in env.node_ranks), None)
 
 
 @frozen
@@ -92,11 +118,14 @@ class ClusterSpec:
 
     Node rank 0 is the head (driver) node. ``node_groups`` always contains the
     group ``"all"`` with every node; more groups may be labelled.
+    ``comm_net_devices``: the network interface(s) every worker's collectives use
+    (``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``), None to leave them to gloo and NCCL.
     """
 
     nodes: tuple[NodeSpec, ...] = field(converter=_nodes)
     node_groups: tuple[NodeGroup, ...] = field(converter=_node_groups, default=())
     simulated: bool = False
+    comm_net_devices: str | None = None
 
     def node_group(self, label: str) -> NodeGroup:
         """The group labelled ``label`` (``"all"`` even when not listed), else a KeyError."""
@@ -135,7 +164,9 @@ class WorkerPlacement:
     the node it runs on, ``local_rank`` its index among this component's
     processes on that node, ``gpus`` the node-local GPU indices it sees
     (``CUDA_VISIBLE_DEVICES``), ``resources`` the resource ranks of its node
-    group it was placed on.
+    group it was placed on. ``env_vars`` and ``python_executable`` are what its node
+    group and the cluster's collective interface give it (`NodeEnv`,
+    `ClusterSpec.comm_net_devices`), set on top of what every worker gets.
     """
 
     rank: int
@@ -146,6 +177,8 @@ class WorkerPlacement:
     gpus: tuple[int, ...] = field(converter=_ints)
     resources: tuple[int, ...] = field(converter=_ints)
     node_group: str = DEFAULT_NODE_GROUP
+    env_vars: dict[str, str] = field(factory=dict, hash=False)
+    python_executable: str | None = None
 
     @property
     def cuda_visible_devices(self) -> str:

@@ -15,6 +15,7 @@ from rlshell.cluster.placement.records import (
     ClusterSpec,
     ComponentPlan,
     Mode,
+    NodeGroup,
     PlacementPlan,
     WorkerPlacement,
 )
@@ -53,13 +54,28 @@ def render_table(plan: PlacementPlan) -> str:
     if labelled:
         lines.append(
             "node groups: "
-            + " · ".join(f"{g.label} = {nodes_label(g.node_ranks)}" for g in labelled)
+            + " · ".join(f"{g.label} = {nodes_label(g.node_ranks)}{_extras(g)}" for g in labelled)
         )
+    if plan.cluster.comm_net_devices:
+        lines.append(f"collectives' network interface: {plan.cluster.comm_net_devices}")
     for line in [header, tuple("-" * width for width in widths), *rows]:
         lines.append(
             "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
         )
     return "\n".join(lines)
+
+
+def _extras(group: NodeGroup) -> str:
+    """A group's hardware and workers' environment, e.g. " (Accelerator; node 1: FOO, python
+    /opt/venv/bin/python)"; empty when it declares neither."""
+    parts = [group.hardware] if group.hardware else []
+    for env in group.envs:
+        settings = sorted(env.env_vars)
+        if env.python_executable:
+            settings.append(f"python {env.python_executable}")
+        if settings:
+            parts.append(f"{nodes_label(env.node_ranks)}: {', '.join(settings)}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _component_rows(component: ComponentPlan) -> list[tuple[str, ...]]:
