@@ -116,6 +116,9 @@ RUN_HERE = {
     # docs/real_model.md (make install made the snapshot: this verifies it and keeps it)
     ".venv/bin/python -m rlshell.gguf install-smollm2",
     ".venv/bin/python -m rlshell.train configs/grpo_smollm2_lora.py --dry-run",
+    # docs/from_rlinf.md
+    ".venv/bin/python -m rlshell.train "
+    "tests/fixtures/rlinf/reasoning/config/math/tiny-grpo-fsdp.yaml --dry-run",
 }
 COVERED_ELSEWHERE = {
     ".venv/bin/python -m rlshell.record configs/ppo_flow_metaworld_reach.py --expert metaworld "
@@ -373,6 +376,18 @@ COVERED_ELSEWHERE = {
     ".venv/bin/python examples/jax_ppo_cartpole.py --seed 0": (
         "tests/test_jax_example.py::test_the_quick_run_learns_and_prints_its_summary runs its "
         "--quick form (4,096 env steps); the full run is a measurement, its figures in docs/jax.md"
+    ),
+    # docs/from_rlinf.md
+    ".venv/bin/python -m rlshell.config.convert "
+    "tests/fixtures/rlinf/embodiment/config/maniskill_ppo_mlp.yaml > configs/mine.py": (
+        "tests/shell/test_rlinf_yaml.py::test_the_convert_command_prints_the_module_and_applies_"
+        "overrides runs the command's main on this fixture, its output to a temporary file (not "
+        "configs/), and reads that back to the YAML's Config"
+    ),
+    "RLINF_EXT_MODULE=rlshell_example_ext PYTHONPATH=examples/extension .venv/bin/python -m "
+    "rlshell.train configs/grpo.py --dry-run reward.reward_type=contains_answer": (
+        "tests/shell/test_rlinf_yaml.py::test_rlinf_ext_module_registers_for_the_train_command "
+        "runs it, its output directory a temporary folder"
     ),
 }
 

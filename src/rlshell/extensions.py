@@ -1,13 +1,18 @@
 """Extension modules: user code that registers models, envs and rewards everywhere.
 
-``RLSHELL_EXT_MODULE`` holds comma-separated module paths (RLinf users know
-it as ``RLINF_EXT_MODULE``). Each module defines ``register()``, which calls
-`rlshell.registries.register_model` and friends. `load_extensions` imports
-them and calls ``register()``; the CLI calls it in the driver before the
-config is validated, every Ray worker calls it when it starts, and so does
-every standalone tool, so a name registered by an extension is known in
-every process. A module that is missing or whose ``register()`` raises fails
-at once with an `ExtensionError` naming the module and the process.
+``RLSHELL_EXT_MODULE`` holds comma-separated module paths; ``RLINF_EXT_MODULE``,
+RLinf's name for it, is read the same way. Both may be set: the modules of
+``RLSHELL_EXT_MODULE`` load first, then those of ``RLINF_EXT_MODULE``, and a
+module named in both (or twice) loads once. Each module defines ``register()``,
+which calls `rlshell.registries.register_model` and friends. `load_extensions`
+imports them and calls ``register()``; the CLI calls it in the driver before
+the config is validated, every Ray worker calls it when it starts, and so does
+every standalone tool, so a name registered by an extension is known in every
+process. The modules ``RLINF_EXT_MODULE`` adds are written into
+``RLSHELL_EXT_MODULE`` of the process that loads them, which is the variable
+the processes it starts are handed (Ray workers, reward and tool sandboxes).
+A module that is missing or whose ``register()`` raises fails at once with an
+`ExtensionError` naming the module, the variable that named it and the process.
 
 Python objects travel the same road. ``RLSHELL_EXT_OBJECTS`` holds
 registrations (calls such as ``register_reward("mine", fn)``) pickled by
@@ -38,6 +43,7 @@ __all__ = [
     "ENV_VAR",
     "MAX_OBJECTS_CHARS",
     "OBJECTS_ENV_VAR",
+    "RLINF_ENV_VAR",
     "ExtensionError",
     "Registration",
     "decode_registrations",
@@ -48,6 +54,7 @@ __all__ = [
 ]
 
 ENV_VAR = "RLSHELL_EXT_MODULE"
+RLINF_ENV_VAR = "RLINF_EXT_MODULE"  # RLinf's name for ENV_VAR, read the same way
 OBJECTS_ENV_VAR = "RLSHELL_EXT_OBJECTS"
 # Linux refuses an environment string over 128 KiB (MAX_ARG_STRLEN) when it starts a process.
 MAX_OBJECTS_CHARS = 100_000
@@ -65,45 +72,60 @@ class ExtensionError(RuntimeError):
 
 
 def extension_modules(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """The module paths named by ``RLSHELL_EXT_MODULE`` (blank entries ignored)."""
-    value = (os.environ if environ is None else environ).get(ENV_VAR, "")
-    return tuple(name.strip() for name in value.split(",") if name.strip())
+    """The module paths named by ``RLSHELL_EXT_MODULE`` and then ``RLINF_EXT_MODULE``,
+    each once (blank entries ignored)."""
+    return tuple(_named_by(os.environ if environ is None else environ))
+
+
+def _named_by(environ: Mapping[str, str]) -> dict[str, str]:
+    """Each extension module and the variable that names it first."""
+    named: dict[str, str] = {}
+    for variable in (ENV_VAR, RLINF_ENV_VAR):
+        for name in environ.get(variable, "").split(","):
+            named.setdefault(name.strip(), variable)
+    named.pop("", None)
+    return named
 
 
 def load_extensions(modules: tuple[str, ...] | None = None, *, where: str = "driver") -> list[str]:
     """Import each extension module and call its ``register()`` once per process.
 
-    ``modules`` defaults to `extension_modules()`, and then the registrations
+    ``modules`` defaults to `extension_modules()` (``RLSHELL_EXT_MODULE``'s, then
+    ``RLINF_EXT_MODULE``'s, each once; with the latter set, ``RLSHELL_EXT_MODULE``
+    is set to them all for the processes this one starts), and then the registrations
     ``RLSHELL_EXT_OBJECTS`` holds are applied too (once per process). ``where``
     names this process in errors ("driver", "actor rank 1", ...). Returns the
     modules registered by this call (those already loaded in this process are
     skipped).
     """
-    names = extension_modules() if modules is None else modules
+    named = _named_by(os.environ) if modules is None else dict.fromkeys(modules, ENV_VAR)
     process = f"{where} (host {socket.gethostname()}, pid {os.getpid()})"
     registered: list[str] = []
     with _lock:
-        for name in names:
+        if modules is None and os.environ.get(RLINF_ENV_VAR, "").strip():
+            # The processes this one starts are handed RLSHELL_EXT_MODULE.
+            os.environ[ENV_VAR] = ",".join(named)
+        for name, variable in named.items():
             if name in _loaded:
                 continue
             try:
                 module = importlib.import_module(name)
             except Exception as error:
                 raise ExtensionError(
-                    f"{ENV_VAR} module '{name}' could not be imported on the {process}: "
+                    f"{variable} module '{name}' could not be imported on the {process}: "
                     f"{type(error).__name__}: {error}"
                 ) from error
             register = getattr(module, "register", None)
             if not callable(register):
                 raise ExtensionError(
-                    f"{ENV_VAR} module '{name}' ({module.__file__}) defines no register() "
+                    f"{variable} module '{name}' ({module.__file__}) defines no register() "
                     f"function; the {process} cannot load it"
                 )
             try:
                 register()
             except Exception as error:
                 raise ExtensionError(
-                    f"{ENV_VAR} module '{name}': register() raised on the {process}: "
+                    f"{variable} module '{name}': register() raised on the {process}: "
                     f"{type(error).__name__}: {error}"
                 ) from error
             _loaded.add(name)
