@@ -482,13 +482,6 @@ def _lr_decay_iters(value: Any, context: Context) -> bool:
     return bool(value == context.get("runner.max_steps"))
 
 
-def _max_epochs(value: Any, context: Context) -> bool:
-    steps = context.get("runner.max_steps")
-    if not isinstance(steps, int) or steps <= 0:
-        return _embodied(context)  # then max_epochs is runner.max_steps
-    return True
-
-
 SPEED = (
     "a speed or memory setting with no rlstack key; rlstack's results do not depend on it, "
     "whatever its value"
@@ -583,7 +576,6 @@ RULES: dict[str, Rule] = {
     "runner.max_epochs": _none(
         "rlstack runs runner.max_steps steps; an embodied run's max_epochs is its max_steps "
         "when runner.max_steps is -1",
-        _max_epochs,
     ),
     "runner.only_eval": _none("evaluate a checkpoint with python -m rlshell.evaluate", _is(False)),
     "runner.val_check_interval": _to("runner.eval_interval", _interval, "-1 is 0"),
@@ -989,6 +981,7 @@ def _rlinf_search_path(config_dir: Path) -> Iterator[None]:
 def read_rlinf_yaml(path: str | Path) -> dict[str, Any]:
     """An RLinf Hydra config composed (its ``defaults:``) and resolved (its ``${...}``) as
     plain data; `RLinfConfigError` names the file and what failed."""
+    import yaml
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
@@ -1016,6 +1009,8 @@ def read_rlinf_yaml(path: str | Path) -> dict[str, Any]:
         ) from None
     except OmegaConfBaseException as error:
         raise RLinfConfigError([f"{path}: {_interpolation_message(error)}"]) from None
+    except yaml.YAMLError as error:
+        raise RLinfConfigError([f"{path}: not valid YAML: {_first_line(error)}"]) from None
     if not isinstance(resolved, dict):
         raise RLinfConfigError([f"{path}: expected a mapping of sections, got {resolved!r}"])
     return {str(key): value for key, value in resolved.items()}
