@@ -477,3 +477,63 @@ def test_rlinf_ext_module_registers_for_the_train_command(tmp_path: Path) -> Non
     )
     assert result.returncode == 0, result.stderr
     assert re.search(r"dry run of configs/grpo.py", result.stdout)
+
+
+# --- sections in RLinf's long forms ---------------------------------------------------------------
+
+
+def test_node_groups_map_in_both_forms_and_convert_back(tmp_path: Path) -> None:
+    from rlshell.config import config_from_dict
+    from rlshell.config.rlinf import map_rlinf
+
+    groups = [
+        {"label": "cpu", "node_ranks": "0-1"},
+        {
+            "label": "gpu",
+            "node_ranks": 2,
+            "env_configs": [{"node_ranks": "2", "env_vars": {"MY_FLAG": "1"}}],
+            "hardware": {"type": "Accelerator"},
+        },
+    ]
+    data, refusals = map_rlinf({"cluster": {"num_nodes": 3, "node_groups": groups}})
+    assert refusals == []
+    config = config_from_dict(data)
+    assert config.cluster.node_groups["cpu"] == "0-1"
+    gpu = config.cluster.node_groups["gpu"]
+    assert not isinstance(gpu, str)
+    assert (gpu.node_ranks, gpu.env_configs[0].env_vars) == ("2", {"MY_FLAG": "1"})
+    assert gpu.hardware is not None
+    assert gpu.hardware.type == "Accelerator"
+    module = tmp_path / "groups.py"
+    module.write_text(config_module(config, "groups.yaml"))
+    assert read_config(module) == config
+    _, refused = map_rlinf({"cluster": {"node_groups": [{"label": "a", "node_ranks": 0, "x": 1}]}})
+    assert [(r.key, r.target) for r in refused] == [("cluster.node_groups", "cluster.node_groups")]
+    assert refused[0].reason == "['x'] of a node group have no key here"
+
+
+def test_a_model_section_s_own_options_reach_model_kwargs_whole() -> None:
+    from rlshell.config import config_from_dict
+    from rlshell.config.rlinf import map_rlinf
+
+    model = {
+        "model_type": "openvla_oft",
+        "model_path": "/models/oft",
+        "precision": "bf16",
+        "unnorm_key": "bridge_orig",
+        "image_size": [224, 224],
+        "vision": {"patch": 14},
+    }
+    data, refusals = map_rlinf({"runner": {"task_type": "embodied"}, "actor": {"model": model}})
+    assert refusals == []
+    config = config_from_dict(data)
+    assert (config.actor.model.model_type, config.actor.model.path) == (
+        "openvla_oft",
+        "/models/oft",
+    )
+    assert config.actor.model.precision == "bf16"
+    assert dict(config.actor.model.model_kwargs) == {
+        "unnorm_key": "bridge_orig",
+        "image_size": [224, 224],
+        "vision": {"patch": 14},
+    }

@@ -421,15 +421,18 @@ def _control_mode(value: Any, _: Context) -> Any:
 
 
 def _node_groups(value: Any, _: Context) -> Any:
-    groups: dict[str, str] = {}
+    """RLinf's list of groups as rlstack's mapping: label → node ranks, or the long form
+    (``node_ranks``, ``env_configs``, ``hardware``), which rlstack's schema checks."""
+    groups: dict[str, Any] = {}
     for entry in value or ():
-        extra = set(entry) - {"label", "node_ranks"}
+        if not isinstance(entry, Mapping) or "label" not in entry or "node_ranks" not in entry:
+            raise _Refused(f"expected entries with a label and node_ranks, got {entry!r}")
+        extra = set(entry) - {"label", "node_ranks", "env_configs", "hardware"}
         if extra:
-            raise _Refused(
-                f"rlstack's node groups are a label and its node ranks; {sorted(extra)} "
-                "have no key here"
-            )
-        groups[str(entry["label"])] = str(entry["node_ranks"])
+            raise _Refused(f"{sorted(extra)} of a node group have no key here")
+        ranks = str(entry["node_ranks"])
+        rest = {key: entry[key] for key in ("env_configs", "hardware") if key in entry}
+        groups[str(entry["label"])] = {"node_ranks": ranks, **rest} if rest else ranks
     return groups
 
 
@@ -561,7 +564,9 @@ def _env(prefix: str) -> dict[str, Rule]:
 RULES: dict[str, Rule] = {
     # cluster
     "cluster.num_nodes": _to("cluster.num_nodes"),
-    "cluster.node_groups": _to("cluster.node_groups", _node_groups, "a list of label/node_ranks"),
+    "cluster.node_groups": _to(
+        "cluster.node_groups", _node_groups, "RLinf's list, by label (env_configs, hardware kept)"
+    ),
     # runner
     "runner.task_type": _to("runner.runner_type", _task, "and actor.model.category"),
     "runner.logger.log_path": _to("runner.output_dir", _log_path),
@@ -981,7 +986,7 @@ def _rlinf_search_path(config_dir: Path) -> Iterator[None]:
 def read_rlinf_yaml(path: str | Path) -> dict[str, Any]:
     """An RLinf Hydra config composed (its ``defaults:``) and resolved (its ``${...}``) as
     plain data; `RLinfConfigError` names the file and what failed."""
-    import yaml
+    import yaml  # type: ignore[import-untyped]
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
