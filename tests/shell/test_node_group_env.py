@@ -521,3 +521,34 @@ def test_a_probe_reads_the_nodes_interfaces_and_interpreters(ray_cluster: Cluste
     assert facts.interfaces == local_interfaces()
     assert facts.executable_problem(sys.executable) is None
     assert facts.executable_problem("/nowhere/python") == "'/nowhere/python' does not exist"
+
+
+def test_the_command_lines_overrides_take_the_long_form_and_the_interface() -> None:
+    """What ``python -m rlshell.train configs/grpo.py ...`` reads: a group in RLinf's long
+    form and the interface, refused together with their keys when wrong."""
+    from rlshell.config import ConfigError
+    from rlshell.runners.validation import load_config
+
+    group = (
+        'cluster.node_groups={"g": {"node_ranks": "0", "env_configs": [{"env_vars": '
+        '{"RAY_ADDRESS": "x"}, "python_interpreter_path": "/nowhere/python"}], '
+        '"hardware": {"type": "DualFranka", "configs": [{"node_rank": 0}]}}}'
+    )
+    with pytest.raises(ConfigError) as refused:
+        load_config("configs/grpo.py", [group, "cluster.comm_net_devices=nosuch0"], for_run=False)
+    lines = refused.value.problems
+    assert sorted(line.split(":")[0] for line in lines) == [
+        "cluster.comm_net_devices",
+        "cluster.node_groups",
+        "cluster.node_groups",
+        "cluster.node_groups",
+    ]
+    assert any("'RAY_ADDRESS': RAY_* variables are Ray's" in line for line in lines)
+    assert any("'/nowhere/python' does not exist on this node" in line for line in lines)
+    assert any("'DualFranka' is one of RLinf's robots" in line for line in lines)
+    fine = (
+        'cluster.node_groups={"g": {"node_ranks": "0", "env_configs": [{"env_vars": {"A": "1"}}]}}'
+    )
+    config = load_config("configs/grpo.py", [fine, "cluster.comm_net_devices=lo"], for_run=False)
+    assert config.cluster.node_groups["g"] == entry("0", NodeGroupEnvConfig(env_vars={"A": "1"}))
+    assert config.cluster.comm_net_devices == "lo"

@@ -154,9 +154,10 @@ class NodeGroupEnvConfig:
 class NodeHardwareConfig:
     """A node group's hardware (RLinf's ``hardware``): its ``type`` and per-device ``configs``.
 
-    rlstack honours ``type: Accelerator`` (RLinf's name for GPUs; every node of the group
-    must have one, and the group's resources are its GPUs) and refuses the robot types
-    RLinf drives (``Franka``, ``DualFranka``, ...) with the reason.
+    rlstack honours ``type: Accelerator`` (RLinf's name for GPUs: every node of the group
+    must have one, the plan records it, and the components that use GPUs count the group's
+    GPUs as its resources) and refuses the robot types RLinf drives (``Franka``,
+    ``DualFranka``, ...) with the reason.
     """
 
     type: str
