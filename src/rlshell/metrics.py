@@ -29,6 +29,11 @@ Backends (``logger.backends``):
   ``wandb sync``). Its id and the last step it received are kept in
   ``run_dir/wandb_run.json`` (`WANDB_RUN_FILE`). wandb is optional: only this
   backend imports it.
+- ``swanlab``: a SwanLab experiment, the same way (RLinf's third backend): the
+  resolved config, its files under ``run_dir/swanlab`` (``SWANLAB_MODE=offline``
+  or ``local`` keeps them there; ``swanlab sync`` uploads an offline one), its
+  id and last step in ``run_dir/swanlab_run.json`` (`SWANLAB_RUN_FILE`). swanlab
+  is optional (``pip install -e '.[swanlab]'``): only this backend imports it.
 
 Resuming (``start_step > 0``) drops the jsonl records after ``start_step``
 and tells TensorBoard to hide its events after it, so the steps replayed
@@ -36,7 +41,8 @@ since the checkpoint appear once, as an uninterrupted run would have them.
 W&B cannot take a step back (a run's history only grows), so a resumed run
 continues the same W&B run (the id in ``wandb_run.json``) and sends it only
 the steps after the last one it already has: for the steps replayed since
-the checkpoint, W&B keeps the values the first attempt logged.
+the checkpoint, W&B keeps the values the first attempt logged. SwanLab's
+experiments are kept the same way (``swanlab_run.json``).
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ __all__ = [
     "HEADLINE_METRICS",
     "METRICS_FILE",
     "NAMESPACES",
+    "SWANLAB_RUN_FILE",
     "WANDB_RUN_FILE",
     "MetricLogger",
     "logger_for_run",
@@ -84,9 +91,15 @@ NAMESPACES = (
     "agent/",
     "tools/",
 )
-BACKENDS = ("console", "jsonl", "tensorboard", "wandb")
+BACKENDS = ("console", "jsonl", "tensorboard", "wandb", "swanlab")
 METRICS_FILE = "metrics.jsonl"
 WANDB_RUN_FILE = "wandb_run.json"
+SWANLAB_RUN_FILE = "swanlab_run.json"
+# The experiment trackers: backend -> (how to install it, what one of its runs is called).
+_TRACKERS: dict[str, tuple[str, str]] = {
+    "wandb": ("`make install` (or `pip install wandb`)", "W&B run"),
+    "swanlab": ("`pip install -e '.[swanlab]'` (or `pip install swanlab`)", "SwanLab experiment"),
+}
 
 # The metrics the console bar shows when a step has them: key -> short label.
 HEADLINE_METRICS: Mapping[str, str] = {
@@ -224,15 +237,16 @@ class MetricLogger:
     ``total_steps``: the run's length, for the progress bar's ETA.
     ``start_step``: the step a resumed run continues after (0 for a new run,
     which starts ``metrics.jsonl`` afresh); `log` then takes steps after it.
-    ``log_every``: TensorBoard and wandb receive the metrics of every
+    ``log_every``: TensorBoard, wandb and swanlab receive the metrics of every
     ``log_every``-th step and of the last one (``total_steps``), plus the
     ``eval/`` metrics of any step, since evaluations are rare; the jsonl file
     records every step, and the console bar advances every step (tqdm limits
     how often it redraws).
     ``wandb_project``, ``experiment_name``, ``config``: the wandb run's
-    project, name and config; ``experiment_name`` also labels the bar. A
-    resumed logger continues the wandb run recorded in ``run_dir``
-    (`WANDB_RUN_FILE`).
+    project, name and config; ``swanlab_project``: the SwanLab experiment's
+    project (its name and config are the same); ``experiment_name`` also labels
+    the bar. A resumed logger continues the wandb run and SwanLab experiment
+    recorded in ``run_dir`` (`WANDB_RUN_FILE`, `SWANLAB_RUN_FILE`).
     ``stream``: where the console writes (default: ``sys.stderr`` at
     construction, so pytest's capture sees it); ``console_interval_s``: the
     least time between two lines when that stream is not a terminal.
@@ -249,6 +263,7 @@ class MetricLogger:
         start_step: int = 0,
         log_every: int = 1,
         wandb_project: str | None = None,
+        swanlab_project: str | None = None,
         experiment_name: str = "run",
         config: Mapping[str, Any] | None = None,
         stream: TextIO | None = None,
@@ -281,17 +296,26 @@ class MetricLogger:
         self._periodic: list[_Backend] = []
 
         wanted = set(backends)
-        # wandb first: a missing package should fail before any file is touched.
-        wandb = _import_wandb() if "wandb" in wanted else None
+        # The trackers first: a missing package should fail before any file is touched.
+        trackers = {name: _import_tracker(name) for name in _TRACKERS if name in wanted}
+        projects = {"wandb": wandb_project, "swanlab": swanlab_project}
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             if "jsonl" in wanted:
                 self._every_step.append(_Jsonl(self.run_dir / METRICS_FILE, start_step))
             if "tensorboard" in wanted:
                 self._periodic.append(_TensorBoard(self.run_dir / "tensorboard", start_step))
-            if wandb is not None:
+            for name, module in trackers.items():
                 self._periodic.append(
-                    _Wandb(wandb, self.run_dir, wandb_project, experiment_name, config, start_step)
+                    _Tracker(
+                        name,
+                        module,
+                        self.run_dir,
+                        projects[name],
+                        experiment_name,
+                        config,
+                        start_step,
+                    )
                 )
             if "console" in wanted:
                 self._console = _Console(
@@ -446,60 +470,69 @@ class _TensorBoard:
         self._writer.close()
 
 
-def _import_wandb() -> Any:
+def _import_tracker(name: str) -> Any:
+    """The ``wandb`` or ``swanlab`` module; a clear error naming the fix when it is missing."""
     try:
-        return importlib.import_module("wandb")
+        return importlib.import_module(name)
     except ModuleNotFoundError as error:
-        if error.name != "wandb":
+        if error.name != name:
             raise
         raise ModuleNotFoundError(
-            'logger.backends includes "wandb" but the wandb package is not installed: '
-            'run `make install` (or `pip install wandb`), or remove "wandb" from '
-            "logger.backends",
-            name="wandb",
+            f'logger.backends includes "{name}" but the {name} package is not installed: '
+            f'run {_TRACKERS[name][0]}, or remove "{name}" from logger.backends',
+            name=name,
         ) from None
 
 
-class _Wandb:
-    """A wandb run that a resumed run continues, sent only steps it does not have yet.
+class _Tracker:
+    """A wandb run or SwanLab experiment that a resumed run continues, sent only the steps
+    it does not have yet.
 
-    ``run_dir/wandb_run.json`` holds ``{"id": ..., "step": ...}``: the run's id
+    ``run_dir/<name>_run.json`` holds ``{"id": ..., "step": ...}``: the run's id
     and the last step it received, rewritten (atomically) after every step.
     A resumed logger (``start_step > 0``) passes that id with
-    ``resume="allow"`` and drops the steps up to that last one: W&B refuses a
-    step lower than one it has, and the steps a resumed run replays since its
-    checkpoint were logged by the first attempt.
+    ``resume="allow"`` and drops the steps up to that last one: the trackers
+    refuse a step lower than one they have, and the steps a resumed run replays
+    since its checkpoint were logged by the first attempt.
     """
 
     def __init__(
         self,
-        wandb: Any,
+        name: str,
+        module: Any,
         run_dir: Path,
         project: str | None,
-        name: str,
+        experiment: str,
         config: Mapping[str, Any] | None,
         start_step: int,
     ) -> None:
-        self._state_path = run_dir / WANDB_RUN_FILE
-        previous = _read_wandb_state(self._state_path) if start_step > 0 else None
+        self._name = name
+        self._state_path = run_dir / f"{name}_run.json"
+        previous = _read_tracker_state(name, self._state_path) if start_step > 0 else None
         if start_step > 0 and previous is None:
+            run = _TRACKERS[name][1]
             print(
-                f"wandb: {self._state_path} does not exist (no W&B run was logged to from this "
-                f"run directory): the resumed run starts a new W&B run at step {start_step + 1}",
+                f"{name}: {self._state_path} does not exist (no {run} was logged to from this "
+                f"run directory): the resumed run starts a new {run} at step {start_step + 1}",
                 file=sys.stderr,
                 flush=True,
             )
         settings: dict[str, Any] = {
             "project": project,
-            "name": name,
-            "dir": str(run_dir),
+            "name": experiment,
+            # wandb makes its own wandb/ folder in dir; swanlab writes straight into log_dir.
+            **(
+                {"log_dir": str(run_dir / "swanlab")}
+                if name == "swanlab"
+                else {"dir": str(run_dir)}
+            ),
             "config": dict(config or {}),
         }
         if previous is not None:
             settings.update(id=previous[0], resume="allow")
-        self._run = wandb.init(**settings)
+        self._run = module.init(**settings)
         self._id = str(self._run.id)
-        # Steps up to this one are in the W&B run already; -1: none (step 0 may come).
+        # Steps up to this one are in the tracker already; -1: none (step 0 may come).
         self._have_through = previous[1] if previous is not None else -1
         self._last_sent: int | None = None
         self._save(self._have_through)
@@ -521,8 +554,9 @@ class _Wandb:
         os.replace(partial, self._state_path)
 
 
-def _read_wandb_state(path: Path) -> tuple[str, int] | None:
-    """(run id, last step) from a `WANDB_RUN_FILE`; None when the run dir has none."""
+def _read_tracker_state(name: str, path: Path) -> tuple[str, int] | None:
+    """(run id, last step) from a `WANDB_RUN_FILE` or `SWANLAB_RUN_FILE`; None when the run
+    dir has none."""
     if not path.is_file():
         return None
     try:
@@ -532,7 +566,7 @@ def _read_wandb_state(path: Path) -> tuple[str, int] | None:
             raise ValueError('expected {"id": "<run id>", "step": <int>}')
     except (ValueError, KeyError, TypeError) as error:
         raise ValueError(
-            f"{path}: not a wandb run record ({error}); delete it to start a new W&B run"
+            f"{path}: not a {name} run record ({error}); delete it to start a new {name} run"
         ) from None
     return run_id, step
 
@@ -626,7 +660,7 @@ def _headline_number(key: str, value: float) -> str:
 
 def logger_for_run(config: Config, run_dir: Path, start_step: int = 0) -> MetricLogger:
     """The `MetricLogger` a runner writes ``run_dir``'s metrics with, from ``config.logger``;
-    a wandb run gets the whole resolved config."""
+    a wandb run or SwanLab experiment gets the whole resolved config."""
     from rlshell.config import config_to_dict
 
     return MetricLogger(
@@ -636,8 +670,9 @@ def logger_for_run(config: Config, run_dir: Path, start_step: int = 0) -> Metric
         start_step=start_step,
         log_every=config.logger.log_every,
         wandb_project=config.logger.wandb_project,
+        swanlab_project=config.logger.swanlab_project,
         experiment_name=config.runner.experiment_name,
-        config=config_to_dict(config) if "wandb" in config.logger.backends else None,
+        config=config_to_dict(config) if set(_TRACKERS) & set(config.logger.backends) else None,
     )
 
 

@@ -165,7 +165,8 @@ def test_overrides_are_parsed_to_the_field_type(override: str, read: Any, expect
         ("actor.enable_offload=maybe", "actor.enable_offload: expected true or false, got 'maybe'"),
         (
             'logger.backends=["console", "tensorbord"]',
-            "logger.backends[1]: expected one of 'console', 'jsonl', 'tensorboard', 'wandb'",
+            "logger.backends[1]: expected one of 'console', 'jsonl', 'tensorboard', 'wandb', "
+            "'swanlab'",
         ),
         (
             'cluster.component_placement.env={"placement": 3}',

@@ -153,6 +153,8 @@ READ_BUT_REFUSED: dict[str, str] = {
     "data.val_path": "rlshell.data.load_dataset refuses it again for the arithmetic task",
     "logger.wandb_project": "rlshell.metrics.logger_for_run hands it to MetricLogger, which "
     "passes it to the wandb backend only",
+    "logger.swanlab_project": "rlshell.metrics.logger_for_run hands it to MetricLogger, which "
+    "passes it to the swanlab backend only",
     "actor.enable_offload": "the placement planner reads it for every plan (may the actor "
     "time-share GPUs?); the sft run, which places the actor alone, refuses it set",
     "env.memory_mb": "the gymnasium env type's builder reads it to refuse it again without "

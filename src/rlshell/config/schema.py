@@ -838,15 +838,20 @@ class RunnerConfig:
 
 @frozen
 class LoggerConfig:
-    """Metric backends and where they write."""
+    """Metric backends and where they write (`rlshell.metrics`).
 
-    backends: tuple[Literal["console", "jsonl", "tensorboard", "wandb"], ...] = (
+    ``wandb_project`` / ``swanlab_project``: the project of the ``wandb`` /
+    ``swanlab`` backend's run (its name is ``runner.experiment_name``).
+    """
+
+    backends: tuple[Literal["console", "jsonl", "tensorboard", "wandb", "swanlab"], ...] = (
         "console",
         "jsonl",
         "tensorboard",
     )
     log_every: int = field(default=1, metadata=POSITIVE_INT)
     wandb_project: str | None = None
+    swanlab_project: str | None = None
 
 
 @frozen

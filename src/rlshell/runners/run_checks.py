@@ -170,12 +170,14 @@ _MANISKILL = "`pip install -e '.[maniskill]'`"
 
 
 _WANDB = "run `make install` (or `pip install wandb`)"
+_SWANLAB = "run `pip install -e '.[swanlab]'` (or `pip install swanlab`)"
 # MetaWorld pins an older mujoco than the project's: installed without its dependencies.
 _METAWORLD = "run `make install` (or `pip install --no-deps metaworld==3.1.1`)"
 
 
 _OPTIONAL_PACKAGES: tuple[tuple[str, str, Package], ...] = (
     ("logger.backends", "wandb", Package("wandb", "wandb", _WANDB)),
+    ("logger.backends", "swanlab", Package("swanlab", "swanlab", _SWANLAB)),
     ("env.env_type", "maniskill", Package("mani_skill", "mani-skill", _MANISKILL)),
     ("env.env_type", "maniskill", Package("sapien", "sapien", _MANISKILL)),
     ("env.env_type", "metaworld", Package("metaworld", "metaworld", _METAWORLD)),
@@ -230,7 +232,7 @@ def _package_problems(config: Config) -> list[str]:
             if len(names) == 1
             else f"the {' and '.join(names)} packages, which are"
         )
-        remedy = ", or remove 'wandb' from logger.backends" if key == "logger.backends" else ""
+        remedy = f", or remove '{value}' from logger.backends" if key == "logger.backends" else ""
         problems.append(
             f"{key}: '{value}' needs {which} not installed: {packages[-1].install}{remedy}"
         )

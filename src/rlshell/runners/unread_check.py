@@ -77,10 +77,12 @@ def unread_keys(spec: RunSpec, plan: PlacementPlan | None = None) -> dict[str, s
             "the cap of the rollout importance weights; algorithm.rollout_is is null, so there "
             "are none"
         )
-    if "wandb" not in config.logger.backends:
-        unread["logger.wandb_project"] = (
-            "names the project of the wandb backend, and logger.backends has no 'wandb'"
-        )
+    for tracker in ("wandb", "swanlab"):
+        if tracker not in config.logger.backends:
+            unread[f"logger.{tracker}_project"] = (
+                f"names the project of the {tracker} backend, and logger.backends has no "
+                f"'{tracker}'"
+            )
     if config.runner.runner_type != "reasoning" or config.runner.mode != "async":
         unread["rollout.partial_rollouts"] = (
             "interrupts the reasoning runner's generations in flight when new weights arrive, "
