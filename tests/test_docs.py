@@ -113,6 +113,10 @@ RUN_HERE = {
     "runner.experiment_name=typed_ext",
     ".venv/bin/mypy --config-file examples/typed_extension/pyproject.toml "
     "examples/typed_extension/rlstack_typed_ext",
+    "PYTHONPATH=tests/shell RLSHELL_EXT_MODULE=rlinf_plugins_ext .venv/bin/python -m rlshell.train "
+    "configs/ppo_cartpole.py --dry-run algorithm.adv_type=rlinf_sign "
+    "algorithm.loss_type=rlinf_clip algorithm.group_size=2 algorithm.gamma=1 algorithm.lam=1 "
+    "algorithm.vf_coef=0.5 runner.experiment_name=rlinf_plugins",
     # docs/real_model.md (make install made the snapshot: this verifies it and keeps it)
     ".venv/bin/python -m rlshell.gguf install-smollm2",
     ".venv/bin/python -m rlshell.train configs/grpo_smollm2_lora.py --dry-run",
