@@ -266,10 +266,11 @@ def load_config(
     envs: Mapping[str, EnvBuilder] | None = None,
     models: Mapping[str, ModelBuilder | ModelEntry] | None = None,
 ) -> Config:
-    """A validated config from a config file, a resolved ``config.json``, a `Config` or a
-    plain mapping, with ``key.path=value`` overrides applied; `ConfigError` lists every
-    problem. ``for_run=False`` leaves out the checks that only matter when the run
-    starts (files on disk, installed backends), as ``--dry-run`` does.
+    """A validated config from a config file, a resolved ``config.json``, an RLinf YAML
+    config (`rlshell.config.rlinf`), a `Config` or a plain mapping, with ``key.path=value``
+    overrides applied; `ConfigError` lists every problem. ``for_run=False`` leaves out
+    the checks that only matter when the run starts (files on disk, installed
+    backends), as ``--dry-run`` does.
 
     ``rewards``, ``envs`` and ``models`` are registered while the config is
     checked, so it may name them (pass the same objects to `train`).

@@ -22,7 +22,9 @@ failed; 2 a usage or config error, found before anything started; 130
 interrupted.
 
 ``--config RUN_DIR/config.json`` starts again from a resolved config that an
-earlier run wrote.
+earlier run wrote. CONFIG may also be an RLinf Hydra YAML config, composed and
+mapped onto rlstack's keys by `rlshell.config.rlinf` (a key it cannot map is
+refused with the reason, exit status 2).
 """
 
 from __future__ import annotations
@@ -205,8 +207,9 @@ def _split_positionals(
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m rlshell.train",
-        description="Train with rlstack. CONFIG is a Python config file defining `config` "
-        "or a run's resolved config.json; key.path=value overrides any field. Exit status: "
+        description="Train with rlstack. CONFIG is a Python config file defining `config`, "
+        "a run's resolved config.json or an RLinf Hydra YAML config (mapped key by key, "
+        "docs/from_rlinf.md); key.path=value overrides any field. Exit status: "
         "0 done, 1 a worker or the cluster failed, 2 a usage or config error (nothing "
         "started), 130 interrupted.",
         epilog=_help_epilog(),
