@@ -381,11 +381,17 @@ class Probe(Worker):
 
         process = psutil.Process()
 
+        # Without an embedded cluster's rendezvous file, the ranks also meet at rank 0's
+        # TCP store (MASTER_PORT): not gloo's pairs.
+        store_port = int(os.environ.get("MASTER_PORT", "0"))
+
         def connections() -> set[tuple[Any, Any]]:
             return {
                 (c.laddr, c.raddr)
                 for c in process.net_connections(kind="tcp")
-                if c.raddr and c.status == psutil.CONN_ESTABLISHED
+                if c.raddr
+                and c.status == psutil.CONN_ESTABLISHED
+                and store_port not in (c.laddr.port, c.raddr.port)
             }
 
         before = connections()
@@ -552,3 +558,82 @@ def test_the_command_lines_overrides_take_the_long_form_and_the_interface() -> N
     config = load_config("configs/grpo.py", [fine, "cluster.comm_net_devices=lo"], for_run=False)
     assert config.cluster.node_groups["g"] == entry("0", NodeGroupEnvConfig(env_vars={"A": "1"}))
     assert config.cluster.comm_net_devices == "lo"
+
+
+# ------------------------------------------------- a node's own RLINF_COMM_NET_DEVICES
+
+
+def test_a_worker_adopts_its_nodes_rlinf_interface_where_the_launch_named_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rlshell.cluster.node_facts import adopt_node_interface
+
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(name, raising=False)
+    assert adopt_node_interface("node 0") == {}  # nothing set on the node: gloo chooses
+    monkeypatch.setenv("RLINF_COMM_NET_DEVICES", "lo")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # the launch's (or the node's) own, kept
+    assert adopt_node_interface("node 0") == {"NCCL_SOCKET_IFNAME": "lo"}
+    assert os.environ["NCCL_SOCKET_IFNAME"] == "lo"
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME")
+    monkeypatch.setenv("RLINF_COMM_NET_DEVICES", "nosuch0")
+    with pytest.raises(ValueError, match="no network interface 'nosuch0' on node 3") as bad:
+        adopt_node_interface("node 3 (10.0.0.3)")
+    assert str(bad.value) == (
+        "RLINF_COMM_NET_DEVICES=nosuch0 (this node's, for its collectives): no network "
+        f"interface 'nosuch0' on node 3 (10.0.0.3); its interfaces: {', '.join(local_interfaces())}"
+    )
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
+
+
+def test_an_attached_clusters_plan_leaves_each_node_its_own_rlinf_interface(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The driver's RLINF_COMM_NET_DEVICES is its node's: an embedded or planned cluster's
+    plan gives it to every worker; an attached cluster's nodes each have their own."""
+    monkeypatch.setenv("RLINF_COMM_NET_DEVICES", "lo")
+    embedded = Config()
+    spec = cluster_spec_for(embedded)
+    assert spec is not None
+    assert plan_for(embedded, spec).cluster.comm_net_devices == "lo"
+    attached = with_cluster(Config(), address="auto")
+    assert (
+        plan_for(attached, attrs.evolve(spec, comm_net_devices=None)).cluster.comm_net_devices
+        is None
+    )
+    keyed = with_cluster(attached, comm_net_devices="eth0")
+    assert (
+        plan_for(keyed, attrs.evolve(spec, comm_net_devices=None)).cluster.comm_net_devices
+        == "eth0"
+    )
+
+
+@pytest.mark.slow
+def test_workers_on_a_node_with_rlinf_comm_net_devices_use_it_or_refuse_it(
+    ray_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    addresses = _interfaces_with_ipv4()
+    name = next((n for n in addresses if n != "lo"), "lo")
+    for node_value in (name, "nosuch0"):
+        # As on a node of an attached cluster: the variable in the node's environment, no
+        # interface named by the launch (an embedded cluster's gloo default is loopback).
+        with Cluster(runtime_env_vars={"RLINF_COMM_NET_DEVICES": node_value}) as cluster:
+            monkeypatch.setattr(cluster, "embedded", False)
+            plan = _plan(
+                cluster,
+                {},
+                ComponentRequest(
+                    f"node-{node_value}", "0:0-1", cpus_per_worker=0.25, uses_gpus=False
+                ),
+            )
+            if node_value == "nosuch0":
+                with pytest.raises(Exception, match="RLINF_COMM_NET_DEVICES=nosuch0") as refused:
+                    Probe.create_group().launch(cluster, plan.component(f"node-{node_value}"))
+                assert f"its interfaces: {', '.join(local_interfaces())}" in str(refused.value)
+                continue
+            group = Probe.create_group().launch(cluster, plan.component(f"node-{node_value}"))
+            reports = group.report().wait()
+            results = group.gloo_all_reduce().wait()
+        assert [(r["gloo"], r["nccl"]) for r in reports] == [(name, name)] * 2
+        assert all(r["local_ips"] == [addresses[name]] for r in results), results

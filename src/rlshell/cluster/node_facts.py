@@ -4,7 +4,9 @@ an interpreter path is an executable there.
 `local_facts` reads this machine; `probe_node` reads another node of a Ray cluster (a task
 pinned to it). `setting_problems` checks workers' placement settings (their collective
 interface variables and interpreter, `rlshell.cluster.placement.WorkerPlacement`) against
-a node's facts, before any of them starts.
+a node's facts, before any of them starts. `adopt_node_interface` runs in a worker: the
+interface its node's ``RLINF_COMM_NET_DEVICES`` names (set where ``ray start`` ran there,
+as RLinf's multi-node setup does) becomes its collectives' where the launch named none.
 """
 
 from __future__ import annotations
@@ -17,10 +19,16 @@ from typing import Any
 from attrs import frozen
 
 from rlshell.cluster.placement import WorkerPlacement
-from rlshell.cluster.placement.node_groups import interface_problems
+from rlshell.cluster.placement.node_groups import (
+    COLLECTIVE_INTERFACE_VARS,
+    RLINF_COMM_NET_DEVICES,
+    comm_net_devices_problems,
+    interface_problems,
+)
 
 __all__ = [
     "NodeFacts",
+    "adopt_node_interface",
     "executable_problem",
     "local_facts",
     "local_interfaces",
@@ -98,3 +106,26 @@ def setting_problems(workers: Sequence[WorkerPlacement], facts: NodeFacts, where
             if reason is not None and line not in problems:
                 problems.append(line)
     return problems
+
+
+def adopt_node_interface(where: str) -> dict[str, str]:
+    """In a worker: set ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` (those the launch left
+    unset) to this node's ``RLINF_COMM_NET_DEVICES``, once checked against the node's
+    interfaces; a name the node lacks raises a ValueError naming ``where`` (the worker and
+    node) and the interfaces it has. Returns what was set."""
+    value = os.environ.get(RLINF_COMM_NET_DEVICES)
+    unset = [name for name in COLLECTIVE_INTERFACE_VARS if not os.environ.get(name)]
+    if not value or not unset:
+        return {}
+    adopted = dict.fromkeys(unset, value)
+    problems = comm_net_devices_problems(value) or [
+        problem.split(": ", 1)[1]
+        for problem in interface_problems(adopted, local_interfaces(), where)
+    ]
+    if problems:
+        raise ValueError(
+            f"{RLINF_COMM_NET_DEVICES}={value} (this node's, for its collectives): "
+            + "; ".join(dict.fromkeys(problems))
+        )
+    os.environ.update(adopted)
+    return adopted

@@ -20,6 +20,7 @@ from typing import Any, cast
 import ray
 from attrs import frozen
 
+from rlshell.cluster.node_facts import adopt_node_interface
 from rlshell.cluster.placement import WorkerPlacement
 from rlshell.extensions import load_extensions
 
@@ -140,6 +141,7 @@ class WorkerBase:
         if "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(max(1, int(placement.cpus)))
         load_extensions(where=f"{context.component} rank {placement.rank}")
+        adopt_node_interface(f"node {placement.node_rank} ({self.node_ip})")
 
     def _rlshell_ready(self) -> WorkerInfo:
         startup_error: Exception | None = self.__dict__.get("_rlshell_startup_error")

@@ -127,15 +127,18 @@ def _shares_devices(config: Config, name: str) -> bool:
 
 
 def comm_net_devices_of(config: Config) -> tuple[str | None, str]:
-    """The network interface(s) the run's collectives use, and where that was said:
-    ``cluster.comm_net_devices``, else RLinf's ``RLINF_COMM_NET_DEVICES`` in the driver's
-    environment, else none (gloo and NCCL choose)."""
+    """The network interface(s) the run's collectives use on every node, and where that was
+    said: ``cluster.comm_net_devices``, else, for an embedded or planned cluster (whose node
+    is the driver's), RLinf's ``RLINF_COMM_NET_DEVICES`` in the driver's environment, else
+    none. On an attached cluster each node's own ``RLINF_COMM_NET_DEVICES`` (set where
+    ``ray start`` ran there) applies instead, read and checked by its workers
+    (`rlshell.cluster.node_facts.adopt_node_interface`)."""
     from rlshell.cluster.placement.node_groups import RLINF_COMM_NET_DEVICES
 
     if config.cluster.comm_net_devices is not None:
         return config.cluster.comm_net_devices, "cluster.comm_net_devices"
     from_env = os.environ.get(RLINF_COMM_NET_DEVICES)
-    if from_env:
+    if from_env and config.cluster.address is None:
         return from_env, RLINF_COMM_NET_DEVICES
     return None, "cluster.comm_net_devices"
 
