@@ -215,9 +215,31 @@ def test_a_reader_waiting_on_a_dead_senders_key_is_told(
     assert int(channel.get(timeout=10.0)["rank"]) == 0
     sender.shutdown()
     started = time.monotonic()
-    with pytest.raises(ChannelPeerDied, match=rf"{plan.name}:0 \(pid \d+\), which put into"):
+    with pytest.raises(
+        ChannelPeerDied, match=rf"{plan.name}:0 \(pid \d+\), which put into it, died while the "
+    ):
         channel.get(timeout=60.0)
     assert time.monotonic() - started < 30.0  # told long before the timeout
+
+
+def test_a_sender_held_back_by_a_dead_reader_is_told(
+    ray_cluster: Cluster, plan_component: PlanFactory, channel: Channel
+) -> None:
+    plan = plan_component("gone-reader", world_size=1)
+    reader = Receiver.create_group().launch(ray_cluster, plan)
+    channel.put("first")
+    assert reader.receive_one(channel, "default", 10.0).wait() == ["first"]
+    actor_id = reader._handles[0]._actor_id.hex()
+    reader.shutdown()
+    _wait_until_dead(actor_id)
+    channel.put(1)
+    channel.put(2)  # full: maxsize 2
+    started = time.monotonic()
+    with pytest.raises(
+        ChannelPeerDied, match=rf"{plan.name}:0 \(pid \d+\), which took from it, died while"
+    ):
+        channel.put(3, timeout=60.0)
+    assert time.monotonic() - started < 30.0
 
 
 def test_a_dead_queue_raises_peer_died(channel: Channel) -> None:

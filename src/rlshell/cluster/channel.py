@@ -20,11 +20,12 @@ Capacity is bounded per key (``maxsize`` refs): ``put`` waits for room
 waits for an item and raises `ChannelEmpty` when its ``timeout`` passes. After
 ``close`` every ``put`` and every ``get`` of an empty queue raise `ChannelClosed`
 (items put before the close are still delivered). `ChannelPeerDied` says a peer
-is gone: the queue's actor, a worker that put into the key a ``get`` waits on, one
-that took from the key a full ``put`` waits on, or the sender of the item being
-read when that item is lost with it. (An item lives in its sender's node's
-object store: on the reader's node it is still read after its sender died; from
-another node, Ray cannot fetch it once its owner is gone.)
+is gone: the queue's actor, a worker that has put into the channel while a ``get``
+waits on an empty key, one that has taken from it while a ``put`` waits on a full
+key, or the sender of the item being read when that item is lost with it. (An
+item lives in its sender's node's object store: on the reader's node it is still
+read after its sender died; from another node, Ray cannot fetch it once its owner
+is gone.)
 """
 
 from __future__ import annotations
@@ -113,9 +114,10 @@ class _Queues:
 
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
+        # A key's queue exists while it holds items (keys may be many: one per window).
         self.queues: dict[Hashable, deque[tuple[list[Any], _Peer]]] = {}
-        self.writers: dict[Hashable, dict[str, _Peer]] = {}
-        self.readers: dict[Hashable, dict[str, _Peer]] = {}
+        self.writers: dict[str, _Peer] = {}
+        self.readers: dict[str, _Peer] = {}
         self.closed = False
         self.reason = ""
         self._changed: asyncio.Condition | None = None
@@ -125,21 +127,21 @@ class _Queues:
             self._changed = asyncio.Condition()
         return self._changed
 
-    def _queue(self, key: Hashable) -> deque[tuple[list[Any], _Peer]]:
-        return self.queues.setdefault(key, deque())
+    def _held(self, key: Hashable) -> int:
+        queue = self.queues.get(key)
+        return len(queue) if queue is not None else 0
 
     async def put(
         self, keys: list[Hashable], boxed_ref: list[Any], sender: _Peer, wait_s: float
     ) -> tuple[str, str]:
         """Queue the ref under every key once each has room: ``("ok", "")``; else
         ``("closed", reason)`` or ``("full", "")`` after ``wait_s`` seconds."""
-        for key in keys:
-            if sender.actor_id is not None:
-                self.writers.setdefault(key, {})[sender.actor_id] = sender
+        if sender.actor_id is not None:
+            self.writers[sender.actor_id] = sender
         changed = self._condition()
 
         def room() -> bool:
-            return self.closed or all(len(self._queue(key)) < self.maxsize for key in keys)
+            return self.closed or all(self._held(key) < self.maxsize for key in keys)
 
         async with changed:
             try:
@@ -149,7 +151,7 @@ class _Queues:
             if self.closed:
                 return "closed", self.reason
             for key in keys:
-                self._queue(key).append((boxed_ref, sender))
+                self.queues.setdefault(key, deque()).append((boxed_ref, sender))
             changed.notify_all()
         return "ok", ""
 
@@ -160,19 +162,21 @@ class _Queues:
         ``("closed", ..., reason)`` once closed and empty, or ``("empty", ...)`` after
         ``wait_s`` seconds."""
         if reader.actor_id is not None:
-            self.readers.setdefault(key, {})[reader.actor_id] = reader
+            self.readers[reader.actor_id] = reader
         changed = self._condition()
-        queue = self._queue(key)
         async with changed:
             try:
                 await asyncio.wait_for(
-                    changed.wait_for(lambda: self.closed or bool(queue)), timeout=wait_s
+                    changed.wait_for(lambda: self.closed or self._held(key) > 0), timeout=wait_s
                 )
             except TimeoutError:
                 return "empty", None, None, ""
+            queue = self.queues.get(key)
             if not queue:
                 return "closed", None, None, self.reason
             boxed_ref, sender = queue.popleft()
+            if not queue:
+                del self.queues[key]
             changed.notify_all()
         return "ok", boxed_ref, sender, ""
 
@@ -183,13 +187,13 @@ class _Queues:
                 self.closed, self.reason = True, reason
             changed.notify_all()
 
-    def peers(self, key: Hashable, role: Literal["writers", "readers"]) -> list[_Peer]:
-        """The workers that have put into (``writers``) or taken from (``readers``) ``key``."""
-        known = self.writers if role == "writers" else self.readers
-        return list(known.get(key, {}).values())
+    def peers(self, role: Literal["writers", "readers"]) -> list[_Peer]:
+        """The workers that have put into (``writers``) or taken from (``readers``) the
+        channel."""
+        return list((self.writers if role == "writers" else self.readers).values())
 
     def qsize(self, key: Hashable) -> int:
-        return len(self._queue(key))
+        return self._held(key)
 
     def is_closed(self) -> bool:
         return self.closed
@@ -250,7 +254,6 @@ class Channel:
         status, reason = self._wait(
             lambda wait_s: self._queues.put.remote(list(keys), boxed_ref, sender, wait_s),
             timeout,
-            keys,
             "readers",
             "full",
         )
@@ -276,7 +279,6 @@ class Channel:
         status, boxed_ref, sender, reason = self._wait(
             lambda wait_s: self._queues.get.remote(key, reader, wait_s),
             timeout,
-            [key],
             "writers",
             "empty",
         )
@@ -323,12 +325,12 @@ class Channel:
         self,
         submit: Callable[[float], Any],
         timeout: float | None,
-        keys: Sequence[Hashable],
         peers: Literal["writers", "readers"],
         waiting: str,
     ) -> Any:
         """``submit(wait_s)``'s answer, asked again slice by slice while it is ``waiting``
-        and ``timeout`` lasts; between slices, a dead peer of ``keys`` raises."""
+        and ``timeout`` lasts; between slices, a dead peer (``writers`` for a get, ``readers``
+        for a put) raises."""
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -336,14 +338,15 @@ class Channel:
             answer = self._call(submit(wait_s))
             if answer[0] != waiting or (remaining is not None and remaining <= wait_s):
                 return answer
-            for key in keys:
-                for peer in cast(list[_Peer], self._call(self._queues.peers.remote(key, peers))):
-                    if peer.actor_id is not None and _actor_state(peer.actor_id) == "DEAD":
-                        did = "put into" if peers == "writers" else "took from"
-                        raise ChannelPeerDied(
-                            f"{self}: {peer.name}, which {did} key {key!r}, died; the queue "
-                            f"is {waiting} and will stay so"
-                        )
+            for peer in cast(list[_Peer], self._call(self._queues.peers.remote(peers))):
+                if peer.actor_id is not None and _actor_state(peer.actor_id) == "DEAD":
+                    did, would = (
+                        ("put into", "sent") if peers == "writers" else ("took from", "taken")
+                    )
+                    raise ChannelPeerDied(
+                        f"{self}: {peer.name}, which {did} it, died while the queue was "
+                        f"{waiting}: what it would have {would} will not come"
+                    )
 
     def _call(self, ref: Any) -> Any:
         try:
