@@ -152,6 +152,10 @@ def _task_env(
         "num_envs": num_envs,
         "sim_backend": backend,
         "obs_mode": cfg.obs_mode or "state",
+        # Every episode's start drawn from the env's own seeded generator, not from torch's
+        # global one (which rendering and the policy also draw from): a seed gives the same
+        # episodes in every observation mode, which recording a camera in lockstep needs.
+        "enhanced_determinism": True,
     }
     if not torch.cuda.is_available():
         kwargs["render_backend"] = "cpu"  # cameras rendered by the software Vulkan driver
