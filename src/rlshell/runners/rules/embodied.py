@@ -85,6 +85,14 @@ def ppo_unread(facts: RunFacts, who: str) -> dict[str, str]:
     loss = config.algorithm.loss_type
     for key in ("algorithm.clip_high", "algorithm.dual_clip"):
         del unread[key]  # the update hands them to the policy loss
+    unread["algorithm.loss_agg_mode"] = (
+        f"{who}'s policy loss (algorithm.loss_type) sees samples of one step each: there are "
+        "no tokens to aggregate"
+    )
+    unread["algorithm.behavior_weight_cap"] = (
+        f"caps decoupled PPO's behaviour weights in the reasoning runner; {who} keeps no "
+        "proximal policy to weigh against"
+    )
     if loss in POLICY_LOSSES:
         ignored = POLICY_LOSSES.ignores(loss)
         for key, hyperparameter in LOSS_KEYS.items():
