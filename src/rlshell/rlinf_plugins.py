@@ -279,8 +279,8 @@ class RLinfAdvantage:
                 ),
                 "adv_type": self.name,
             }
-            result = self.fn(**self.signature.select(arguments))
-        what = f"advantage '{self.name}' ({_describe(self.fn)})"
+            what = f"advantage '{self.name}' ({_describe(self.fn)})"
+            result = _called(self.fn, self.signature.select(arguments), what)
         advantages, returns = _pair(result, what, "(advantages, returns)", "returns may be None")
         advantages = _checked_tensor(advantages, "advantages", what, mask, rewards.dtype)
         if returns is None:
@@ -346,7 +346,7 @@ class RLinfPolicyLoss:
             "loss_agg_func": loss_agg_func,
             "loss_type": self.name,
         }
-        result = self.fn(**self.signature.select(arguments))
+        result = _called(self.fn, self.signature.select(arguments), what)
         loss, metrics = _pair(result, what, "(loss, metrics)", "metrics a dict")
         if not isinstance(loss, Tensor):
             raise PluginOutputError(
@@ -370,6 +370,16 @@ class RLinfPolicyLoss:
                 "(was it detached, or computed under torch.no_grad?)"
             )
         return LossOutput(loss, _checked_metrics(metrics, what, loss))
+
+
+def _called(fn: Callable[..., Any], arguments: dict[str, Any], what: str) -> object:
+    """``fn(**arguments)``; an error it raises carries a note of what it was given (an RLinf
+    plug-in reaching for an argument rlstack does not pass fails inside it)."""
+    try:
+        return fn(**arguments)
+    except Exception as error:
+        error.add_note(f"in {what}, called with: {', '.join(arguments)}")
+        raise
 
 
 def _check_name(name: str, kind: str) -> None:

@@ -443,6 +443,20 @@ def test_a_wrong_policy_loss_output_names_the_plugin_and_what_was_wrong(
     assert words in message, message
 
 
+def test_an_error_inside_a_plugin_notes_what_it_was_given() -> None:
+    """RLinf's actor-critic loss reads the critic's returns from **kwargs; rlstack adds the
+    value loss itself and passes none: the KeyError says what was passed."""
+    with pytest.raises(KeyError) as raised:
+        _loss_returning(lambda kw: (_mean_loss(kw) + kw["returns"].sum(), {}))
+    (note,) = raised.value.__notes__
+    assert note.startswith("in policy loss 'returns_this' (tests.shell.test_rlinf_plugins")
+    assert note.endswith(
+        "called with: logprobs, old_logprobs, advantages, loss_mask, "
+        "clip_ratio_low, clip_ratio_high, clip_ratio_c, behave_weight_threshold, "
+        "proximal_logprobs, weights, loss_agg_func, loss_type"
+    )
+
+
 def test_a_nan_loss_is_a_floating_point_error_as_the_updates_own_checks_raise() -> None:
     with pytest.raises(FloatingPointError):
         _loss_returning(lambda kw: (_mean_loss(kw) * torch.nan, {}))
