@@ -134,7 +134,7 @@ def test_a_model_built_from_its_config_takes_the_loading_options_and_nested_fiel
 
 def test_an_option_the_model_refuses_is_named(saved_model: Path) -> None:
     cfg = ModelConfig(path=str(saved_model), model_kwargs={"unnorm_key": "libero_10_no_noops"})
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(ValueError, match="unnorm_key") as raised:
         get_model(cfg)
     message = str(raised.value)
     assert message.startswith(
@@ -178,7 +178,7 @@ def test_a_bad_loading_option_is_named(
     saved_model: Path, kwargs: dict[str, Any], path: bool, message: str
 ) -> None:
     cfg = ModelConfig(path=str(saved_model) if path else None, model_kwargs=kwargs)
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(ValueError, match=r"^actor\.model\.model_kwargs\.") as raised:
         get_model(cfg)
     assert str(raised.value).startswith(message)
 
@@ -189,20 +189,20 @@ def test_a_value_model_refuses_a_field_it_sets_itself() -> None:
         get_model(cfg)
 
 
-REMOTE_CONFIG = '''
+REMOTE_CONFIG = """
     import transformers
 
     class RemoteConfig(transformers.Qwen2Config):
         model_type = "remote_qwen2"
-'''
-REMOTE_MODEL = '''
+"""
+REMOTE_MODEL = """
     import transformers
     from .configuration_remote import RemoteConfig
 
     class RemoteForCausalLM(transformers.Qwen2ForCausalLM):
         config_class = RemoteConfig
         ran_remote_code = True
-'''
+"""
 
 
 @pytest.fixture
@@ -226,7 +226,7 @@ def remote_code_model(tmp_path: Path, saved_model: Path) -> Path:
 
 def test_remote_code_runs_only_when_the_config_trusts_it(remote_code_model: Path) -> None:
     untrusted = ModelConfig(path=str(remote_code_model))
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(ValueError, match="trust_remote_code") as raised:
         get_model(untrusted)
     assert str(raised.value).startswith("actor.model.model_kwargs.trust_remote_code: ")
     assert "custom code" in str(raised.value)

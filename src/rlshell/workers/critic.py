@@ -167,7 +167,7 @@ class CriticWorker(Worker):
                         f"step {self.global_step + 1}: the value loss is {float(loss)} on "
                         f"critic rank {self.rank} (micro-batch {position})"
                     )
-                torch.autograd.backward(loss * shares)
+                manager.backward(loss * shares)
                 totals["vf_loss"] = totals.get("vf_loss", 0.0) + float(loss.detach())
                 for key, value in output.metrics.items():
                     totals[key] = totals.get(key, 0.0) + float(value) / len(micro_batches)

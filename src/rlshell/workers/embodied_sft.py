@@ -93,9 +93,7 @@ class EmbodiedSFTActor(Worker):
         value = float(loss.detach())
         if not math.isfinite(value):
             raise FloatingPointError(f"rank {self.rank}: the sft loss is {value}")
-        torch.autograd.backward(
-            loss
-        )  # FSDP averages the ranks' gradients: each rank's share is as large
+        manager.backward(loss)  # FSDP averages the ranks' gradients: each share is as large
         grad_norm, lrs = manager.optimizer_step()
         metrics = all_reduce_metrics({"train/loss": value}, dist.ReduceOp.SUM)
         metrics["train/loss"] /= self.world_size

@@ -246,7 +246,7 @@ class PolicyUpdate:
                 manager.before_micro_batch(model, is_last=position == len(inputs) - 1)
                 loss, metrics = self.loss(micro, micro_adv, micro_ref, micro_old, normalizer)
                 self.guard.check_loss(loss, position, inputs[position])
-                torch.autograd.backward(loss * shares)
+                manager.backward(loss * shares)
                 accumulate_metrics(metrics, totals, peaks)
         optimizer_started = time.perf_counter()
         grad_norm, lrs = manager.optimizer_step()

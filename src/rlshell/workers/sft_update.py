@@ -75,7 +75,7 @@ def sft_step(
         check_loss(loss, position)
         # Gradients are averaged over the shares: scaled by their number, the losses
         # (each normalised by the whole batch) sum to the batch's.
-        torch.autograd.backward(loss * shares)
+        manager.backward(loss * shares)
         loss_sum += float(loss.detach())
     backward_done = time.perf_counter()
     grad_norm, lrs = manager.optimizer_step()

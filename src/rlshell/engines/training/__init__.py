@@ -61,7 +61,7 @@ class TrainingBackend(Protocol):
         backend.setup_model_and_optimizer()
         for i, micro in enumerate(micro_batches):
             backend.before_micro_batch(backend.module, is_last=i == len(micro_batches) - 1)
-            loss(backend.module, micro).backward()
+            backend.backward(loss(backend.module, micro))
         grad_norm, lrs = backend.optimizer_step()
         with backend.unsharded() as model: ...             # full weights, for sync or rollout
         backend.save_checkpoint(path, step); step = backend.load_checkpoint(path)
@@ -107,6 +107,11 @@ class TrainingBackend(Protocol):
         ...
 
     def before_micro_batch(self, model: nn.Module, is_last: bool) -> None: ...
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate one micro-batch's ``loss`` into the parameters' gradients (scaled by
+        the backend's loss scale where it has one: fp16; `optimizer_step` divides it out)."""
+        ...
 
     def optimizer_step(self) -> tuple[float, list[float]]:
         """Clip, step, schedule and clear; (gradient norm before clipping, learning rates)."""

@@ -251,6 +251,14 @@ class FSDPModelManager:
         """A loss scaler for fp16 mixed precision; a pass-through when not ``enabled``."""
         return torch.amp.GradScaler(self.device.type, enabled=enabled)
 
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss`` times the gradient scaler's scale (fp16 mixed precision;
+        1 otherwise), so that gradients too small for fp16 survive the backward pass;
+        `optimizer_step` divides the scale out again before clipping and stepping."""
+        if self.grad_scaler is None:
+            raise RuntimeError("call setup_model_and_optimizer() first")
+        torch.autograd.backward(self.grad_scaler.scale(loss))
+
     # -- training
 
     @property
@@ -317,7 +325,8 @@ class FSDPModelManager:
 
         A non-finite gradient norm skips the update (the scaler's rule for
         fp16; for fp32/bf16 the caller reports it) and leaves the weights as
-        they were.
+        they were. With fp16 the scaler then halves its scale; after
+        ``growth_interval`` finite steps in a row it doubles it.
         """
         if self.optimizer is None or self.lr_scheduler is None or self.grad_scaler is None:
             raise RuntimeError("call setup_model_and_optimizer() first")

@@ -200,6 +200,10 @@ class MegatronModelManager:
     def before_micro_batch(self, model: nn.Module, is_last: bool) -> None:
         """Nothing: gradients are reduced once, in `optimizer_step`."""
 
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss``'s gradients as they are: this backend keeps no loss scale."""
+        torch.autograd.backward(loss)
+
     def pipeline_passes(
         self,
         micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],

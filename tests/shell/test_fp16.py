@@ -1,0 +1,149 @@
+"""fp16 mixed precision with a gradient scaler (``actor.fsdp_config.mixed_precision=fp16``), on
+CPU: FSDP2 computes in fp16 there and torch's GradScaler runs on CPU tensors.
+
+A step's loss is multiplied by the scaler's scale before backward (`FSDPModelManager.backward`)
+and divided out before the clip and the step (`FSDPModelManager.optimizer_step`); a step whose
+gradients overflow is skipped and halves the scale; finite steps grow it again.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from attrs import evolve
+
+from rlshell.config import ActorConfig
+from rlshell.engines.training.fsdp import FSDPModelManager
+from rlshell.runners.validation import load_config
+
+INIT_SCALE = 2.0**16  # torch.amp.GradScaler's default
+IDS = torch.tensor([[3, 9, 14, 27, 5, 11, 40, 2], [7, 7, 21, 33, 8, 19, 1, 6]])
+
+
+def actor_config(mixed_precision: str = "fp16") -> ActorConfig:
+    overrides = [
+        f"actor.fsdp_config.mixed_precision={mixed_precision}",
+        "actor.model.model_kwargs.vocab_size=64",  # a small embedding: the test stays quick
+    ]
+    return load_config("configs/grpo.py", overrides).actor
+
+
+def loss_of(manager: FSDPModelManager, weight: float = 1.0) -> torch.Tensor:
+    logits = manager.module(input_ids=IDS).logits
+    return logits.float().square().mean() * weight
+
+
+def grads(manager: FSDPModelManager) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, param in manager.module.named_parameters():
+        assert param.grad is not None, name
+        grad: Any = param.grad
+        out[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).clone()
+    return out
+
+
+def weights(manager: FSDPModelManager) -> dict[str, torch.Tensor]:
+    return {name: tensor.clone() for name, tensor in manager.get_model_state_dict().items()}
+
+
+@pytest.fixture
+def manager(process_group: None) -> FSDPModelManager:
+    torch.manual_seed(0)
+    built = FSDPModelManager(actor_config(), total_steps=8, device=torch.device("cpu"))
+    built.setup_model_and_optimizer()
+    return built
+
+
+def test_the_forward_runs_in_fp16_with_an_enabled_scaler(manager: FSDPModelManager) -> None:
+    assert manager.grad_scaler is not None
+    assert manager.grad_scaler.is_enabled()
+    assert manager.grad_scaler.get_scale() == INIT_SCALE
+    assert manager.module(input_ids=IDS).logits.dtype == torch.float16
+
+
+def test_the_scale_multiplies_the_gradients_and_the_step_divides_it_out(
+    manager: FSDPModelManager,
+) -> None:
+    manager.optimizer.zero_grad(set_to_none=True)  # type: ignore[union-attr]
+    torch.autograd.backward(loss_of(manager))
+    plain = grads(manager)
+    manager.optimizer.zero_grad(set_to_none=True)  # type: ignore[union-attr]
+    manager.backward(loss_of(manager))
+    scaled = grads(manager)
+    # the same gradients times the scale, up to fp16's rounding (and what underflows to 0
+    # without the scale, the reason for it); per tensor, the key biases' gradients (0 in exact
+    # arithmetic: softmax ignores a shift) are rounding alone
+    unscaled = torch.cat([scaled[name].flatten() / INIT_SCALE for name in plain])
+    reference = torch.cat([grad.flatten() for grad in plain.values()])
+    assert float((unscaled - reference).norm() / reference.norm()) < 1e-2
+    plain_norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in plain.values()]))
+    before = weights(manager)
+    grad_norm, _ = manager.optimizer_step()
+    assert grad_norm == pytest.approx(float(plain_norm), rel=2e-2)  # the unscaled norm
+    after = weights(manager)
+    assert any(not torch.equal(before[key], after[key]) for key in before)
+    assert manager.grad_scaler is not None
+    assert manager.grad_scaler.get_scale() == INIT_SCALE
+    assert manager.grad_scaler.state_dict()["_growth_tracker"] == 1  # one finite step counted
+
+
+def test_a_few_fp16_steps_lower_the_loss(manager: FSDPModelManager) -> None:
+    first = float(loss_of(manager).detach())
+    for _ in range(4):
+        manager.backward(loss_of(manager))
+        grad_norm, _ = manager.optimizer_step()
+        assert math.isfinite(grad_norm)
+    assert float(loss_of(manager).detach()) < first
+
+
+def test_an_overflowing_step_is_skipped_and_halves_the_scale(manager: FSDPModelManager) -> None:
+    before = weights(manager)
+    # times the scale (2**16) the loss's gradient exceeds fp16's largest value, 65504
+    manager.backward(loss_of(manager, weight=1e4))
+    grad_norm, _ = manager.optimizer_step()
+    assert not math.isfinite(grad_norm)
+    after = weights(manager)
+    assert all(torch.equal(before[key], after[key]) for key in before)
+    assert manager.grad_scaler is not None
+    assert manager.grad_scaler.get_scale() == INIT_SCALE / 2
+    # the next finite step trains at the halved scale
+    manager.backward(loss_of(manager))
+    assert math.isfinite(manager.optimizer_step()[0])
+    assert any(not torch.equal(after[key], value) for key, value in weights(manager).items())
+
+
+class GrowingScaler(FSDPModelManager):
+    """RLinf's override point: a scaler that doubles after every finite step."""
+
+    def build_grad_scaler(self, enabled: bool) -> torch.amp.GradScaler:
+        return torch.amp.GradScaler("cpu", enabled=enabled, growth_interval=1)
+
+
+def test_finite_steps_grow_the_scale_back(process_group: None) -> None:
+    manager = GrowingScaler(actor_config(), total_steps=8, device=torch.device("cpu"))
+    manager.setup_model_and_optimizer()
+    assert manager.grad_scaler is not None
+    manager.backward(loss_of(manager, weight=1e4))
+    manager.optimizer_step()
+    assert manager.grad_scaler.get_scale() == INIT_SCALE / 2
+    manager.backward(loss_of(manager))
+    manager.optimizer_step()
+    assert manager.grad_scaler.get_scale() == INIT_SCALE
+
+
+def test_without_fp16_the_scaler_passes_the_loss_through(process_group: None) -> None:
+    actor = evolve(actor_config("fp32"))
+    manager = FSDPModelManager(actor, total_steps=8, device=torch.device("cpu"))
+    manager.setup_model_and_optimizer()
+    assert manager.grad_scaler is not None
+    assert not manager.grad_scaler.is_enabled()
+    torch.manual_seed(1)
+    torch.autograd.backward(loss_of(manager))
+    plain = grads(manager)
+    manager.optimizer.zero_grad(set_to_none=True)  # type: ignore[union-attr]
+    manager.backward(loss_of(manager))
+    for name, grad in grads(manager).items():
+        assert torch.equal(grad, plain[name]), name
