@@ -5,7 +5,10 @@ configs/ppo_flow_metaworld_reach.py (chunks of 5 actions, Flow-SDE), cloned from
 MetaWorld's scripted policy. ``--task pushcube``: ManiSkill's PushCube-v1 from state with
 configs/ppo_flow_pushcube_cpu.py's flow policy, cloned from the successful episodes of a
 trained Gaussian MLP (``--expert checkpoint:<a configs/ppo_pushcube_cpu.py run's
-checkpoint> --only-success``). Once: the expert records ``--episodes`` training and a
+checkpoint> --only-success``). ``--task pushcube_rgb``: the same from PushCube's 64×64
+camera and the robot's own 25 numbers (configs/ppo_flow_pushcube_rgb_cpu.py), the camera
+recorded in lockstep with the expert reading the state (``rlshell.record --observe``).
+Once: the expert records ``--episodes`` training and a
 quarter as many held-out demonstrations (``python -m rlshell.record``). Then for each
 seed, one after the other (two runs at once would share the machine's cores):
 
@@ -14,6 +17,9 @@ seed, one after the other (two runs at once would share the machine's cores):
    (``actor.model.checkpoint``) at ``--cloned-lr`` (3e-5);
 3. ``scratch``: the same PPO from a fresh policy at its own best learning rate
    (``--scratch-lr``, 3e-4: PushCube's), for as many updates, so as many env steps.
+
+``--starts cloned`` runs one start only; ``--sft-once`` clones once (with the first seed)
+and starts every seed's PPO from that clone (the spread is then PPO's alone).
 
 From each PPO run's ``metrics.jsonl``, for ``env/success_once`` (the episode reached the
 goal at some step, MetaWorld's success) and ``env/success`` (at its last step): the mean
@@ -56,7 +62,15 @@ TASKS = {
         ROOT / "configs" / "ppo_pushcube_cpu.py",
         "ManiSkill PushCube-v1, state, episodes end at success",
     ),
+    "pushcube_rgb": (
+        ROOT / "configs" / "ppo_flow_pushcube_rgb_cpu.py",
+        ROOT / "configs" / "sft_flow_pushcube_rgb_cpu.py",
+        ROOT / "configs" / "ppo_pushcube_cpu.py",
+        "ManiSkill PushCube-v1, 64x64 camera + the robot's 25 numbers, episodes end at success",
+    ),
 }
+# task: the camera its demonstrations are recorded through (``rlshell.record --observe``)
+OBSERVE = {"pushcube_rgb": ("env.obs_mode=rgb", "env.image_size=64")}
 METRICS = ("env/success_once", "env/success", "env/episode_return")
 
 
@@ -107,7 +121,7 @@ def plot(starts: dict[str, list[dict[str, Any]]], out: Path, png: Path, task: st
     figure = Figure(figsize=(7, 3.5))
     axes = figure.add_subplot()
     for start, color in (("cloned", "tab:blue"), ("scratch", "tab:orange")):
-        for index, run in enumerate(starts[start]):
+        for index, run in enumerate(starts.get(start, [])):
             rows = _rows(out / f"seed_{run['seed']}" / start)
             values = [float(row["env/success_once"]) for row in rows if "env/success_once" in row]
             means = [statistics.fmean(values[max(0, i - 19) : i + 1]) for i in range(len(values))]
@@ -149,25 +163,28 @@ def make_runs(
             str(seed),
             "--out",
             str(demos[split]),
+            *(["--observe", *OBSERVE[args.task]] if args.task in OBSERVE else []),
         )
-    starts: dict[str, list[dict[str, Any]]] = {"cloned": [], "scratch": []}
+    starts: dict[str, list[dict[str, Any]]] = {start: [] for start in args.starts}
     sft_wall = []
     for seed in args.seeds:
         runs = out / f"seed_{seed}"
         common = [f"runner.seed={seed}", f"runner.output_dir={runs}"]
-        sft_wall.append(
-            _run(
-                "rlshell.train",
-                str(sft),
-                *common,
-                f"data.train_path={demos['train']}",
-                f"data.val_path={demos['val']}",
-                f"runner.max_steps={args.sft_steps}",
-                f"runner.eval_interval={args.sft_steps}",
-                f"checkpoint.interval={args.sft_steps}",
+        cloned_by = out / f"seed_{args.seeds[0]}" if args.sft_once else runs
+        if cloned_by == runs:
+            sft_wall.append(
+                _run(
+                    "rlshell.train",
+                    str(sft),
+                    *common,
+                    f"data.train_path={demos['train']}",
+                    f"data.val_path={demos['val']}",
+                    f"runner.max_steps={args.sft_steps}",
+                    f"runner.eval_interval={args.sft_steps}",
+                    f"checkpoint.interval={args.sft_steps}",
+                )
             )
-        )
-        checkpoint = runs / sft.stem / "checkpoints" / f"global_step_{args.sft_steps}"
+        checkpoint = cloned_by / sft.stem / "checkpoints" / f"global_step_{args.sft_steps}"
         for start, overrides in (
             (
                 "cloned",
@@ -175,6 +192,8 @@ def make_runs(
             ),
             ("scratch", [f"actor.optim.lr={args.scratch_lr}"]),
         ):
+            if start not in args.starts:
+                continue
             wall = _run(
                 "rlshell.train",
                 str(rl),
@@ -203,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="where the runs go (a temporary folder)")
     parser.add_argument("--plot", type=Path, help="draw the curves into this PNG")
     parser.add_argument("--runs", type=Path, help="summarise the runs made in this folder")
+    parser.add_argument(
+        "--starts", nargs="+", choices=["cloned", "scratch"], default=["cloned", "scratch"]
+    )
+    parser.add_argument(
+        "--sft-once", action="store_true", help="clone once (the first seed); PPO per seed from it"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run; figures mean nothing")
     args = parser.parse_args(argv)
     if args.quick:
@@ -215,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                 {"seed": seed, **summarise(out / f"seed_{seed}" / start, args.window, None)}
                 for seed in args.seeds
             ]
-            for start in ("cloned", "scratch")
+            for start in args.starts
         }
     else:
         out = args.out or Path(tempfile.mkdtemp(prefix="sft_then_rl_"))
@@ -233,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "sft": {
             "steps": args.sft_steps,
+            "once": args.sft_once,
             "wall_s": statistics.fmean(sft_wall) if sft_wall else None,
         },
         "runs": starts,
@@ -240,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_run_mean_success_once": (
             summary["cloned"]["env/success_once"]["run_mean"]["mean"]
             / max(summary["scratch"]["env/success_once"]["run_mean"]["mean"], 1e-9)
+            if {"cloned", "scratch"} <= set(summary)
+            else None
         ),
         "out": str(out),
         "quick": args.quick,

@@ -388,3 +388,14 @@ def test_sft_then_rl_summarises_and_plots_runs_already_made(tmp_path: Path) -> N
     assert report["ratio_run_mean_success_once"] == 3.0
     assert [run["env_steps"] for run in report["runs"]["cloned"]] == [1600.0, 1600.0]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # One start only: summarised alone, with no ratio to a start that was not run.
+    completed = launcher.run(
+        [*script, "--seeds", "0", "1", "--window", "2", "--starts", "cloned"],
+        env=dict(os.environ),
+        timeout=60,
+        shared_ray=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    report = json.loads(completed.stdout)
+    assert set(report["summary"]) == {"cloned"}
+    assert report["ratio_run_mean_success_once"] is None
