@@ -14,6 +14,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -537,3 +538,133 @@ def test_a_model_section_s_own_options_reach_model_kwargs_whole() -> None:
         "image_size": [224, 224],
         "vision": {"patch": 14},
     }
+
+
+def _nested(flat: dict[str, Any]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for key, value in flat.items():
+        *sections, name = key.split(".")
+        node = data
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[name] = value
+    return data
+
+
+EMBODIED_RUN = {"runner.task_type": "embodied"}
+REASONING_RUN = {"runner.task_type": "reasoning"}
+# what runner.task_type itself sets
+EMBODIED_SETS = {"runner.runner_type": "embodied", "actor.model.category": "embodied"}
+REASONING_SETS = {"runner.runner_type": "reasoning", "actor.model.category": "reasoning"}
+
+
+@pytest.mark.parametrize(
+    ("rlinf", "expected"),
+    [
+        ({"runner.save_interval": -1}, {"checkpoint.interval": 0}),
+        ({"runner.val_check_interval": 25}, {"runner.eval_interval": 25}),
+        ({**EMBODIED_RUN, "actor.model.precision": None}, EMBODIED_SETS),
+        (
+            {**EMBODIED_RUN, "actor.model.precision": "bf16"},
+            {**EMBODIED_SETS, "actor.model.precision": "bf16"},
+        ),
+        (
+            {"actor.model.precision": "bf16", "rollout.model.precision": "bf16"},
+            {"actor.model.precision": "bf16"},
+        ),
+        (
+            {"actor.model.precision": "bf16", "rollout.model.precision": "fp16"},
+            {"actor.model.precision": "bf16", "rollout.precision": "fp16"},
+        ),
+        ({"actor.optim.lr_scheduler": "torch_constant"}, {"actor.optim.lr_scheduler": "constant"}),
+        ({"algorithm.kl_beta": 0.0, "algorithm.kl_penalty": "kl"}, {"algorithm.kl_coef": 0.0}),
+        (
+            {"algorithm.kl_beta": 0.01, "algorithm.kl_penalty": "mse"},
+            {"algorithm.kl_coef": 0.01, "algorithm.kl_kind": "k2"},
+        ),
+        ({"algorithm.adv_type": "reinpp"}, {"algorithm.adv_type": "reinforce_pp"}),
+        (
+            {
+                **REASONING_RUN,
+                "algorithm.adv_type": "grpo",
+                "algorithm.normalize_advantages": False,
+            },
+            {**REASONING_SETS, "algorithm.adv_type": "dr_grpo"},
+        ),
+        (
+            {**REASONING_RUN, "weight_syncer.bucket.bucket_size": 2**27},
+            {**REASONING_SETS, "rollout.bucket_size_mb": 128.0},
+        ),
+        ({**EMBODIED_RUN, "weight_syncer.bucket.bucket_size": 2**27}, EMBODIED_SETS),
+        (
+            {**REASONING_RUN, "reward.reward_type": "math", "reward.reward_scale": 5.0},
+            {**REASONING_SETS, "reward.reward_type": "math", "reward.weights": {"math": 5.0}},
+        ),
+        ({"rollout.sampling_params.top_k": -1}, {"rollout.top_k": 0}),
+        ({"rollout.rollout_backend": "huggingface"}, {"rollout.backend": "hf"}),
+        ({"cluster.component_placement.actor": 3}, {"cluster.component_placement.actor": "3"}),
+        (
+            {
+                "rollout.sampling_params.temperature_train": 1.0,
+                "rollout.sampling_params.temperature_eval": 0.6,
+            },
+            {"rollout.temperature": 1.0},
+        ),
+    ],
+)
+def test_values_convert_where_the_two_spell_them_differently(
+    rlinf: dict[str, object], expected: dict[str, object]
+) -> None:
+    from rlshell.config.rlinf import map_rlinf
+
+    data, refusals = map_rlinf(_nested(rlinf))
+    assert refusals == []
+    assert data == _nested(expected)
+
+
+@pytest.mark.parametrize(
+    ("rlinf", "refused", "reason"),
+    [
+        ({"algorithm.reward_coef": 5.0}, "algorithm.reward_coef", "unscaled"),
+        ({"env.train.reward_coef": 5.0}, "env.train.reward_coef", "unscaled"),
+        (
+            {
+                "runner.val_check_interval": 10,
+                "rollout.sampling_params.temperature_train": 1.0,
+                "rollout.sampling_params.temperature_eval": 0.6,
+            },
+            "rollout.sampling_params.temperature_eval",
+            "rlstack evaluates with rollout.temperature",
+        ),
+        (
+            {
+                **EMBODIED_RUN,
+                "env.train.total_num_envs": 10,
+                "env.train.max_steps_per_rollout_epoch": 3,
+                "actor.global_batch_size": 7,
+            },
+            "actor.global_batch_size",
+            "the rollout's 30 samples",
+        ),
+        (
+            {
+                **EMBODIED_RUN,
+                "algorithm.adv_type": "gae",
+                "actor.optim.lr": 1e-4,
+                "actor.optim.value_lr": 1e-3,
+            },
+            "actor.optim.value_lr",
+            "one optimizer at actor.optim.lr",
+        ),
+        ({"data.train_data_paths": ["a.jsonl", "b.jsonl"]}, "data.train_data_paths", "one file"),
+        ({"reward.use_reward_model": True}, "reward.use_reward_model", "registered functions"),
+    ],
+)
+def test_values_rlstack_cannot_take_are_refused_with_the_reason(
+    rlinf: dict[str, object], refused: str, reason: str
+) -> None:
+    from rlshell.config.rlinf import map_rlinf
+
+    _, refusals = map_rlinf(_nested(rlinf))
+    assert [r.key for r in refusals] == [refused]
+    assert reason in refusals[0].reason

@@ -137,6 +137,10 @@ def _same(value: Any, _: Context) -> Any:
     return value
 
 
+def _model_precision(value: Any, context: Context) -> Any:
+    return OMIT if value is None else _precision(value, context)
+
+
 def _precision(value: Any, _: Context) -> str:
     names = {
         "32": "fp32",
@@ -223,6 +227,8 @@ def _evaluates(context: Context) -> bool:
 def _log_path(value: Any, context: Context) -> Any:
     """RLinf's reasoning configs write ``log_path: <output_dir>/<experiment_name>``; the run
     directory is ``runner.output_dir / runner.experiment_name`` here."""
+    if value is None:
+        return OMIT
     name = context.get("runner.experiment_name") or context.get("runner.logger.experiment_name")
     if isinstance(value, str) and isinstance(name, str) and value.rstrip("/").endswith("/" + name):
         return value.rstrip("/")[: -len(name) - 1]
@@ -368,6 +374,14 @@ def _value_lr(value: Any, context: Context) -> Any:
     return OMIT
 
 
+def _critic_warmup(value: Any, context: Context) -> Any:
+    if not _embodied(context):
+        return value
+    if value:
+        raise _Refused("an embodied policy's value head trains with its actor from the start")
+    return OMIT
+
+
 def _reward_scale(value: Any, context: Context) -> Any:
     if value == 1:
         return OMIT
@@ -403,9 +417,11 @@ def _group_size(value: Any, context: Context) -> Any:
 
 
 def _rollout_precision(value: Any, context: Context) -> Any:
+    if value is None:
+        return OMIT  # null: the actor model's precision, as here
     precision = _precision(value, context)
     actor = context.get("actor.model.precision")
-    if actor is not None and _precision(actor, context) == precision:
+    if precision == ("fp32" if actor is None else _precision(actor, context)):
         return OMIT  # null here: the actor model's precision
     return precision
 
@@ -506,7 +522,8 @@ def _sampling(prefix: str) -> dict[str, Rule]:
         f"{prefix}.temperature": _to("rollout.temperature"),
         f"{prefix}.temperature_train": _to("rollout.temperature"),
         f"{prefix}.temperature_eval": _none(
-            "rlstack evaluates with rollout.temperature", _equals_key(f"{prefix}.temperature_train")
+            "rlstack evaluates with rollout.temperature",
+            lambda v, c: not _evaluates(c) or v == c.get(f"{prefix}.temperature_train"),
         ),
         f"{prefix}.top_k": _to("rollout.top_k", _top_k, "-1 (off) is 0"),
         f"{prefix}.top_p": _to("rollout.top_p"),
@@ -540,6 +557,11 @@ def _env(prefix: str) -> dict[str, Rule]:
         ),
         f"{p}.use_full_state": _none("rlstack reads the task's own observation", _is(False)),
         f"{p}.use_rel_reward": _none("rlstack trains on the env's own reward", _is(False)),
+        f"{p}.reward_coef": _none("rlstack trains on the env's reward unscaled", _is(1, 1.0)),
+        f"{p}.is_eval": _none("the training env", _is(False)),
+        f"{p}.use_ordered_reset_state_ids": _none(
+            "rlstack resets envs from seeds (runner.seed), not ordered state ids", _is(False)
+        ),
         f"{p}.reward_mode": _none(
             "rlstack trains on the env's own reward (RLinf's 'raw')", _is("raw")
         ),
@@ -558,6 +580,17 @@ def _env(prefix: str) -> dict[str, Rule]:
         f"{p}.init_params.control_mode": _to("env.control_mode", _control_mode),
         f"{p}.init_params.sim_backend": _to("env.uses_gpus", _uses_gpus, "'gpu' is true"),
         f"{p}.init_params.max_episode_steps": _to("env.max_episode_steps", _optional),
+        f"{p}.init_params.sim_config.sim_freq": _none(
+            "rlstack builds ManiSkill envs at the task's own frequencies (100 Hz)", _is(100)
+        ),
+        f"{p}.init_params.sim_config.control_freq": _none(
+            "rlstack builds ManiSkill envs at the task's own frequencies (20 Hz control)",
+            _is(20),
+        ),
+        f"{p}.init_params.sensor_configs.shader_pack": _none(
+            "rlstack renders with ManiSkill's default shaders", _is("default")
+        ),
+        f"{p}.init_params.render_mode": _none("read only for videos", _video_off),
     }
 
 
@@ -650,6 +683,18 @@ RULES: dict[str, Rule] = {
         "tokens are aggregated by algorithm.loss_agg_mode", _is(False)
     ),
     "algorithm.shuffle_rollout": _none("rlstack's update keeps the rollout's order", _is(False)),
+    "algorithm.reward_coef": _none("rlstack trains on the env's reward unscaled", _is(1, 1.0)),
+    "algorithm.filter_rewards": _none(
+        "rlstack keeps every group (the reasoning runner's algorithm.dynamic_sampling drops "
+        "the uninformative ones)",
+        _is(False),
+    ),
+    "algorithm.rewards_lower_bound": _none(
+        "read only with filter_rewards", lambda v, c: not c.get("algorithm.filter_rewards")
+    ),
+    "algorithm.rewards_upper_bound": _none(
+        "read only with filter_rewards", lambda v, c: not c.get("algorithm.filter_rewards")
+    ),
     "algorithm.calculate_entropy": _none("rlstack always reports the entropy"),
     "algorithm.training_batch_size_per_gpu": _none(SPEED),
     "algorithm.rollout_batch_size_per_gpu": _none(SPEED),
@@ -666,6 +711,10 @@ RULES: dict[str, Rule] = {
     "rollout.generation_backend": _to("rollout.backend", _rollout_backend, "huggingface is hf"),
     "rollout.rollout_backend": _to("rollout.backend", _rollout_backend, "huggingface is hf"),
     "rollout.enable_offload": _to("rollout.enable_offload"),
+    "rollout.recompute_logprobs": _none(
+        "the embodied runners take π_old from the log-probs the rollout recorded", _is(False)
+    ),
+    "rollout.collect_prev_infos": _none("read by RLinf's off-policy runners only", _is(False)),
     "rollout.pipeline_stage_num": _to("rollout.pipeline_stage_num"),
     "rollout.enable_torch_compile": _to("rollout.compile"),
     "rollout.enable_cuda_graph": _none(SPEED),
@@ -746,7 +795,9 @@ RULES: dict[str, Rule] = {
     "actor.calculate_flops": _none("a metric; rlstack reports its own throughput"),
     "actor.model.model_type": _to("actor.model.model_type", _model_type, "reasoning: hf_causal_lm"),
     "actor.model.model_path": _to("actor.model.path", _path),
-    "actor.model.precision": _to("actor.model.precision", _precision, "'32' is fp32"),
+    "actor.model.precision": _to(
+        "actor.model.precision", _model_precision, "'32' is fp32; null: rlstack's fp32"
+    ),
     "actor.model.is_lora": _to("actor.model.is_lora"),
     "actor.model.lora_rank": _to("actor.model.lora_rank"),
     "actor.model.lora_path": _none("rlstack's LoRA adapters start fresh", _is(None)),
@@ -763,6 +814,23 @@ RULES: dict[str, Rule] = {
     "actor.optim.weight_decay": _to("actor.optim.weight_decay"),
     "actor.optim.clip_grad": _to("actor.optim.clip_grad"),
     "actor.optim.use_distributed_optimizer": _to("actor.megatron.use_distributed_optimizer"),
+    "actor.optim.lr_scheduler": _to(
+        "actor.optim.lr_scheduler",
+        _choice(
+            {
+                "torch_constant": "constant",
+                "constant": "constant",
+                "torch_cosine": "cosine",
+                "cosine": "cosine",
+                "torch_linear": "linear",
+                "linear": "linear",
+            },
+            "schedules",
+        ),
+    ),
+    "actor.optim.critic_warmup_steps": _to(
+        "critic.warmup_steps", _critic_warmup, "reasoning; embodied: 0 only"
+    ),
     "actor.optim.bf16": _none("the precision is actor.model.precision here"),
     "actor.optim.fp16": _none("the precision is actor.model.precision here"),
     "actor.optim.loss_scale": _none(SPEED),
