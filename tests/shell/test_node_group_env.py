@@ -34,6 +34,7 @@ from rlshell.cluster.worker import Worker
 from rlshell.config import Config, config_from_dict, config_to_dict
 from rlshell.config.schema import NodeGroupEntry, NodeGroupEnvConfig, NodeHardwareConfig
 from rlshell.runners.validation import cluster_spec_for, plan_for, validate
+from tests.shell.test_multinode import nodes as two_nodes  # noqa: F401  (a fixture)
 
 GROUP = "cluster.node_groups: node group 'g'"
 
@@ -637,3 +638,101 @@ def test_workers_on_a_node_with_rlinf_comm_net_devices_use_it_or_refuse_it(
             results = group.gloo_all_reduce().wait()
         assert [(r["gloo"], r["nccl"]) for r in reports] == [(name, name)] * 2
         assert all(r["local_ips"] == [addresses[name]] for r in results), results
+
+
+# ------------------------------------------------------------- an attached, two-node cluster
+
+ATTACHED = r"""
+import json, os, sys
+import attrs
+from rlshell.cluster.placement import ComponentRequest, plan_placement
+from rlshell.cluster.ray_cluster import Cluster, ReservationError
+from rlshell.cluster.worker import Worker
+from rlshell.config.schema import NodeGroupEntry, NodeGroupEnvConfig
+
+address, python = sys.argv[1:3]
+
+
+class Where(Worker):
+    def report(self):
+        import ray
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "marker": os.environ.get("GROUP_TEST_MARKER"),
+            "executable": sys.executable,
+        }
+
+
+def group(**env):
+    return {"envs": NodeGroupEntry("pool=envs", env_configs=(NodeGroupEnvConfig(**env),))}
+
+
+out = {}
+with Cluster(address) as cluster:
+    out["embedded"] = cluster.embedded
+    out["node_ids"] = list(cluster.node_ids())
+    good = cluster.spec(
+        group(env_vars={"GROUP_TEST_MARKER": "envs"}, python_interpreter_path=python)
+    )
+    plan = plan_placement(good, [
+        ComponentRequest("inside", "0", node_group="envs", cpus_per_worker=0.25,
+                         uses_gpus=False),
+        ComponentRequest("outside", "0", cpus_per_worker=0.25, uses_gpus=False),
+    ])
+    for name in ("inside", "outside"):
+        out[name] = Where.create_group().launch(cluster, plan.component(name)).report().wait()[0]
+    bad = cluster.spec(
+        group(env_vars={"GLOO_SOCKET_IFNAME": "nosuch0"}, python_interpreter_path="/nowhere/python")
+    )
+    plan = plan_placement(bad, [
+        ComponentRequest("refused", "0", node_group="envs", cpus_per_worker=0.25,
+                         uses_gpus=False),
+    ])
+    try:
+        Where.create_group().launch(cluster, plan.component("refused"))
+    except ReservationError as error:
+        out["refused"] = str(error)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("multinode")
+def test_an_attached_clusters_group_env_reaches_its_node_and_its_nodes_are_probed(
+    two_nodes: Any,  # noqa: F811  (the fixture imported above)
+    alternative_python: Path,
+) -> None:
+    """Two Ray nodes (`tests.shell.test_multinode.Nodes`): the group ``pool=envs`` (node 1)
+    gives its worker the variable and the interpreter; a worker of the group "all" on node 0
+    gets neither; a bad interface and interpreter are found by the probe pinned to node 1
+    and refused before the component's worker starts."""
+    import subprocess
+
+    from tests.shell.test_run import ROOT, cli_env
+
+    two_nodes.add(1)
+    env = cli_env(two_nodes.temp_dir, PYTHONPATH=str(ROOT))
+    result = subprocess.run(
+        [sys.executable, "-c", ATTACHED, two_nodes.address, str(alternative_python)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["embedded"] is False
+    assert out["node_ids"] == [two_nodes.node_id(0), two_nodes.node_id(1)]
+    assert out["inside"] == {
+        "node_id": two_nodes.node_id(1),
+        "marker": "envs",
+        "executable": str(alternative_python),
+    }
+    assert out["outside"]["node_id"] == two_nodes.node_id(0)
+    assert out["outside"]["marker"] is None
+    assert out["outside"]["executable"] != str(alternative_python)
+    refused = out["refused"]
+    assert refused.startswith("component 'refused' cannot start: node group 'envs': ")
+    assert "GLOO_SOCKET_IFNAME=nosuch0: no network interface 'nosuch0' on node 1 (" in refused
+    assert "python_interpreter_path: '/nowhere/python' does not exist on node 1 (" in refused
