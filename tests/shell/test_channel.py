@@ -252,3 +252,89 @@ def test_a_dead_queue_raises_peer_died(channel: Channel) -> None:
 def test_a_channel_holds_at_least_one_item(ray_cluster: Cluster) -> None:
     with pytest.raises(ValueError, match="maxsize must be at least 1, got 0"):
         Channel.create("none", maxsize=0)
+
+
+# ---------------------------------------------------------------- in the pipelined runner
+
+
+def _pipelined_windows(
+    ray_cluster: Cluster, plan_component: PlanFactory, through_channel: bool, windows: int
+) -> list[list[Any]]:
+    """Each window's rollout and env windows of two env workers in two stages served by one
+    rollout worker: read from a channel under both actor ranks' keys, or handed back."""
+    from rlshell.runners.embodied_pipeline import Pipeline
+    from rlshell.workers.embodied_pipeline import EnvWorker, PipelineRolloutWorker
+    from tests.shell.test_embodied_pipeline import HYBRID, cartpole
+
+    config = cartpole(
+        f"cluster.component_placement={HYBRID}",
+        "env.max_episode_steps=9",
+        "rollout.pipeline_stage_num=2",
+    )
+    envs = EnvWorker.create_group(config).launch(ray_cluster, plan_component("env", 2))
+    rollout = PipelineRolloutWorker.create_group(config).launch(
+        ray_cluster, plan_component("rollout", 1)
+    )
+    channel = Channel.create("windows", maxsize=4)
+    try:
+        envs.init_worker(rollout.init_worker().wait()[0]).wait()
+        pipeline = Pipeline(envs, rollout, 5, 2, (channel, 2) if through_channel else None)
+        got = []
+        for _ in range(windows):
+            submitted = pipeline.submit()
+            env_parts = submitted.wait(submitted.env_windows)
+            rollout_parts = [submitted.wait(call)[0] for call in submitted.rollout_windows]
+            if not through_channel:
+                got.append(rollout_parts + env_parts)
+                continue
+            assert rollout_parts == [None, None]  # nothing came back through the driver
+            assert all(set(m) >= {"env/steps", "time/env_busy"} for m in env_parts)
+            per_rank = [
+                [channel.get((submitted.number, rank), timeout=60.0) for _ in range(4)]
+                for rank in range(2)
+            ]
+            assert [type(w).__name__ for w in per_rank[0]] == [
+                type(w).__name__ for w in per_rank[1]
+            ]
+            got.append(per_rank[1])
+        assert channel.qsize((0, 0)) == 0
+        return got
+    finally:
+        envs.shutdown()
+        rollout.shutdown()
+        channel.close(kill=True)
+
+
+def _kind_and_rank(window: Any) -> tuple[str, int]:
+    return type(window).__name__, window.env_rank
+
+
+def test_the_pipeline_sends_through_the_channel_the_windows_it_handed_the_driver(
+    ray_cluster: Cluster, plan_component: PlanFactory
+) -> None:
+    from rlshell.workers.embodied_pipeline import EnvWindow, RolloutWindow
+
+    # The rollout worker samples from its own seeded stream, the envs from theirs: two
+    # pipelines of the same config act alike.
+    through_driver = _pipelined_windows(ray_cluster, plan_component, False, windows=2)
+    through_channel = _pipelined_windows(ray_cluster, plan_component, True, windows=2)
+    for handed, sent in zip(through_driver, through_channel, strict=True):
+        handed, sent = sorted(handed, key=_kind_and_rank), sorted(sent, key=_kind_and_rank)
+        assert [_kind_and_rank(w) for w in sent] == [
+            ("EnvWindow", 0),
+            ("EnvWindow", 1),
+            ("RolloutWindow", 0),
+            ("RolloutWindow", 1),
+        ]
+        for a, b in zip(handed, sent, strict=True):
+            if isinstance(a, RolloutWindow):
+                assert isinstance(b, RolloutWindow)
+                for name in ("logprobs", "values", "bootstrap", "truncated", "last_values"):
+                    assert torch.equal(getattr(a, name), getattr(b, name)), name
+                for name, tensor in a.forward_inputs.items():
+                    assert torch.equal(tensor, b.forward_inputs[name]), name
+            else:
+                assert isinstance(a, EnvWindow)
+                assert isinstance(b, EnvWindow)
+                for name in ("rewards", "terminated", "truncated"):
+                    assert torch.equal(getattr(a, name), getattr(b, name)), name

@@ -17,12 +17,22 @@ never waited for:
 A worker runs its calls in the order they were submitted, each once its
 inputs exist, so while the rollout worker computes stage s + 1's actions the
 env worker steps stage s. Env worker e is served by rollout worker
-e mod (rollout workers). At the window's end:
+e mod (rollout workers). At the window's end the windows go from the env and
+rollout workers to every actor rank through a `rlshell.cluster.channel.Channel`,
+under the keys ``(window, actor rank)``; the driver submits the calls and hears
+only metrics:
 
-    rollout.finish(e, obs[0], …)  → RolloutWindow: forward_inputs, log-probs, values, bootstraps
-    env.finish()                  → EnvWindow: rewards, terminated, truncated, env/ metrics
-    actor.train_on(windows…)      → GAE (rlcore, `TrajectoryBuffer.finish`), PPO's update
+    rollout.finish_into(channel, keys, e, obs[0], …)  → RolloutWindow: forward_inputs,
+                                                        log-probs, values, bootstraps
+    env.finish_into(channel, keys)    → EnvWindow: rewards, terminated, truncated
+                                        (env/ metrics to the driver)
+    actor.train_from(channel, window) → GAE (rlcore, `TrajectoryBuffer.finish`), PPO's update
     rollout.set_weights(actor.policy_state())
+
+``PipelinedPPOTrainer.transport = "driver"`` routes the windows as before
+channels: each worker's window a call result, handed to the actor's call as an
+ObjectRef by the driver (Ray inlines results under 100 KiB into the driver's
+process and out again); benchmarks/driver_share.py measures both.
 
 Timing: ``time/rollout_busy`` and ``time/env_busy`` are the seconds the
 busiest rollout and env worker computed in the window; set against
@@ -36,10 +46,11 @@ from collections import deque
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, ClassVar, Literal, Self
 
 from attrs import frozen
 
+from rlshell.cluster.channel import Channel
 from rlshell.cluster.errors import WorkerDiedError, WorkerError
 from rlshell.cluster.group import GroupCall, WorkerGroup
 from rlshell.cluster.placement import PlacementPlan
@@ -51,13 +62,23 @@ from rlshell.runners.embodied import EmbodiedTrainer
 from rlshell.runners.rules.embodied import PipelinedPPORules
 from rlshell.runners.spec import RunSpec
 from rlshell.runners.trainer import launched_together
-from rlshell.workers.embodied_pipeline import EnvWorker, PipelineActor, PipelineRolloutWorker
+from rlshell.workers.embodied_pipeline import (
+    EnvWindow,
+    EnvWorker,
+    PipelineActor,
+    PipelineRolloutWorker,
+    window_keys,
+)
 
 __all__ = ["Pipeline", "PipelinedPPOTrainer", "SubmittedWindow"]
 
 
 class PipelinedPPOTrainer(PipelinedPPORules, EmbodiedTrainer):
     """Env, rollout and actor groups of their own; a window's calls chained, then the update."""
+
+    # How the windows reach the actor: through the channel, or through the driver (the
+    # route before channels, kept to measure the difference: benchmarks/driver_share.py).
+    transport: ClassVar[Literal["channel", "driver"]] = "channel"
 
     def __init__(
         self,
@@ -66,11 +87,13 @@ class PipelinedPPOTrainer(PipelinedPPORules, EmbodiedTrainer):
         rollout: WorkerGroup[PipelineRolloutWorker],
         actor: WorkerGroup[PipelineActor],
         stack: ExitStack,
+        channel: Channel,
     ) -> None:
         super().__init__(config, actor, stack)
         self.envs = envs
         self.rollout = rollout
         self.actor = actor
+        self.channel = channel
         self.pipeline: Pipeline | None = None  # made at the first step, after any resume
         # runner.mode='async': windows submitted ahead (step, the version sampling it, calls).
         self.windows: deque[tuple[int, int, SubmittedWindow]] = deque()
@@ -97,6 +120,10 @@ class PipelinedPPOTrainer(PipelinedPPORules, EmbodiedTrainer):
             policy = rollout.init_worker().wait()[0]
             shares = envs.init_worker(policy).wait()
             actor_up.wait()
+            # A window's items under one key: a rollout and an env window per env worker.
+            channel = Channel.create("embodied-windows", maxsize=2 * envs.world_size)
+            # Closed before the groups shut down (a stack runs its callbacks last first).
+            stack.callback(channel.close, "the run ended", kill=True)
         except BaseException:
             stack.close()
             raise
@@ -106,7 +133,7 @@ class PipelinedPPOTrainer(PipelinedPPORules, EmbodiedTrainer):
             f"{rollout.world_size} rollout workers, {actor.world_size} actor ranks; pipelined)",
             flush=True,
         )
-        return cls(config, envs, rollout, actor, stack)
+        return cls(config, envs, rollout, actor, stack, channel)
 
     def step(self, step: int) -> dict[str, float]:
         """One window and its update. ``runner.mode='async'``: the windows of the next
@@ -123,6 +150,7 @@ class PipelinedPPOTrainer(PipelinedPPORules, EmbodiedTrainer):
                 self.rollout,
                 config.runner.rollout_steps,
                 config.rollout.pipeline_stage_num,
+                (self.channel, self.actor.world_size) if self.transport == "channel" else None,
             )
             self.version = step - 1  # updates the weights have had (a resume's step)
             self.submitted_through = step - 1
@@ -141,8 +169,13 @@ class PipelinedPPOTrainer(PipelinedPPORules, EmbodiedTrainer):
                 f"step {step}'s window was sampled by version {sampled_by} and trains version "
                 f"{self.version}: {lag} versions behind, algorithm.max_staleness is {ahead}"
             )
-        parts = [call.refs[0] for call in window.rollout_windows]
-        train = self.actor.train_on(*parts, *window.env_windows.refs)
+        if self.transport == "channel":
+            train = self.actor.train_from(
+                self.channel, window.number, self.envs.world_size, config.cluster.call_timeout_s
+            )
+        else:
+            parts = [call.refs[0] for call in window.rollout_windows]
+            train = self.actor.train_on(*parts, *window.env_windows.refs)
         # Async: the rollout workers have moved their running statistics (normalize_obs) on
         # through the windows ahead; the sync, applied after those, keeps them.
         synced = _sync_weights(self.actor, self.rollout, keep_buffers=ahead > 0)
@@ -155,7 +188,8 @@ class PipelinedPPOTrainer(PipelinedPPORules, EmbodiedTrainer):
         update_done = time.perf_counter()
         for call in synced:  # async: behind the next window's calls on the rollout workers
             window.wait(call)
-        metrics = merge_rank_metrics([w.metrics for w in collected] + busy)
+        env_metrics = [w.metrics if isinstance(w, EnvWindow) else w for w in collected]
+        metrics = merge_rank_metrics(env_metrics + busy)
         metrics.update(merge_rank_metrics(train_metrics))
         metrics["time/rollout"] = rollout_done - step_started
         metrics["time/update"] = update_done - rollout_done
@@ -169,8 +203,15 @@ class PipelinedPPOTrainer(PipelinedPPORules, EmbodiedTrainer):
 
 @frozen(eq=False)
 class SubmittedWindow:
-    """The calls of one window, in submission order, and the ones the driver reads."""
+    """The calls of one window, in submission order, and the ones the driver reads.
 
+    ``number``: the window's, from 0 (its items' channel keys, `window_keys`).
+    ``env_windows``: each env worker's `EnvWindow` (through the driver), or its
+    metrics (through a channel); ``rollout_windows``: each env worker's
+    `RolloutWindow`, or None.
+    """
+
+    number: int
     calls: list[GroupCall]
     rollout_windows: list[GroupCall]
     env_windows: GroupCall
@@ -206,6 +247,9 @@ class Pipeline:
     """Submits windows of env ↔ rollout calls; each stage's observation travels as an ObjectRef.
 
     The observation refs carry over from one window to the next, as the envs do.
+    ``into``: ``(channel, actor ranks)``: a window's rollout and env windows are
+    sent through the channel to every actor rank (`window_keys`); None: they are
+    the results of the window's last calls.
     """
 
     def __init__(
@@ -214,11 +258,14 @@ class Pipeline:
         rollout: WorkerGroup[PipelineRolloutWorker],
         steps: int,
         stages: int,
+        into: tuple[Channel, int] | None = None,
     ) -> None:
         self.envs = envs
         self.rollout = rollout
         self.steps = steps
         self.stages = stages
+        self.into = into
+        self.submitted = 0  # windows
         self._calls: list[GroupCall] = []
         self.obs: list[list[Any]] = []
         for env_rank in range(envs.world_size):
@@ -241,16 +288,28 @@ class Pipeline:
                     stepped = self.envs.execute_on(env_rank).step(stage, actions.refs[0])
                     self.obs[env_rank][stage] = stepped.refs[0]
                     calls += [actions, stepped]
-        rollout_windows = [
-            self.rollout.execute_on(self._rollout_of(env_rank)).finish(
-                env_rank, *self.obs[env_rank]
-            )
-            for env_rank in env_ranks
-        ]
-        env_windows = self.envs.finish()
+        number, self.submitted = self.submitted, self.submitted + 1
+        if self.into is None:
+            rollout_windows = [
+                self.rollout.execute_on(self._rollout_of(env_rank)).finish(
+                    env_rank, *self.obs[env_rank]
+                )
+                for env_rank in env_ranks
+            ]
+            env_windows = self.envs.finish()
+        else:
+            channel, actor_ranks = self.into
+            keys = window_keys(number, actor_ranks)
+            rollout_windows = [
+                self.rollout.execute_on(self._rollout_of(env_rank)).finish_into(
+                    channel, keys, env_rank, *self.obs[env_rank]
+                )
+                for env_rank in env_ranks
+            ]
+            env_windows = self.envs.finish_into(channel, keys)
         rollout_metrics = self.rollout.pop_metrics()
         calls += [*rollout_windows, env_windows, rollout_metrics]
-        return SubmittedWindow(calls, rollout_windows, env_windows, rollout_metrics)
+        return SubmittedWindow(number, calls, rollout_windows, env_windows, rollout_metrics)
 
 
 def _sync_weights(

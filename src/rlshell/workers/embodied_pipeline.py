@@ -7,8 +7,12 @@ With env, rollout and actor under three keys, e.g.
 the policy and choose the actions; the `PipelineActor` ranks (FSDP2, as in the
 collocated placement) train on what they collected. The chain of calls that
 overlaps them, a window at a time, is `rlshell.runners.embodied_pipeline`'s.
-At a window's end a rollout worker hands back a `RolloutWindow`, an env worker
-an `EnvWindow`, and `window_buffer` joins them for GAE.
+At a window's end a rollout worker sends a `RolloutWindow`, an env worker an
+`EnvWindow`, to every actor rank through a `rlshell.cluster.channel.Channel`
+(``finish_into``: stored once, in the sender's object store, never passing
+through the driver; the driver hears only the env worker's metrics), and
+`window_buffer` joins them for GAE. (``finish`` hands them back to the driver
+instead, the route before channels, kept for measuring the difference.)
 
 A truncated step bootstraps from V(final observation): the env worker hands
 the final observations of its truncated rows to the rollout worker with the
@@ -26,7 +30,7 @@ copy with each window, so checkpoints carry them.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from contextlib import nullcontext
 from typing import Literal
 
@@ -36,6 +40,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from rlcore import unchecked
+from rlshell.cluster.channel import Channel
 from rlshell.cluster.worker import Worker
 from rlshell.config import Config
 from rlshell.envs.stepper import EnvObs, EnvStepper
@@ -57,6 +62,7 @@ __all__ = [
     "StageObs",
     "stage_seed",
     "window_buffer",
+    "window_keys",
 ]
 
 
@@ -115,6 +121,11 @@ class Acting:
 def stage_seed(config: Config, env_rank: int, stage: int) -> int:
     """The seed of one stage's envs; with one stage, env worker r's is collocated rank r's."""
     return config.runner.seed + 1000 * (env_rank * config.rollout.pipeline_stage_num + stage)
+
+
+def window_keys(window: int, actor_ranks: int) -> list[tuple[int, int]]:
+    """The channel keys of one window's items, one per actor rank: ``(window, rank)``."""
+    return [(window, rank) for rank in range(actor_ranks)]
 
 
 def _on(obs: EnvObs, device: torch.device) -> EnvObs:
@@ -206,6 +217,13 @@ class EnvWorker(Worker):
         window.metrics["time/env_busy"] = self._busy
         self._clear()
         return window
+
+    def finish_into(self, channel: Channel, keys: Sequence[Hashable]) -> dict[str, float]:
+        """`finish`, the window sent to every key of ``keys`` (one per actor rank) through
+        ``channel``; only its metrics come back."""
+        window = self.finish()
+        channel.broadcast(window, keys)
+        return window.metrics
 
     def _clear(self) -> None:
         stages = range(len(self.steppers))
@@ -328,6 +346,13 @@ class PipelineRolloutWorker(Worker):
         self._busy += time.perf_counter() - started
         return window
 
+    def finish_into(
+        self, channel: Channel, keys: Sequence[Hashable], env_rank: int, *last: StageObs
+    ) -> None:
+        """`finish`, the window sent to every key of ``keys`` (one per actor rank) through
+        ``channel``."""
+        channel.broadcast(self.finish(env_rank, *last), keys)
+
     def pop_metrics(self) -> dict[str, float]:
         """``time/rollout_busy``: seconds in ``predict`` and ``finish`` since the last call."""
         busy, self._busy = self._busy, 0.0
@@ -400,6 +425,15 @@ class PipelineActor(PPOActor):
         buffer = window_buffer(rollouts, envs, columns, self.reward_scaler)
         algorithm = self.config.algorithm
         return self._update(buffer.finish(algorithm.gamma, algorithm.lam))
+
+    def train_from(
+        self, channel: Channel, window: int, env_workers: int, timeout_s: float | None = None
+    ) -> dict[str, float]:
+        """`train_on` window number ``window``, read from ``channel`` under this rank's key
+        (`window_keys`): a `RolloutWindow` and an `EnvWindow` of each of ``env_workers``.
+        ``timeout_s`` bounds each read (None: as long as the window takes)."""
+        key = (window, self.rank)
+        return self.train_on(*(channel.get(key, timeout=timeout_s) for _ in range(2 * env_workers)))
 
     def policy_state(self) -> dict[str, Tensor]:
         """The policy's full state dict on rank 0 (empty on the others); collective."""
