@@ -668,3 +668,16 @@ def test_values_rlstack_cannot_take_are_refused_with_the_reason(
     _, refusals = map_rlinf(_nested(rlinf))
     assert [r.key for r in refusals] == [refused]
     assert reason in refusals[0].reason
+
+
+def test_a_hydra_app_can_load_an_rlinf_config_and_keep_its_own_hydra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hydra import compose, initialize_config_dir
+
+    monkeypatch.setenv("EMBODIED_PATH", str(EMBODIED.parent))
+    with initialize_config_dir(config_dir=str(EMBODIED), version_base=None):
+        assert read_config(MATH).runner.max_steps == 6
+        # the app's own Hydra (its config folder, the embodied one) is back
+        with pytest.warns(UserWarning, match="_self_"):
+            assert compose(config_name="maniskill_ppo_mlp").runner.max_epochs == 40

@@ -50,7 +50,9 @@ __all__ = [
     "markdown_table",
     "read_rlinf_config",
     "read_rlinf_yaml",
+    "refusal_lines",
     "rlinf_hint",
+    "rule_for",
 ]
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -131,10 +133,6 @@ def _shown(value: Any) -> str:
 
 
 # --- value conversions ---------------------------------------------------------------------------
-
-
-def _same(value: Any, _: Context) -> Any:
-    return value
 
 
 def _model_precision(value: Any, context: Context) -> Any:
@@ -1035,6 +1033,22 @@ def _register_resolvers() -> None:
 
 
 @contextmanager
+def _hydra_of_its_own() -> Iterator[None]:
+    """Hydra's compose API in a process that is itself a Hydra app (a script under
+    ``@hydra.main`` calling `rlshell.api.load_config`): its Hydra is set aside while the
+    RLinf config is composed, and put back."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+    outer = get_gh_backup()  # what Hydra's own initialize_config_dir saves and restores
+    GlobalHydra.instance().clear()
+    try:
+        yield
+    finally:
+        restore_gh_from_backup(outer)
+
+
+@contextmanager
 def _rlinf_search_path(config_dir: Path) -> Iterator[None]:
     """RLinf's configs add ``${oc.env:EMBODIED_PATH}/config/`` (or ``REASONING_PATH``) to
     Hydra's search path, set by RLinf's launch scripts to the folder above ``config/``;
@@ -1067,6 +1081,7 @@ def read_rlinf_yaml(path: str | Path) -> dict[str, Any]:
     config_dir = source.parent
     try:
         with (
+            _hydra_of_its_own(),
             _rlinf_search_path(config_dir),
             warnings.catch_warnings(),
             initialize_config_dir(config_dir=str(config_dir), version_base=None),
