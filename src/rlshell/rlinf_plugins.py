@@ -262,10 +262,11 @@ class RLinfAdvantage:
                 "default of None to run without one"
             )
         with torch.no_grad():
+            # Copies: RLinf's estimators may work in place (its reinpp subtracts from its input).
             rewards = batch.token_rewards.T
             arguments: dict[str, Any] = {
-                "rewards": rewards,
-                "loss_mask": mask,
+                "rewards": rewards.clone(),
+                "loss_mask": mask.clone(),
                 "dones": _dones(mask),
                 "values": None if batch.values is None else _bootstrapped(batch.values.T),
                 "reward_scores": masked_sum(batch.token_rewards, batch.mask, axis=-1),
@@ -273,9 +274,9 @@ class RLinfAdvantage:
                 "gamma": config.gamma,
                 "gae_lambda": config.lam,
                 "normalize_advantages": config.whiten,
-                "logprobs": None if batch.logprobs is None else batch.logprobs.T,
+                "logprobs": None if batch.logprobs is None else batch.logprobs.T.clone(),
                 "teacher_logprobs": (
-                    None if batch.teacher_logprobs is None else batch.teacher_logprobs.T
+                    None if batch.teacher_logprobs is None else batch.teacher_logprobs.T.clone()
                 ),
                 "adv_type": self.name,
             }

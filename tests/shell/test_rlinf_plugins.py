@@ -231,6 +231,23 @@ def test_an_advantage_gets_rlinfs_time_first_layout() -> None:
     torch.testing.assert_close(out.returns, batch.token_rewards * 3)
 
 
+def test_an_advantage_working_in_place_leaves_the_batch_as_it_was() -> None:
+    def in_place(rewards, loss_mask, **kwargs):  # type: ignore[no-untyped-def]
+        rewards -= 1.0
+        loss_mask.fill_(True)
+        return rewards * 0, None
+
+    batch = _token_batch(_lengths_mask([3, 1], 3))
+    before = (batch.token_rewards.clone(), batch.mask.clone())
+    register_advantage("in_place")(in_place)
+    try:
+        ADVANTAGES.get("in_place")(batch, AdvantageConfig())
+    finally:
+        ADVANTAGES.unregister("in_place")
+    assert torch.equal(batch.token_rewards, before[0])
+    assert torch.equal(batch.mask, before[1])
+
+
 def rlinf_gae(
     rewards, gamma=1.0, gae_lambda=1.0, values=None, loss_mask=None, dones=None, **kwargs
 ):  # type: ignore[no-untyped-def]
