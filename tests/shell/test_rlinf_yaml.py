@@ -176,7 +176,8 @@ def test_the_convert_command_prints_the_module_and_applies_overrides(
     assert read_config(module) == read_config(PPO)
     assert convert_main([str(MATH), "runner.max_steps=9"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith('"""rlstack config converted from the RLinf config')
+    assert out.startswith('"""rlstack config converted from an RLinf YAML config')
+    assert f"Source: {MATH}\n" in out
     module.write_text(out)
     assert read_config(module) == read_config(MATH, ["runner.max_steps=9"])
     assert "max_steps=9" in out

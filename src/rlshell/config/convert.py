@@ -38,9 +38,11 @@ def config_module(config: Config, source: str) -> str:
     imports = _imports(classes)
     return "\n".join(
         [
-            f'"""rlstack config converted from the RLinf config {source}',
-            "(python -m rlshell.config.convert); docs/from_rlinf.md lists what each RLinf key",
-            'became."""',
+            '"""rlstack config converted from an RLinf YAML config by rlshell.config.convert.',
+            "",
+            f"Source: {source}",
+            "(docs/from_rlinf.md lists what each RLinf key became).",
+            '"""',
             "",
             *imports,
             "",
