@@ -17,7 +17,12 @@ from attrs import evolve
 
 from rlshell.config import ActorConfig
 from rlshell.engines.training.fsdp import FSDPModelManager
+from rlshell.rollout.advantages import compute_advantages
+from rlshell.runners.rules.reasoning import optimizer_steps_per_batch
 from rlshell.runners.validation import load_config
+from tests.shell.test_reasoning_update import _batch, _config, _worker, tokenizer_dir
+
+__all__ = ["tokenizer_dir"]  # the reasoning update's tokenizer fixture, used below
 
 INIT_SCALE = 2.0**16  # torch.amp.GradScaler's default
 IDS = torch.tensor([[3, 9, 14, 27, 5, 11, 40, 2], [7, 7, 21, 33, 8, 19, 1, 6]])
@@ -147,3 +152,42 @@ def test_without_fp16_the_scaler_passes_the_loss_through(process_group: None) ->
     manager.backward(loss_of(manager))
     for name, grad in grads(manager).items():
         assert torch.equal(grad, plain[name]), name
+
+
+# --- the reasoning update (tests/shell/test_reasoning_update.py's worker) in fp16 -------------
+
+
+def test_a_reasoning_update_in_fp16_trains_and_reports_its_loss_scale(
+    tokenizer_dir: str, process_group: None
+) -> None:
+    config = _config(tokenizer_dir, ["actor.fsdp_config.mixed_precision=fp16"])
+    batch, scores = _batch(config, tokenizer_dir)
+    worker = _worker(config, tokenizer_dir)
+    before = worker.full_weights()
+    metrics = worker.run_training(batch, compute_advantages(batch, scores, config).advantages)
+    assert metrics["train/loss_scale"] == INIT_SCALE
+    assert math.isfinite(metrics["train/grad_norm"])
+    after = worker.full_weights()
+    assert any(not torch.equal(before[name], after[name]) for name in before)
+
+
+def test_an_overflow_in_a_reasoning_update_is_skipped_and_halves_the_scale(
+    tokenizer_dir: str, process_group: None
+) -> None:
+    config = _config(tokenizer_dir, ["actor.fsdp_config.mixed_precision=fp16"])
+    batch, scores = _batch(config, tokenizer_dir)
+    worker = _worker(config, tokenizer_dir)
+    before = worker.full_weights()
+
+    def huge_gradient(module: torch.nn.Module, args: Any, output: Any) -> Any:
+        if module.training:  # finite, but past fp16's range once the loss is scaled
+            output.logits.register_hook(lambda grad: grad * 1e6)
+        return output
+
+    worker.model.register_forward_hook(huge_gradient)
+    metrics = worker.run_training(batch, compute_advantages(batch, scores, config).advantages)
+    steps = optimizer_steps_per_batch(config)
+    assert not math.isfinite(metrics["train/grad_norm"])
+    assert metrics["train/loss_scale"] == INIT_SCALE / 2**steps  # halved at every step
+    for name, value in worker.full_weights().items():
+        assert torch.equal(value, before[name]), name

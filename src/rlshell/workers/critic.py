@@ -172,7 +172,8 @@ class CriticWorker(Worker):
                 for key, value in output.metrics.items():
                     totals[key] = totals.get(key, 0.0) + float(value) / len(micro_batches)
             grad_norm, lrs = manager.optimizer_step()
-            if not math.isfinite(grad_norm):
+            # with fp16's loss scale an overflow is skipped and the scale lowered
+            if not math.isfinite(grad_norm) and manager.loss_scale is None:
                 raise NonFiniteLossError(
                     f"step {self.global_step + 1}: the critic's gradient norm is {grad_norm} "
                     f"on critic rank {self.rank}; the update was skipped"

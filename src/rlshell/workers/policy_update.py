@@ -250,7 +250,9 @@ class PolicyUpdate:
                 accumulate_metrics(metrics, totals, peaks)
         optimizer_started = time.perf_counter()
         grad_norm, lrs = manager.optimizer_step()
-        self.guard.check_gradient(grad_norm, inputs)
+        scale = manager.loss_scale
+        if scale is None:  # with fp16's loss scale an overflow is skipped and the scale lowered
+            self.guard.check_gradient(grad_norm, inputs)
         group = manager.data_parallel_group
         reduced = all_reduce_metrics(totals, dist.ReduceOp.SUM, group)
         # Loss terms are normalised by the whole mini-batch already: their sum is its loss.
@@ -268,6 +270,8 @@ class PolicyUpdate:
         }
         out["train/grad_norm"] = grad_norm
         out["train/lr"] = lrs[0]
+        if scale is not None:
+            out["train/loss_scale"] = scale
         out["train/micro_batches"] = float(len(micro_batches))
         # This rank's own clock (rank 0's is what the runner logs).
         out["time/actor_prepare_step"] = passes_started - started

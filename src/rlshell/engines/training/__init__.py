@@ -113,6 +113,13 @@ class TrainingBackend(Protocol):
         the backend's loss scale where it has one: fp16; `optimizer_step` divides it out)."""
         ...
 
+    @property
+    def loss_scale(self) -> float | None:
+        """The factor `backward` multiplies losses by now (fp16's gradient scaler), None when
+        the backend keeps none. With one, a non-finite gradient norm is the scaler's overflow:
+        `optimizer_step` skipped the step and lowered the scale, and training goes on."""
+        ...
+
     def optimizer_step(self) -> tuple[float, list[float]]:
         """Clip, step, schedule and clear; (gradient norm before clipping, learning rates)."""
         ...

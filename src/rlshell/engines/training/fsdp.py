@@ -251,6 +251,13 @@ class FSDPModelManager:
         """A loss scaler for fp16 mixed precision; a pass-through when not ``enabled``."""
         return torch.amp.GradScaler(self.device.type, enabled=enabled)
 
+    @property
+    def loss_scale(self) -> float | None:
+        """The gradient scaler's scale with fp16 mixed precision, else None."""
+        if self.grad_scaler is None or not self.grad_scaler.is_enabled():
+            return None
+        return float(self.grad_scaler.get_scale())
+
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss`` times the gradient scaler's scale (fp16 mixed precision;
         1 otherwise), so that gradients too small for fp16 survive the backward pass;

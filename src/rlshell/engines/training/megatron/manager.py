@@ -204,6 +204,10 @@ class MegatronModelManager:
         """``loss``'s gradients as they are: this backend keeps no loss scale."""
         torch.autograd.backward(loss)
 
+    @property
+    def loss_scale(self) -> float | None:
+        return None
+
     def pipeline_passes(
         self,
         micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
