@@ -537,8 +537,8 @@ def _env(prefix: str) -> dict[str, Rule]:
     p = prefix
     return {
         f"{p}.env_type": _to("env.env_type"),
-        f"{p}.total_num_envs": _to("env.num_envs", _optional),
-        f"{p}.max_episode_steps": _to("env.max_episode_steps", _optional),
+        f"{p}.total_num_envs": _to("env.num_envs", _optional, "null: rlstack's default"),
+        f"{p}.max_episode_steps": _to("env.max_episode_steps", _optional, "null: the task's"),
         f"{p}.max_steps_per_rollout_epoch": _to("runner.rollout_steps"),
         f"{p}.ignore_terminations": _to("env.ignore_terminations"),
         f"{p}.seed": _to("runner.seed", note="env copies are seeded from runner.seed"),
@@ -574,10 +574,14 @@ def _env(prefix: str) -> dict[str, Rule]:
         f"{p}.init_params.num_envs": _none(
             "the copies per worker follow from env.num_envs and the placement", _is(None)
         ),
-        f"{p}.init_params.obs_mode": _to("env.obs_mode", _optional),
-        f"{p}.init_params.control_mode": _to("env.control_mode", _control_mode),
+        f"{p}.init_params.obs_mode": _to("env.obs_mode", _optional, "null: state"),
+        f"{p}.init_params.control_mode": _to(
+            "env.control_mode", _control_mode, "None: the task's default"
+        ),
         f"{p}.init_params.sim_backend": _to("env.uses_gpus", _uses_gpus, "'gpu' is true"),
-        f"{p}.init_params.max_episode_steps": _to("env.max_episode_steps", _optional),
+        f"{p}.init_params.max_episode_steps": _to(
+            "env.max_episode_steps", _optional, "null: the task's"
+        ),
         f"{p}.init_params.sim_config.sim_freq": _none(
             "rlstack builds ManiSkill envs at the task's own frequencies (100 Hz)", _is(100)
         ),
@@ -600,8 +604,12 @@ RULES: dict[str, Rule] = {
     ),
     # runner
     "runner.task_type": _to("runner.runner_type", _task, "and actor.model.category"),
-    "runner.logger.log_path": _to("runner.output_dir", _log_path),
-    "runner.logger.project_name": _to("logger.wandb_project", _wandb_project),
+    "runner.logger.log_path": _to(
+        "runner.output_dir", _log_path, "less a trailing /<experiment_name>"
+    ),
+    "runner.logger.project_name": _to(
+        "logger.wandb_project", _wandb_project, "with wandb in logger_backends"
+    ),
     "runner.logger.experiment_name": _to("runner.experiment_name"),
     "runner.logger.logger_backends": _to(
         "logger.backends", _backends, "console and jsonl are always on"
@@ -648,9 +656,13 @@ RULES: dict[str, Rule] = {
     "algorithm.ratio_clip_eps": _none(
         "read as algorithm.clip_low / clip_high where clip_ratio_low / high are null"
     ),
-    "algorithm.clip_ratio_low": _to("algorithm.clip_low", _clip("algorithm.ratio_clip_eps")),
-    "algorithm.clip_ratio_high": _to("algorithm.clip_high", _clip("algorithm.ratio_clip_eps")),
-    "algorithm.clip_ratio_c": _to("algorithm.dual_clip", _optional),
+    "algorithm.clip_ratio_low": _to(
+        "algorithm.clip_low", _clip("algorithm.ratio_clip_eps"), "null: ratio_clip_eps"
+    ),
+    "algorithm.clip_ratio_high": _to(
+        "algorithm.clip_high", _clip("algorithm.ratio_clip_eps"), "null: ratio_clip_eps"
+    ),
+    "algorithm.clip_ratio_c": _to("algorithm.dual_clip", _optional, "null: none"),
     "algorithm.value_clip": _to("algorithm.value_clip", _critic_only(), "gae only"),
     "algorithm.huber_delta": _none(
         "rlstack's value loss is the squared error, clipped by algorithm.value_clip",
@@ -759,7 +771,7 @@ RULES: dict[str, Rule] = {
     "weight_syncer.patch.delta_encoding": _none(SPEED),
     "weight_syncer.patch.compression": _none(SPEED),
     # data (reasoning)
-    "data.type": _to("data.task", _choice({"math": "file"}, "RLinf's dataset types")),
+    "data.type": _to("data.task", _choice({"math": "file"}, "RLinf's dataset types"), "math: file"),
     "data.dataset_name": _none("a label; the files are data.train_path / val_path"),
     "data.max_prompt_length": _none(
         "rlstack neither truncates nor filters prompts by length (only RLinf's sequence "
@@ -772,8 +784,8 @@ RULES: dict[str, Rule] = {
     "data.shuffle": _none("rlstack draws the prompts in shuffled epochs", _is(True)),
     "data.validation_shuffle": _none("the held-out prompts' order does not change a metric"),
     "data.seed": _to("runner.seed", note="the prompt sampler's seed"),
-    "data.train_data_paths": _to("data.train_path", _one_path),
-    "data.val_data_paths": _to("data.val_path", _one_path),
+    "data.train_data_paths": _to("data.train_path", _one_path, "a list of one"),
+    "data.val_data_paths": _to("data.val_path", _one_path, "a list of one"),
     "data.prompt_key": _to("data.prompt_key"),
     "data.answer_key": _to("data.answer_key"),
     "data.apply_chat_template": _to("data.chat_template"),
@@ -792,7 +804,7 @@ RULES: dict[str, Rule] = {
     "actor.enable_offload": _to("actor.enable_offload"),
     "actor.calculate_flops": _none("a metric; rlstack reports its own throughput"),
     "actor.model.model_type": _to("actor.model.model_type", _model_type, "reasoning: hf_causal_lm"),
-    "actor.model.model_path": _to("actor.model.path", _path),
+    "actor.model.model_path": _to("actor.model.path", _path, "'': none"),
     "actor.model.precision": _to(
         "actor.model.precision", _model_precision, "'32' is fp32; null: rlstack's fp32"
     ),
@@ -825,6 +837,7 @@ RULES: dict[str, Rule] = {
             },
             "schedules",
         ),
+        "torch_constant: constant, torch_cosine: cosine",
     ),
     "actor.optim.critic_warmup_steps": _to(
         "critic.warmup_steps", _critic_warmup, "reasoning; embodied: 0 only"
@@ -839,8 +852,11 @@ RULES: dict[str, Rule] = {
     "actor.lr_sched.lr_decay_style": _to(
         "actor.optim.lr_scheduler",
         _choice({"constant": "constant", "linear": "linear", "cosine": "cosine"}, "decays"),
+        "the same names",
     ),
-    "actor.lr_sched.lr_warmup_iters": _to("actor.optim.lr_warmup_steps", _warmup_iters),
+    "actor.lr_sched.lr_warmup_iters": _to(
+        "actor.optim.lr_warmup_steps", _warmup_iters, "0 with a fraction: the fraction's"
+    ),
     "actor.lr_sched.lr_warmup_fraction": _to(
         "actor.optim.lr_warmup_steps", _warmup_fraction, "× runner.max_steps"
     ),
@@ -850,7 +866,9 @@ RULES: dict[str, Rule] = {
     ),
     "actor.lr_sched.min_lr": _to("actor.optim.min_lr_ratio", _min_lr, "min_lr / lr"),
     "actor.lr_sched.lr_decay_iters": _none("rlstack decays over runner.max_steps", _lr_decay_iters),
-    "actor.tokenizer.tokenizer_model": _to("actor.model.tokenizer_path", _tokenizer_path),
+    "actor.tokenizer.tokenizer_model": _to(
+        "actor.model.tokenizer_path", _tokenizer_path, "the model's own: null"
+    ),
     "actor.tokenizer.use_fast": _none("rlstack loads the tokenizer's fast version"),
     "actor.tokenizer.trust_remote_code": _none(
         "rlstack does not run a model repository's own code", _is(False)
@@ -872,7 +890,7 @@ RULES: dict[str, Rule] = {
     "actor.fsdp_config.use_orig_params": _none(SPEED),
     "actor.fsdp_config.use_liger_kernel": _none(SPEED),
     "actor.fsdp_config.mixed_precision.param_dtype": _to(
-        "actor.fsdp_config.mixed_precision", lambda v, c: OMIT if v is None else _precision(v, c)
+        "actor.fsdp_config.mixed_precision", _model_precision, "null: rlstack's fp32"
     ),
     "actor.fsdp_config.mixed_precision.reduce_dtype": _none(
         "one precision, actor.fsdp_config.mixed_precision",
