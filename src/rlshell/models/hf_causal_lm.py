@@ -48,9 +48,7 @@ def hf_model_config(cfg: ModelConfig) -> object:
     ``model_kwargs`` sets)."""
     import transformers
 
-    from rlshell.models import torch_dtype
-
-    options = _options(cfg, torch_dtype(cfg.precision))
+    options = _options(cfg, None)
     if cfg.path is not None:
         from rlshell.hub import from_pretrained
 
@@ -106,7 +104,7 @@ def build_hf_value_model(cfg: ModelConfig, torch_dtype: torch.dtype) -> nn.Modul
     )
 
 
-def _options(cfg: ModelConfig, dtype: torch.dtype) -> PretrainedOptions:
+def _options(cfg: ModelConfig, dtype: torch.dtype | None) -> PretrainedOptions:
     kwargs = cfg.model_kwargs
     if cfg.path is not None and "config_class" in kwargs:
         # The entries describe a model built from a config (configs/grpo.py's), which the

@@ -64,13 +64,14 @@ class PretrainedOptions:
     def read(
         cls,
         kwargs: Mapping[str, ModelOption],
-        dtype: torch.dtype,
+        dtype: torch.dtype | None,
         from_path: bool,
         skip: tuple[str, ...] = (),
     ) -> PretrainedOptions:
         """Split ``kwargs`` (``model_kwargs``, less the keys in ``skip``); a bad option
         raises ValueError naming ``actor.model.model_kwargs.<key>``. ``dtype`` is the one
-        ``actor.model.precision`` builds in; ``from_path``: loaded from ``actor.model.path``."""
+        ``actor.model.precision`` builds in (None: no model is built, only its config read, and
+        ``torch_dtype`` goes unchecked); ``from_path``: loaded from ``actor.model.path``."""
         attn = kwargs.get("attn_implementation")
         if attn is not None and (not isinstance(attn, str) or not attn.strip()):
             raise ValueError(
@@ -84,7 +85,7 @@ class PretrainedOptions:
                 "actor.model.path; a model built from model_kwargs has no weights to load"
             )
         for key in DTYPE_KEYS:
-            if key in kwargs:
+            if key in kwargs and dtype is not None:
                 _check_dtype(key, kwargs[key], dtype)
         skipped = {*LOAD_OPTIONS, *DTYPE_KEYS, *skip}
         return cls(
