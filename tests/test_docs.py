@@ -353,6 +353,13 @@ COVERED_ELSEWHERE = {
         "metrics without a gap) tested by tests/shell/test_multinode.py and "
         "test_reasoning_run.py"
     ),
+    ".venv/bin/python benchmarks/driver_share.py": (
+        "over a minute on two CPUs (two pipelined trainers launched), run by hand for the figures "
+        "docs/benchmarks.md gives; the two routes it compares are tested by "
+        "tests/shell/test_channel.py::"
+        "test_the_pipeline_sends_through_the_channel_the_windows_it_handed_the_driver and "
+        "tests/shell/test_embodied_pipeline.py's hybrid run"
+    ),
     ".venv/bin/python benchmarks/packing.py --quick": (
         "tests/test_benchmarks_smoke.py::test_packing_quick_run_prints_the_expected_json"
     ),
