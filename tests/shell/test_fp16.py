@@ -3,7 +3,9 @@ CPU: FSDP2 computes in fp16 there and torch's GradScaler runs on CPU tensors.
 
 A step's loss is multiplied by the scaler's scale before backward (`FSDPModelManager.backward`)
 and divided out before the clip and the step (`FSDPModelManager.optimizer_step`); a step whose
-gradients overflow is skipped and halves the scale; finite steps grow it again.
+gradients overflow is skipped and halves the scale; finite steps grow it again. The reasoning
+update goes on after such a step and reports its scale; the embodied PPO runners, whose update
+does neither, refuse fp16 before start.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 import torch
 from attrs import evolve
 
-from rlshell.config import ActorConfig
+from rlshell.config import ActorConfig, ConfigError
 from rlshell.engines.training.fsdp import FSDPModelManager
 from rlshell.rollout.advantages import compute_advantages
 from rlshell.runners.rules.reasoning import optimizer_steps_per_batch
@@ -191,3 +193,21 @@ def test_an_overflow_in_a_reasoning_update_is_skipped_and_halves_the_scale(
     assert metrics["train/loss_scale"] == INIT_SCALE / 2**steps  # halved at every step
     for name, value in worker.full_weights().items():
         assert torch.equal(value, before[name]), name
+
+
+PIPELINED = 'cluster.component_placement={"actor": "0:0", "rollout": "0:0", "env": "0:0"}'
+
+
+@pytest.mark.parametrize("placement", [[], [PIPELINED]], ids=["collocated", "pipelined"])
+def test_the_embodied_ppo_runners_refuse_fp16_with_the_reason(placement: list[str]) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_config(
+            "configs/ppo_cartpole.py", ["actor.fsdp_config.mixed_precision=fp16", *placement]
+        )
+    (line,) = [p for p in refused.value.problems if "mixed_precision" in p]
+    runner = "the pipelined embodied PPO runner" if placement else "the embodied PPO runner"
+    assert line == (
+        "actor.fsdp_config.mixed_precision: 'fp16' needs the loss scaled and a step whose "
+        f"gradients overflow skipped, which {runner}'s update does not do (the reasoning, "
+        "critic and SFT updates do); use 'bf16' or 'fp32'"
+    )

@@ -45,9 +45,16 @@ _TRIO = ("actor", "rollout", "env")
 
 
 def ppo_problems(config: Config, who: str) -> list[str]:
-    """What both embodied PPO trainers refuse: offloading; a policy loss that needs a
-    proximal policy (none is kept); an advantage that needs values without a critic."""
+    """What both embodied PPO trainers refuse: offloading; fp16 (their update neither scales
+    the loss nor goes on after an overflow); a policy loss that needs a proximal policy (none
+    is kept); an advantage that needs values without a critic."""
     problems = not_offloading_problems(config, who)
+    if config.actor.backend == "fsdp" and config.actor.fsdp_config.mixed_precision == "fp16":
+        problems.append(
+            f"actor.fsdp_config.mixed_precision: 'fp16' needs the loss scaled and a step whose "
+            f"gradients overflow skipped, which {who}'s update does not do (the reasoning, "
+            "critic and SFT updates do); use 'bf16' or 'fp32'"
+        )
     algorithm = config.algorithm
     loss, adv = algorithm.loss_type, algorithm.adv_type
     if loss in POLICY_LOSSES and "proximal_logprobs" in POLICY_LOSSES.needs(loss):
