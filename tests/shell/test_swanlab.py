@@ -211,3 +211,15 @@ def test_a_cartpole_run_logs_its_metrics_and_config_to_swanlab(
         assert [step for step, _ in run.history[key]] == [step for step, _ in points], key
         values = [value for _, value in run.history[key]]
         assert values == pytest.approx([value for _, value in points], rel=1e-12), key
+
+
+def test_a_swanlab_project_without_the_backend_is_refused_as_unread() -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_config("configs/grpo.py", ["logger.swanlab_project=rl"])
+    assert refused.value.problems == [
+        "logger.swanlab_project: names the project of the swanlab backend, and logger.backends "
+        "has no 'swanlab'"
+    ]
+    load_config(
+        "configs/grpo.py", ['logger.backends=["console","swanlab"]', "logger.swanlab_project=rl"]
+    )
