@@ -603,6 +603,18 @@ REASONING_SETS = {"runner.runner_type": "reasoning", "actor.model.category": "re
         ),
         ({"rollout.sampling_params.top_k": -1}, {"rollout.top_k": 0}),
         ({"rollout.rollout_backend": "huggingface"}, {"rollout.backend": "hf"}),
+        ({"runner.logger.project_name": "p"}, {}),
+        (
+            {
+                "runner.logger.project_name": "p",
+                "runner.logger.logger_backends": ["wandb", "swanlab"],
+            },
+            {
+                "logger.backends": ("console", "jsonl", "wandb", "swanlab"),
+                "logger.wandb_project": "p",
+                "logger.swanlab_project": "p",
+            },
+        ),
         ({"cluster.component_placement.actor": 3}, {"cluster.component_placement.actor": "3"}),
         (
             {

@@ -239,9 +239,11 @@ def _backends(value: Any, _: Context) -> Any:
     return tuple(dict.fromkeys(["console", "jsonl", *value]))
 
 
-def _wandb_project(value: Any, context: Context) -> Any:
+def _project(value: Any, context: Context) -> Any:
+    """RLinf's one project name, for each of its project-naming backends that is on."""
     backends = context.get("runner.logger.logger_backends") or ()
-    return value if "wandb" in backends else OMIT
+    named = {f"logger.{name}_project": value for name in ("wandb", "swanlab") if name in backends}
+    return _Many(named)
 
 
 def _kl_kind(value: Any, context: Context) -> Any:
@@ -608,7 +610,7 @@ RULES: dict[str, Rule] = {
         "runner.output_dir", _log_path, "less a trailing /<experiment_name>"
     ),
     "runner.logger.project_name": _to(
-        "logger.wandb_project", _wandb_project, "with wandb in logger_backends"
+        "logger.wandb_project", _project, "and logger.swanlab_project, for the backends on"
     ),
     "runner.logger.experiment_name": _to("runner.experiment_name"),
     "runner.logger.logger_backends": _to(
