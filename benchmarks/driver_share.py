@@ -28,9 +28,13 @@ call's reply and goes out again inside the next call that takes it; a larger one
 in the node's object store and only its ref passes; what the driver waits on it
 receives), and ``driver_share`` their part of ``moved``; ``driver_traffic`` is what the
 driver receives and sends for them (an inlined object twice); ``windows`` the window
-objects' part of ``moved``. The per-step observations and
-actions take the driver's route in both transports (they are under 100 KiB here): what
-differs is the windows'.
+objects' part of ``moved``.
+
+``channel_round_trip_ms``: a ``put`` then a ``get`` of a 1 KiB item on the driver
+(median of 200): what sending each per-step observation or action through a channel
+would cost, set against ``step_s`` over the step's ``2 × rollout_steps × 2`` exchanges.
+The per-step observations and actions take the driver's route in both transports (they
+are under 100 KiB here): what differs is the windows'.
 
     .venv/bin/python benchmarks/driver_share.py [--quick] [--steps 6] [--warmup 2] \\
         [--rollout-steps 64]
@@ -109,6 +113,23 @@ def window_bytes(trainer: Any) -> dict[str, float]:
         "driver_traffic": float(traffic),
         "windows": float(windows),
     }
+
+
+def channel_round_trip_ms(repeats: int) -> float:
+    from rlshell.cluster.channel import Channel
+
+    channel = Channel.create("round_trip", maxsize=1)
+    item = bytes(1024)
+    try:
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            channel.put(item)
+            channel.get(timeout=10.0)
+            times.append(time.perf_counter() - started)
+    finally:
+        channel.close(kill=True)
+    return 1000 * statistics.median(times)
 
 
 def _queue_pid(channel: Any) -> int:
@@ -208,6 +229,7 @@ def main() -> None:
             report["transports"][transport] = measure(
                 cluster, transport, Path(directory) / transport, steps, warmup, rollout_steps
             )
+        report["channel_round_trip_ms"] = channel_round_trip_ms(20 if args.quick else 200)
     driver, channel = (report["transports"][t] for t in TRANSPORTS)
     report["same_training"] = driver["train_metrics"] == channel["train_metrics"]
     report["driver_bytes_channel_over_driver"] = (
