@@ -28,6 +28,7 @@ from rlcore import normalize
 from rlcore.distributions import gaussian_entropy, gaussian_log_prob, gaussian_sample
 from rlshell.config import ModelConfig
 from rlshell.models.base import ActionInfo, BasePolicy
+from rlshell.models.model_kwargs import KwargsReader
 
 __all__ = ["LinearGaussianPolicy", "build_linear_gaussian_policy"]
 
@@ -145,17 +146,13 @@ class LinearGaussianPolicy(BasePolicy):
 
 def build_linear_gaussian_policy(cfg: ModelConfig, torch_dtype: torch.dtype) -> nn.Module:
     """The registry builder: ``builder(cfg, torch_dtype)``, sizes from ``cfg.model_kwargs``."""
-    kwargs = cfg.model_kwargs
-    unknown = sorted(set(kwargs) - {"obs_dim", "action_dim", "hidden", "init_log_std"})
-    if unknown:
-        raise ValueError(
-            f"actor.model.model_kwargs: linear_gaussian does not read {', '.join(unknown)}; "
-            "it reads obs_dim, action_dim, hidden, init_log_std"
-        )
+    # model_kwargs holds JSON-like values; the reader types them, naming a bad or unknown key.
+    read = KwargsReader(cfg.model_kwargs, "linear_gaussian")
+    read.reject_unknown({"obs_dim", "action_dim", "hidden", "init_log_std"})
     return LinearGaussianPolicy(
-        obs_dim=int(kwargs.get("obs_dim", 4)),
-        action_dim=int(kwargs.get("action_dim", 2)),
-        hidden=int(kwargs.get("hidden", 64)),
-        init_log_std=float(kwargs.get("init_log_std", -0.5)),
+        obs_dim=read.positive_int("obs_dim", 4),
+        action_dim=read.positive_int("action_dim", 2),
+        hidden=read.positive_int("hidden", 64),
+        init_log_std=read.float_("init_log_std", -0.5),
         dtype=torch_dtype,
     )

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from rlshell.config import ModelConfig
+from rlshell.models.model_kwargs import KwargsReader
 
 
 class BanditPolicy(nn.Module):
@@ -24,10 +25,12 @@ class BanditPolicy(nn.Module):
 
 def build_bandit_policy(cfg: ModelConfig, torch_dtype: torch.dtype) -> nn.Module:
     """The registry builder: ``builder(cfg, torch_dtype)``, sizes from ``cfg.model_kwargs``."""
-    kwargs = cfg.model_kwargs
+    # model_kwargs holds JSON-like values; the reader types them, naming a bad key.
+    read = KwargsReader(cfg.model_kwargs, "bandit_policy")
+    read.reject_unknown({"obs_dim", "num_actions", "hidden"})
     policy = BanditPolicy(
-        obs_dim=int(kwargs.get("obs_dim", 1)),
-        num_actions=int(kwargs.get("num_actions", 2)),
-        hidden=int(kwargs.get("hidden", 16)),
+        obs_dim=read.positive_int("obs_dim", 1),
+        num_actions=read.positive_int("num_actions", 2),
+        hidden=read.positive_int("hidden", 16),
     )
     return policy.to(torch_dtype)
