@@ -734,7 +734,7 @@ class WorkerGroup(Generic[W]):
         node_rank = self._plan.workers[rank].node_rank if self._plan is not None else None
         on_node = []
         groups = (
-            [group for group in self._cluster._tracked() if isinstance(group, WorkerGroup)]
+            [group for group in self._cluster.launched() if isinstance(group, WorkerGroup)]
             if self._cluster is not None
             else [self]
         )

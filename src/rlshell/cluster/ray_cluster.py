@@ -539,7 +539,7 @@ class Cluster:
         self._check_open()
         self._stoppables.append(stoppable)
 
-    def _tracked(self) -> list[_Stoppable]:
+    def launched(self) -> list[_Stoppable]:
         """What this cluster launched and has not shut down (its worker groups among them)."""
         return list(self._stoppables)
 

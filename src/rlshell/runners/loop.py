@@ -178,12 +178,12 @@ def announce_step(cluster: Cluster, step: int, pending: list[GroupCall]) -> list
             call.wait(timeout=0)
     # The cluster's own record of what it runs (the trainer keeps its groups to itself); a
     # stand-in for a cluster (a test's trainer without Ray) runs none.
-    tracked = cluster._tracked() if isinstance(cluster, Cluster) else []
-    for group in tracked:
+    launched = cluster.launched() if isinstance(cluster, Cluster) else []
+    for group in launched:
         if (
             isinstance(group, WorkerGroup)
             and issubclass(group.worker_cls, Worker)
-            and not group._dead
+            and not group.dead_ranks
         ):
             with suppress(WorkerError):
                 running.append(group.set_global_step(step))
