@@ -494,3 +494,19 @@ def test_get_model_builds_the_vision_language_policy_in_bf16() -> None:
     actions, info = policy.predict_action_batch(vl_obs(2, obs_dim=3))
     assert actions.dtype == info["prev_logprobs"].dtype == torch.float32
     assert torch.isfinite(info["prev_logprobs"]).all()
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_a_detached_value_input_keeps_the_value_loss_out_of_the_encoder(detach: bool) -> None:
+    """``detach_value_input``: the value head learns on the encoder's features, and the value
+    loss's gradient stops there, so only the policy's loss moves a cloned encoder."""
+    torch.manual_seed(0)
+    policy = make_vl_policy(obs_dim=3, detach_value_input=detach)
+    _, info = policy.predict_action_batch(vl_obs(4, obs_dim=3))
+    out = policy.default_forward(info["forward_inputs"])
+    out["values"].square().mean().backward()
+    encoder_grads = [p.grad for p in vl_encoder(policy).parameters() if p.grad is not None]
+    head_grads = [p.grad for p in policy.value_head.parameters()]
+    assert all(g is not None and g.abs().sum() > 0 for g in head_grads)
+    assert bool(encoder_grads) is not detach
+    assert torch.equal(out["values"], info["prev_values"])  # the values themselves unchanged

@@ -22,6 +22,10 @@ The encoder is chosen by ``encoder``:
   ``wrist_images``, ``text_length``, ``alphabet``, ``context_width``, ``context_layers``,
   ``context_heads``. FSDP units: `VisionTower`, `VisionProjector`, `ContextBlock`.
 
+``detach_value_input`` (default false): the value head reads c detached, so the value
+loss trains the head alone and never moves the encoder (a cloned encoder is then shaped
+by the policy's loss only).
+
 To give PPO a likelihood, some steps of the chain are Gaussian transitions (πRL, Chen et
 al. 2025, arXiv:2510.25889), chosen by ``noise_method``:
 
@@ -111,6 +115,7 @@ _COMMON_KEYS = (
     "action_low",
     "action_high",
     "normalize_obs",
+    "detach_value_input",
 )
 # Two independent choices, each with keys of its own.
 _KEYS_BY_METHOD: dict[NoiseMethod, tuple[str, ...]] = {
@@ -144,6 +149,7 @@ class FlowPolicySpec:
     normalize_obs: bool = False
     encoder: EncoderKind = "state"
     vision_language: VisionLanguageSpec | None = None
+    detach_value_input: bool = False
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, ModelOption]) -> FlowPolicySpec:
@@ -208,6 +214,7 @@ class FlowPolicySpec:
             normalize_obs=normalize,
             encoder=encoder,
             vision_language=vision_language,
+            detach_value_input=read.bool_("detach_value_input", False),
         )
 
     @property
@@ -511,6 +518,10 @@ class FlowPolicy(BasePolicy):
         return x.to(self.velocity_out.weight.dtype)
 
     def _value(self, context: Tensor) -> Tensor:
+        if self.spec.detach_value_input:
+            # The value head learns on the encoder's features without moving them: the
+            # value loss's gradient stops here, so only the policy's loss shapes the encoder.
+            context = context.detach()
         return cast(Tensor, self.value_head(context).squeeze(-1).float())
 
 
