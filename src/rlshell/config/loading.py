@@ -88,32 +88,27 @@ _strict(bool, (bool,), "true or false")
 _strict(str, (str,), "a string")
 
 
-def _structure_placement(value: Any, _: type) -> str | PlacementEntry:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Mapping):
-        return CONVERTER.structure(value, PlacementEntry)
-    raise TypeError(
-        f"expected a placement string such as '0-7' or "
-        f'{{"placement": "0-7", "node_group": "a800"}}, got {value!r}'
-    )
+def _string_or(entry: type[Any], example: str) -> None:
+    """Read ``str | entry``: a string as it is, a mapping as an ``entry`` record."""
+
+    def structure(value: Any, _: type) -> Any:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, Mapping):
+            return CONVERTER.structure(value, entry)
+        raise TypeError(f"expected {example}, got {value!r}")
+
+    CONVERTER.register_structure_hook(str | entry, structure)
 
 
-CONVERTER.register_structure_hook(str | PlacementEntry, _structure_placement)
-
-
-def _structure_node_group(value: Any, _: type) -> str | NodeGroupEntry:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Mapping):
-        return CONVERTER.structure(value, NodeGroupEntry)
-    raise TypeError(
-        f"expected node ranks such as '0-1' or "
-        f'{{"node_ranks": "0-1", "env_configs": [...], "hardware": {{...}}}}, got {value!r}'
-    )
-
-
-CONVERTER.register_structure_hook(str | NodeGroupEntry, _structure_node_group)
+_string_or(
+    PlacementEntry,
+    'a placement string such as \'0-7\' or {"placement": "0-7", "node_group": "a800"}',
+)
+_string_or(
+    NodeGroupEntry,
+    'node ranks such as \'0-1\' or {"node_ranks": "0-1", "env_configs": [...], "hardware": {...}}',
+)
 
 
 def _structure_scalar(value: Any, _: type) -> int | float | str | bool:
