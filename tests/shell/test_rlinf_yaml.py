@@ -514,6 +514,28 @@ def test_node_groups_map_in_both_forms_and_convert_back(tmp_path: Path) -> None:
     assert refused[0].reason == "['x'] of a node group have no key here"
 
 
+def test_node_group_environments_in_rlinf_s_list_spellings_are_read() -> None:
+    """RLinf may write a group's ranks as a number or a list and its env_vars as a list of
+    one-key mappings; they arrive as rlstack's range text and one mapping."""
+    from rlshell.config import config_from_dict
+    from rlshell.config.rlinf import map_rlinf
+
+    env = {"node_ranks": [0, 2], "env_vars": [{"A_FLAG": "1"}, {"B_FLAG": "x"}]}
+    groups = [{"label": "g", "node_ranks": [0, 2], "env_configs": [env]}]
+    data, refusals = map_rlinf({"cluster": {"num_nodes": 3, "node_groups": groups}})
+    assert refusals == []
+    group = config_from_dict(data).cluster.node_groups["g"]
+    assert not isinstance(group, str)
+    assert group.node_ranks == "0,2"
+    assert group.env_configs[0].node_ranks == "0,2"
+    assert group.env_configs[0].env_vars == {"A_FLAG": "1", "B_FLAG": "x"}
+    twice = {"env_vars": [{"A_FLAG": "1"}, {"A_FLAG": "2"}]}
+    _, refused = map_rlinf(
+        {"cluster": {"node_groups": [{"label": "g", "node_ranks": 0, "env_configs": [twice]}]}}
+    )
+    assert [r.reason for r in refused] == ["env_vars: A_FLAG is set twice"]
+
+
 def test_a_model_section_s_own_options_reach_model_kwargs_whole() -> None:
     from rlshell.config import config_from_dict
     from rlshell.config.rlinf import map_rlinf

@@ -446,10 +446,44 @@ def _node_groups(value: Any, _: Context) -> Any:
         extra = set(entry) - {"label", "node_ranks", "env_configs", "hardware"}
         if extra:
             raise _Refused(f"{sorted(extra)} of a node group have no key here")
-        ranks = str(entry["node_ranks"])
-        rest = {key: entry[key] for key in ("env_configs", "hardware") if key in entry}
+        ranks = _rank_text(entry["node_ranks"])
+        rest: dict[str, Any] = {}
+        if "env_configs" in entry:
+            rest["env_configs"] = [_env_config(env) for env in entry["env_configs"] or ()]
+        if "hardware" in entry:
+            rest["hardware"] = entry["hardware"]
         groups[str(entry["label"])] = {"node_ranks": ranks, **rest} if rest else ranks
     return groups
+
+
+def _rank_text(value: Any) -> str:
+    """RLinf's node ranks (``"0-1"``, ``3`` or ``[0, 2]``) as rlstack's range text."""
+    if isinstance(value, list | tuple):
+        return ",".join(str(rank) for rank in value)
+    return str(value)
+
+
+def _env_config(entry: Any) -> Any:
+    """One ``env_configs`` entry with RLinf's spellings made rlstack's: ``node_ranks`` as
+    range text, ``env_vars`` given as a list of one-key mappings merged into one mapping
+    (a name given twice refused). Anything else is left for rlstack's schema to check."""
+    if not isinstance(entry, Mapping):
+        return entry
+    out = dict(entry)
+    if out.get("node_ranks") is not None:
+        out["node_ranks"] = _rank_text(out["node_ranks"])
+    variables = out.get("env_vars")
+    if isinstance(variables, list | tuple):
+        merged: dict[str, Any] = {}
+        for item in variables:
+            if not isinstance(item, Mapping):
+                raise _Refused(f"env_vars: expected NAME: value entries, got {item!r}")
+            for name, value in item.items():
+                if name in merged:
+                    raise _Refused(f"env_vars: {name} is set twice")
+                merged[str(name)] = value
+        out["env_vars"] = merged
+    return out
 
 
 # --- what rlstack accepts without a key ----------------------------------------------------------
