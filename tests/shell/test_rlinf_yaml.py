@@ -453,7 +453,10 @@ def test_a_module_named_in_both_registers_once(
 
 
 def test_a_broken_rlinf_extension_names_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ENV_VAR, raising=False)
+    # Set (empty), not deleted: loading writes RLINF_EXT_MODULE's modules into it, and
+    # monkeypatch restores only a variable it recorded (a later test in this process would
+    # otherwise load the missing module).
+    monkeypatch.setenv(ENV_VAR, "")
     monkeypatch.setenv(RLINF_ENV_VAR, "ext_rlinf_missing_xyz")
     with pytest.raises(ExtensionError) as caught:
         load_extensions(where="tool B")
