@@ -360,13 +360,7 @@ def _parse_model_option(raw: str, key: str) -> Any:
     if text.lower() in _NULLS:
         return None
     if text[:1] in ("[", "{"):
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            try:
-                value = ast.literal_eval(text)
-            except (ValueError, SyntaxError):
-                raise _Problem(f"{key}: expected a JSON list or mapping, got '{text}'") from None
+        value = _json_or_literal(text, f"{key}: expected a JSON list or mapping, got '{text}'")
         problem = _model_option_problem(value, key)
         if problem is not None:
             raise _Problem(f"{problem[0]}: {problem[1]}")
@@ -381,14 +375,19 @@ def _parse_model_option(raw: str, key: str) -> Any:
     return raw
 
 
-def _parse_structured(text: str, tp: Any, key: str) -> Any:
+def _json_or_literal(text: str, problem: str) -> Any:
+    """``text`` read as JSON, else as a Python literal; neither raises ``problem``."""
     try:
-        value = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError:
         try:
-            value = ast.literal_eval(text)
+            return ast.literal_eval(text)
         except (ValueError, SyntaxError):
-            raise _Problem(f"{key}: expected JSON for {_type_name(tp)}, got '{text}'") from None
+            raise _Problem(problem) from None
+
+
+def _parse_structured(text: str, tp: Any, key: str) -> Any:
+    value = _json_or_literal(text, f"{key}: expected JSON for {_type_name(tp)}, got '{text}'")
     try:
         return CONVERTER.structure(value, tp)
     except BaseValidationError as error:
